@@ -1,0 +1,274 @@
+//! Wiring: turns the `start` arguments into a running proxy (source, hub, servers) and shuts it
+//! down in order.
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::cli::StartArgs;
+use crate::hub::{Hub, HubOptions};
+use crate::management::{self, Readiness};
+use crate::metrics::Metrics;
+use crate::server::{self, ServerOptions};
+use crate::source::Source;
+use crate::source::kubernetes::{KubeError, KubeSettings, KubernetesSource};
+use crate::source::manifests::{ManifestError, ManifestSource};
+use crate::tls::{ReloadingTls, TlsError, TlsFiles};
+use crate::wire::SyncService;
+
+/// A configuration that cannot work; reported before anything listens (exit status 64).
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("--manifests: {0}")]
+    Manifests(#[source] ManifestError),
+    #[error("--server-cert-path/--server-key-path/--client-ca-path: {0}")]
+    Tls(#[source] TlsError),
+    #[error("--port and --management-port are both {0}; they must differ")]
+    SamePort(u16),
+    #[error("{0}")]
+    Kubernetes(#[source] KubeError),
+}
+
+/// A failure while running.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot listen on {addr} ({flag}): {source}")]
+    Bind {
+        addr: SocketAddr,
+        flag: &'static str,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Server(#[from] server::ServerError),
+    #[error("the management server failed: {0}")]
+    Management(std::io::Error),
+}
+
+/// Everything checked and loaded, nothing listening yet.
+pub struct Prepared {
+    args: StartArgs,
+    metrics: Arc<Metrics>,
+    source: Arc<dyn Source>,
+    tls: Option<Arc<ReloadingTls>>,
+}
+
+/// Checks the arguments and loads what they point at.
+pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
+    if args.port == args.management_port && args.port != 0 {
+        return Err(ConfigError::SamePort(args.port));
+    }
+    let metrics = Arc::new(Metrics::new());
+    let tls = match (&args.server_cert_path, &args.server_key_path) {
+        (Some(cert), Some(key)) => Some(
+            ReloadingTls::load(TlsFiles {
+                cert: cert.clone(),
+                key: key.clone(),
+                client_ca: args.client_ca_path.clone(),
+            })
+            .map_err(ConfigError::Tls)?,
+        ),
+        _ => None,
+    };
+    let source: Arc<dyn Source> = if args.manifests.is_empty() {
+        let settings = KubeSettings {
+            api_server: args.kube_api_server.clone(),
+            ca_path: args.kube_ca_path.clone(),
+            token_path: args.kube_token_path.clone(),
+        };
+        Arc::new(
+            KubernetesSource::connect(settings, metrics.clone())
+                .await
+                .map_err(ConfigError::Kubernetes)?,
+        )
+    } else {
+        Arc::new(
+            ManifestSource::start(args.manifests.clone(), metrics.clone())
+                .map_err(ConfigError::Manifests)?,
+        )
+    };
+    Ok(Prepared {
+        args,
+        metrics,
+        source,
+        tls,
+    })
+}
+
+/// The listeners, bound.
+pub struct Bound {
+    prepared: Prepared,
+    sync: TcpListener,
+    management: TcpListener,
+}
+
+impl Prepared {
+    pub async fn bind(self) -> Result<Bound, RunError> {
+        let sync_addr = SocketAddr::new(self.args.bind_address, self.args.port);
+        let sync = TcpListener::bind(sync_addr)
+            .await
+            .map_err(|source| RunError::Bind {
+                addr: sync_addr,
+                flag: "--port",
+                source,
+            })?;
+        let management_addr = SocketAddr::new(self.args.bind_address, self.args.management_port);
+        let management =
+            TcpListener::bind(management_addr)
+                .await
+                .map_err(|source| RunError::Bind {
+                    addr: management_addr,
+                    flag: "--management-port",
+                    source,
+                })?;
+        Ok(Bound {
+            prepared: self,
+            sync,
+            management,
+        })
+    }
+}
+
+impl Bound {
+    pub fn sync_addr(&self) -> std::io::Result<SocketAddr> {
+        self.sync.local_addr()
+    }
+
+    pub fn management_addr(&self) -> std::io::Result<SocketAddr> {
+        self.management.local_addr()
+    }
+
+    /// Serves until `shutdown` is cancelled; then readiness goes false, every stream ends with
+    /// `UNAVAILABLE`, and the servers drain for at most the shutdown timeout.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
+        let Bound {
+            prepared,
+            sync,
+            management,
+        } = self;
+        let Prepared {
+            args,
+            metrics,
+            source,
+            tls,
+        } = prepared;
+        let hub = Hub::new(
+            source.clone(),
+            HubOptions {
+                idle_timeout: args.idle_timeout,
+                max_watches: args.max_watches,
+                max_document_bytes: args.max_document_bytes,
+            },
+            metrics,
+        );
+        let readiness = Readiness::default();
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let streams_end = CancellationToken::new();
+        let service = SyncService::new(hub.clone(), streams_end.clone());
+        if let Some(tls) = &tls {
+            tls.spawn_reloader(streams_end.clone());
+        }
+        let sync_addr = sync.local_addr().ok();
+        let management_addr = management.local_addr().ok();
+        let management_done = CancellationToken::new();
+        let router = management::router(
+            hub,
+            source.clone(),
+            readiness.clone(),
+            tonic::service::Routes::new(health_service.clone()),
+        );
+        let management_task =
+            tokio::spawn(management::run(management, router, management_done.clone()));
+        let options = ServerOptions {
+            keepalive_interval: args.keepalive_interval,
+            keepalive_timeout: args.keepalive_timeout,
+            max_concurrent_streams: args.max_streams_per_connection,
+            ..ServerOptions::default()
+        };
+        let mut sync_task = tokio::spawn(server::run(
+            sync,
+            tls.clone(),
+            service,
+            health_service,
+            options,
+            streams_end.clone(),
+        ));
+
+        health
+            .set_service_status("", tonic_health::ServingStatus::Serving)
+            .await;
+        health
+            .set_service_status(
+                "flagd.sync.v1.FlagSyncService",
+                tonic_health::ServingStatus::Serving,
+            )
+            .await;
+        health
+            .set_service_status(
+                "sync.v1.FlagSyncService",
+                tonic_health::ServingStatus::Serving,
+            )
+            .await;
+        readiness.set(true);
+        tracing::info!(
+            sync = ?sync_addr,
+            management = ?management_addr,
+            tls = tls.is_some(),
+            source = source.name(),
+            "flagd-proxy is serving"
+        );
+
+        let early = tokio::select! {
+            () = shutdown.cancelled() => None,
+            result = &mut sync_task => Some(result),
+        };
+        readiness.set(false);
+        health
+            .set_service_status("", tonic_health::ServingStatus::NotServing)
+            .await;
+        health
+            .set_service_status(
+                "flagd.sync.v1.FlagSyncService",
+                tonic_health::ServingStatus::NotServing,
+            )
+            .await;
+        health
+            .set_service_status(
+                "sync.v1.FlagSyncService",
+                tonic_health::ServingStatus::NotServing,
+            )
+            .await;
+        streams_end.cancel();
+        let result = match early {
+            Some(result) => flatten(result),
+            None => {
+                tracing::info!(timeout = ?args.shutdown_timeout, "shutting down: ending streams with UNAVAILABLE");
+                match tokio::time::timeout(args.shutdown_timeout, &mut sync_task).await {
+                    Ok(result) => flatten(result),
+                    Err(_) => {
+                        tracing::warn!("shutdown timeout reached; closing remaining connections");
+                        sync_task.abort();
+                        Ok(())
+                    }
+                }
+            }
+        };
+        management_done.cancel();
+        match management_task.await {
+            Ok(Err(error)) => return Err(RunError::Management(error)),
+            Ok(Ok(())) | Err(_) => {}
+        }
+        tracing::info!("stopped");
+        result
+    }
+}
+
+fn flatten(
+    result: Result<Result<(), server::ServerError>, tokio::task::JoinError>,
+) -> Result<(), RunError> {
+    match result {
+        Ok(inner) => inner.map_err(RunError::from),
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        Err(_) => Ok(()),
+    }
+}

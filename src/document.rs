@@ -1,0 +1,434 @@
+//! The document: a `FeatureFlag` resource turned into the flag configuration JSON that flagd
+//! clients parse, and the structural checks that keep a broken resource from reaching them.
+//!
+//! The output matches what flagd's own Kubernetes sync produces:
+//! `{"flags": {...}, "metadata": ..., "$evaluators": ...}`, with exactly the keys `state`,
+//! `variants`, `defaultVariant` (always a string), `targeting` and `metadata` per flag. Some
+//! clients reject a whole payload for one unknown key, so nothing else is passed through.
+use serde_json::{Map, Value};
+
+/// JsonLogic operators flagd understands, plus its own (`fractional`, `sem_ver`, `starts_with`,
+/// `ends_with`) and evaluator references (`$ref`).
+const OPERATORS: &[&str] = &[
+    "!",
+    "!!",
+    "!=",
+    "!==",
+    "%",
+    "*",
+    "+",
+    "-",
+    "/",
+    "<",
+    "<=",
+    "==",
+    "===",
+    ">",
+    ">=",
+    "?:",
+    "all",
+    "and",
+    "cat",
+    "ends_with",
+    "filter",
+    "fractional",
+    "if",
+    "in",
+    "log",
+    "map",
+    "max",
+    "merge",
+    "min",
+    "missing",
+    "missing_some",
+    "none",
+    "or",
+    "reduce",
+    "sem_ver",
+    "some",
+    "starts_with",
+    "substr",
+    "var",
+    "$ref",
+];
+
+/// Why a resource or document was rejected. The message names the offending place.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DocumentError {
+    #[error("the resource has no spec.flagSpec object")]
+    MissingFlagSpec,
+    #[error("`flags` must be an object mapping flag keys to flags")]
+    FlagsNotAnObject,
+    #[error("flag {flag:?}: {reason}")]
+    InvalidFlag { flag: String, reason: String },
+    #[error("`metadata` must be an object of string, number or boolean values: {reason}")]
+    InvalidMetadata { reason: String },
+    #[error("`$evaluators` must be an object of JsonLogic rules: {reason}")]
+    InvalidEvaluators { reason: String },
+    #[error("the document is not a JSON object")]
+    NotAnObject,
+}
+
+/// Builds the flag configuration document from a `FeatureFlag` resource (as JSON) and checks it.
+pub fn from_resource(resource: &Value) -> Result<String, DocumentError> {
+    let flag_spec = resource
+        .pointer("/spec/flagSpec")
+        .and_then(Value::as_object)
+        .ok_or(DocumentError::MissingFlagSpec)?;
+    let document = from_flag_spec(flag_spec)?;
+    validate(&document)?;
+    Ok(document.to_string())
+}
+
+fn from_flag_spec(spec: &Map<String, Value>) -> Result<Value, DocumentError> {
+    let flags = match spec.get("flags") {
+        Some(Value::Object(flags)) => flags,
+        _ => return Err(DocumentError::FlagsNotAnObject),
+    };
+    let mut out_flags = Map::with_capacity(flags.len());
+    for (key, flag) in flags {
+        let Value::Object(flag) = flag else {
+            return Err(invalid(key, "a flag must be an object"));
+        };
+        let mut out = Map::with_capacity(5);
+        for field in ["state", "variants"] {
+            if let Some(value) = flag.get(field) {
+                out.insert(field.to_owned(), value.clone());
+            }
+        }
+        let default_variant = match flag.get("defaultVariant") {
+            None | Some(Value::Null) => String::new(),
+            Some(Value::String(s)) => s.clone(),
+            Some(other) => {
+                return Err(invalid(
+                    key,
+                    &format!("defaultVariant must be a string, found {}", kind(other)),
+                ));
+            }
+        };
+        out.insert("defaultVariant".to_owned(), Value::String(default_variant));
+        for field in ["targeting", "metadata"] {
+            match flag.get(field) {
+                None | Some(Value::Null) => {}
+                Some(value) => {
+                    out.insert(field.to_owned(), value.clone());
+                }
+            }
+        }
+        out_flags.insert(key.clone(), Value::Object(out));
+    }
+    let mut document = Map::with_capacity(3);
+    document.insert("flags".to_owned(), Value::Object(out_flags));
+    for field in ["metadata", "$evaluators"] {
+        match spec.get(field) {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(map)) if map.is_empty() => {}
+            Some(value) => {
+                document.insert(field.to_owned(), value.clone());
+            }
+        }
+    }
+    Ok(Value::Object(document))
+}
+
+/// Checks a flag configuration document against the structure flagd clients rely on.
+pub fn validate(document: &Value) -> Result<(), DocumentError> {
+    let document = document.as_object().ok_or(DocumentError::NotAnObject)?;
+    let flags = match document.get("flags") {
+        Some(Value::Object(flags)) => flags,
+        _ => return Err(DocumentError::FlagsNotAnObject),
+    };
+    for (key, flag) in flags {
+        validate_flag(key, flag)?;
+    }
+    if let Some(metadata) = document.get("metadata") {
+        check_metadata(metadata).map_err(|reason| DocumentError::InvalidMetadata { reason })?;
+    }
+    if let Some(evaluators) = document.get("$evaluators") {
+        let Value::Object(evaluators) = evaluators else {
+            return Err(DocumentError::InvalidEvaluators {
+                reason: format!("found {}", kind(evaluators)),
+            });
+        };
+        for (name, rule) in evaluators {
+            check_rule(rule).map_err(|reason| DocumentError::InvalidEvaluators {
+                reason: format!("{name:?}: {reason}"),
+            })?;
+        }
+    }
+    Ok(())
+}
+
+fn validate_flag(key: &str, flag: &Value) -> Result<(), DocumentError> {
+    if key.is_empty() {
+        return Err(invalid(key, "flag keys must not be empty"));
+    }
+    let Value::Object(flag) = flag else {
+        return Err(invalid(key, "a flag must be an object"));
+    };
+    match flag.get("state") {
+        Some(Value::String(s)) if s == "ENABLED" || s == "DISABLED" => {}
+        Some(other) => {
+            return Err(invalid(
+                key,
+                &format!("state must be \"ENABLED\" or \"DISABLED\", found {other}"),
+            ));
+        }
+        None => return Err(invalid(key, "state is required")),
+    }
+    let variants = match flag.get("variants") {
+        Some(Value::Object(variants)) => variants,
+        Some(other) => {
+            return Err(invalid(
+                key,
+                &format!("variants must be an object, found {}", kind(other)),
+            ));
+        }
+        None => return Err(invalid(key, "variants is required")),
+    };
+    let mut first_kind = None;
+    for (name, value) in variants {
+        let this = variant_kind(value).ok_or_else(|| {
+            invalid(
+                key,
+                &format!("variant {name:?} is {}, not a flag value", kind(value)),
+            )
+        })?;
+        match first_kind {
+            None => first_kind = Some(this),
+            Some(first) if first != this => {
+                return Err(invalid(
+                    key,
+                    &format!("variants mix types: {first} and {this} (variant {name:?})"),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    if first_kind.is_none() {
+        return Err(invalid(key, "variants must not be empty"));
+    }
+    match flag.get("defaultVariant") {
+        None | Some(Value::Null) => {}
+        Some(Value::String(s)) if s.is_empty() || variants.contains_key(s) => {}
+        Some(Value::String(s)) => {
+            return Err(invalid(
+                key,
+                &format!("defaultVariant {s:?} is not one of the variants"),
+            ));
+        }
+        Some(other) => {
+            return Err(invalid(
+                key,
+                &format!("defaultVariant must be a string, found {}", kind(other)),
+            ));
+        }
+    }
+    if let Some(metadata) = flag.get("metadata") {
+        check_metadata(metadata).map_err(|reason| invalid(key, &format!("metadata: {reason}")))?;
+    }
+    if let Some(targeting) = flag.get("targeting") {
+        match targeting {
+            Value::Object(_) => check_rule(targeting)
+                .map_err(|reason| invalid(key, &format!("targeting: {reason}")))?,
+            other => {
+                return Err(invalid(
+                    key,
+                    &format!("targeting must be an object, found {}", kind(other)),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The type of a variant value; variants of one flag must all share it.
+fn variant_kind(value: &Value) -> Option<&'static str> {
+    match value {
+        Value::Bool(_) => Some("boolean"),
+        Value::String(_) => Some("string"),
+        Value::Number(_) => Some("number"),
+        Value::Object(_) => Some("object"),
+        Value::Array(_) | Value::Null => None,
+    }
+}
+
+fn check_metadata(metadata: &Value) -> Result<(), String> {
+    let Value::Object(map) = metadata else {
+        return Err(format!("expected an object, found {}", kind(metadata)));
+    };
+    for (name, value) in map {
+        if !matches!(value, Value::String(_) | Value::Number(_) | Value::Bool(_)) {
+            return Err(format!("{name:?} is {}", kind(value)));
+        }
+    }
+    Ok(())
+}
+
+/// Walks a JsonLogic rule: every object in it must be a single known operator.
+/// An empty object is the empty rule (no targeting).
+fn check_rule(rule: &Value) -> Result<(), String> {
+    match rule {
+        Value::Object(map) if map.is_empty() => Ok(()),
+        Value::Object(map) => {
+            for (op, args) in map {
+                if !OPERATORS.contains(&op.as_str()) {
+                    return Err(format!("unknown operator {op:?}"));
+                }
+                check_rule(args)?;
+            }
+            Ok(())
+        }
+        Value::Array(items) => items.iter().try_for_each(check_rule),
+        _ => Ok(()),
+    }
+}
+
+fn invalid(flag: &str, reason: &str) -> DocumentError {
+    DocumentError::InvalidFlag {
+        flag: flag.to_owned(),
+        reason: reason.to_owned(),
+    }
+}
+
+fn kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+    use std::path::PathBuf;
+
+    fn vectors(kind: &str) -> Vec<(PathBuf, Value)> {
+        let dir = crate::testing::shared_dir()
+            .join("flagd-schemas/json/test/flags")
+            .join(kind);
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display())) {
+            let path = entry.expect("directory entry").path();
+            let text = std::fs::read_to_string(&path).expect("read vector");
+            let value = serde_json::from_str(&text).expect("vector is JSON");
+            out.push((path, value));
+        }
+        assert!(!out.is_empty(), "no vectors in {}", dir.display());
+        out
+    }
+
+    #[test]
+    fn positive_vectors_pass() {
+        for (path, document) in vectors("positive") {
+            // flagd's own import format may list flags as an array; providers (what this proxy
+            // serves) accept only the map form, so those vectors are not provider documents.
+            if document.get("flags").is_some_and(Value::is_array) {
+                continue;
+            }
+            validate(&document).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        }
+    }
+
+    #[test]
+    fn negative_vectors_fail() {
+        for (path, document) in vectors("negative") {
+            assert!(
+                validate(&document).is_err(),
+                "{} was accepted",
+                path.display()
+            );
+        }
+    }
+
+    fn resource(flag_spec: Value) -> Value {
+        json!({"apiVersion": "core.openfeature.dev/v1beta1", "kind": "FeatureFlag",
+               "metadata": {"name": "x", "namespace": "default"}, "spec": {"flagSpec": flag_spec}})
+    }
+
+    #[test]
+    fn emits_exactly_the_client_keys() {
+        let doc = from_resource(&resource(json!({
+            "flags": {"f": {"state": "ENABLED", "variants": {"a": 1, "b": 2},
+                             "defaultVariant": "a", "targeting": {"if": [true, "b"]},
+                             "metadata": {"team": "x"}, "description": "dropped"}},
+            "$evaluators": {"e": {"in": ["@x", {"var": "email"}]}},
+            "metadata": {"flagSetId": "set"},
+            "extra": "dropped"
+        })))
+        .expect("valid");
+        let doc: Value = serde_json::from_str(&doc).expect("json");
+        assert_eq!(
+            doc,
+            json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1, "b": 2},
+                                   "defaultVariant": "a", "targeting": {"if": [true, "b"]},
+                                   "metadata": {"team": "x"}}},
+                   "$evaluators": {"e": {"in": ["@x", {"var": "email"}]}},
+                   "metadata": {"flagSetId": "set"}})
+        );
+    }
+
+    #[test]
+    fn missing_default_variant_becomes_empty_string() {
+        let doc = from_resource(&resource(json!({
+            "flags": {"f": {"state": "DISABLED", "variants": {"on": true}}}
+        })))
+        .expect("valid");
+        let doc: Value = serde_json::from_str(&doc).expect("json");
+        assert_eq!(doc["flags"]["f"]["defaultVariant"], json!(""));
+        assert!(doc.get("metadata").is_none() && doc.get("$evaluators").is_none());
+    }
+
+    #[test]
+    fn empty_metadata_and_evaluators_are_omitted() {
+        let doc = from_resource(&resource(json!({
+            "flags": {}, "metadata": {}, "$evaluators": {}
+        })))
+        .expect("valid");
+        assert_eq!(doc, r#"{"flags":{}}"#);
+    }
+
+    #[test]
+    fn rejections_name_the_flag() {
+        let cases = [
+            (
+                json!({"flags": {"f": {"state": "ON", "variants": {"a": 1}}}}),
+                "flag \"f\": state",
+            ),
+            (
+                json!({"flags": {"f": {"state": "ENABLED", "variants": {}}}}),
+                "must not be empty",
+            ),
+            (
+                json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1, "b": "x"}}}}),
+                "mix types",
+            ),
+            (
+                json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1}, "defaultVariant": "z"}}}),
+                "not one of the variants",
+            ),
+            (
+                json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1}, "defaultVariant": 3}}}),
+                "must be a string",
+            ),
+            (
+                json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": [1]}}}}),
+                "not a flag value",
+            ),
+            (json!({"flags": []}), "`flags` must be an object"),
+        ];
+        for (spec, needle) in cases {
+            let err = from_resource(&resource(spec.clone()))
+                .expect_err("rejected")
+                .to_string();
+            assert!(err.contains(needle), "{spec}: {err:?} lacks {needle:?}");
+        }
+        let err = from_resource(&json!({"spec": {}})).expect_err("rejected");
+        assert_eq!(err, DocumentError::MissingFlagSpec);
+    }
+}

@@ -1,0 +1,19 @@
+//! flagd-proxy: serves Kubernetes `FeatureFlag` resources to flagd sidecars and in-process
+//! providers over the flagd gRPC sync protocol.
+//!
+//! Data flows one way: a [`source`] watches a resource on demand, the [`hub`] turns what it sees
+//! into shared snapshots, and the [`wire`] streams them to clients.
+pub mod app;
+pub mod cli;
+pub mod document;
+pub mod hub;
+pub mod management;
+pub mod metrics;
+pub mod selector;
+pub mod server;
+pub mod source;
+pub mod tls;
+pub mod wire;
+
+#[cfg(test)]
+mod testing;

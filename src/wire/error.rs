@@ -1,0 +1,71 @@
+//! Every way a client request can fail, and the one mapping from those errors to gRPC status.
+use tonic::{Code, Status};
+
+use crate::hub::HubError;
+use crate::selector::{ResourceKey, SelectorError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum RequestError {
+    #[error(transparent)]
+    Selector(#[from] SelectorError),
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    #[error("{0} does not exist")]
+    NotFound(ResourceKey),
+    #[error("the proxy may not read {key}: {reason}")]
+    Forbidden { key: ResourceKey, reason: String },
+    #[error("{key} has no valid flag configuration: {reason}")]
+    Invalid { key: ResourceKey, reason: String },
+    #[error("the source of {key} is unreachable: {reason}")]
+    Unreachable { key: ResourceKey, reason: String },
+    #[error("the source has not answered for {0} yet; try again")]
+    SourceTimeout(ResourceKey),
+    #[error("the proxy is shutting down; reconnect")]
+    ShuttingDown,
+}
+
+impl RequestError {
+    fn code(&self) -> Code {
+        match self {
+            RequestError::Selector(_) => Code::InvalidArgument,
+            RequestError::Hub(HubError::TooManyWatches { .. }) => Code::ResourceExhausted,
+            RequestError::NotFound(_) => Code::NotFound,
+            RequestError::Forbidden { .. } => Code::PermissionDenied,
+            RequestError::Invalid { .. } => Code::FailedPrecondition,
+            RequestError::Unreachable { .. }
+            | RequestError::SourceTimeout(_)
+            | RequestError::ShuttingDown => Code::Unavailable,
+        }
+    }
+}
+
+impl From<RequestError> for Status {
+    fn from(error: RequestError) -> Self {
+        Status::new(error.code(), error.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_carry_the_message() {
+        let status = Status::from(RequestError::Selector(SelectorError::Missing));
+        assert_eq!(status.code(), Code::InvalidArgument);
+        assert!(
+            status
+                .message()
+                .contains("core.openfeature.dev/<namespace>/<name>")
+        );
+        let status = Status::from(RequestError::NotFound(ResourceKey::new("a", "b")));
+        assert_eq!(
+            (status.code(), status.message()),
+            (Code::NotFound, "core.openfeature.dev/a/b does not exist")
+        );
+        assert_eq!(
+            Status::from(RequestError::ShuttingDown).code(),
+            Code::Unavailable
+        );
+    }
+}

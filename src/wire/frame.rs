@@ -1,0 +1,159 @@
+//! Pre-encoded stream messages.
+//!
+//! A [`Frame`] is a `SyncFlagsResponse` already encoded in protobuf. The server's generated code
+//! sends frames where it would send messages, so a version is encoded once and every stream
+//! copies the same bytes into its connection.
+use bytes::{Buf, BufMut, Bytes};
+use prost::encoding::{DecodeContext, WireType};
+use prost::{DecodeError, Message};
+use prost_types::value::Kind;
+use prost_types::{Struct, Value as ProtoValue};
+use serde_json::Value;
+
+use crate::hub::Snapshot;
+use crate::selector::ResourceKey;
+use crate::wire::proto::client::{flagd_sync_v1, sync_v1};
+
+/// An encoded `SyncFlagsResponse` (of either protocol).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Frame(pub Bytes);
+
+impl Message for Frame {
+    fn encode_raw(&self, buf: &mut impl BufMut) {
+        buf.put_slice(&self.0);
+    }
+
+    fn merge_field(
+        &mut self,
+        tag: u32,
+        wire_type: WireType,
+        buf: &mut impl Buf,
+        ctx: DecodeContext,
+    ) -> Result<(), DecodeError> {
+        // Frames are only ever sent; decoding one keeps nothing.
+        prost::encoding::skip_field(wire_type, tag, buf, ctx)
+    }
+
+    fn encoded_len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn clear(&mut self) {
+        self.0.clear();
+    }
+}
+
+/// The sync protocols this proxy speaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Protocol {
+    /// `flagd.sync.v1`, the current protocol.
+    FlagdSyncV1,
+    /// `sync.v1`, spoken by flagd before v0.9.0.
+    LegacySyncV1,
+}
+
+impl Protocol {
+    pub fn label(self) -> &'static str {
+        match self {
+            Protocol::FlagdSyncV1 => "flagd.sync.v1",
+            Protocol::LegacySyncV1 => "sync.v1",
+        }
+    }
+
+    /// This protocol's frame for `snapshot`, encoded on first use and shared afterwards.
+    pub fn frame(self, snapshot: &Snapshot, key: &ResourceKey) -> Frame {
+        let bytes = match self {
+            Protocol::FlagdSyncV1 => snapshot.encoded(0, |s| {
+                let message = flagd_sync_v1::SyncFlagsResponse {
+                    flag_configuration: s.flag_configuration.to_string(),
+                    sync_context: Some(sync_context(&s.flag_configuration, key)),
+                };
+                message.encode_to_vec().into()
+            }),
+            Protocol::LegacySyncV1 => snapshot.encoded(1, |s| {
+                let message = sync_v1::SyncFlagsResponse {
+                    flag_configuration: s.flag_configuration.to_string(),
+                    state: sync_v1::SyncState::All as i32,
+                };
+                message.encode_to_vec().into()
+            }),
+        };
+        Frame(bytes)
+    }
+}
+
+/// The proxy's identity, as reported by `GetMetadata` and in every `sync_context`.
+pub fn proxy_identity() -> Struct {
+    let mut fields = std::collections::BTreeMap::new();
+    fields.insert("proxy".to_owned(), string("flagd-proxy"));
+    fields.insert("proxyVersion".to_owned(), string(env!("CARGO_PKG_VERSION")));
+    Struct { fields }
+}
+
+/// The flag set's own scalar metadata, then the proxy's identity and the selector.
+fn sync_context(flag_configuration: &str, key: &ResourceKey) -> Struct {
+    let mut context = Struct::default();
+    if let Ok(Value::Object(document)) = serde_json::from_str::<Value>(flag_configuration) {
+        if let Some(Value::Object(metadata)) = document.get("metadata") {
+            for (name, value) in metadata {
+                let kind = match value {
+                    Value::String(s) => Kind::StringValue(s.clone()),
+                    Value::Bool(b) => Kind::BoolValue(*b),
+                    Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+                    _ => continue,
+                };
+                context
+                    .fields
+                    .insert(name.clone(), ProtoValue { kind: Some(kind) });
+            }
+        }
+    }
+    context.fields.extend(proxy_identity().fields);
+    context
+        .fields
+        .insert("selector".to_owned(), string(&key.to_string()));
+    context
+}
+
+fn string(s: &str) -> ProtoValue {
+    ProtoValue {
+        kind: Some(Kind::StringValue(s.to_owned())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_decode_as_the_protocol_messages() {
+        let snapshot = crate::hub::tests_support::snapshot(
+            r#"{"flags":{},"metadata":{"flagSetId":"s","n":2}}"#,
+        );
+        let key = ResourceKey::new("ns", "a");
+        let v1 = Protocol::FlagdSyncV1.frame(&snapshot, &key);
+        let decoded = flagd_sync_v1::SyncFlagsResponse::decode(v1.0.clone()).expect("decodes");
+        assert_eq!(
+            decoded.flag_configuration,
+            snapshot.flag_configuration.as_ref()
+        );
+        let context = decoded.sync_context.expect("sync_context is always set");
+        assert_eq!(
+            context.fields["selector"],
+            string("core.openfeature.dev/ns/a")
+        );
+        assert_eq!(context.fields["flagSetId"], string("s"));
+        assert_eq!(context.fields["proxy"], string("flagd-proxy"));
+
+        let legacy = Protocol::LegacySyncV1.frame(&snapshot, &key);
+        let decoded = sync_v1::SyncFlagsResponse::decode(legacy.0).expect("decodes");
+        assert_eq!(decoded.state, sync_v1::SyncState::All as i32);
+
+        // The same bytes are shared, not encoded again.
+        let again = Protocol::FlagdSyncV1.frame(&snapshot, &key);
+        assert_eq!(again.0.as_ptr(), v1.0.as_ptr());
+        let mut buf = Vec::new();
+        again.encode(&mut buf).expect("encodes");
+        assert_eq!(buf, v1.0.to_vec());
+    }
+}

@@ -1,0 +1,240 @@
+//! The `flagd.sync.v1` and legacy `sync.v1` FlagSyncService implementations.
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+use crate::hub::{Availability, Hub, SubscriptionEnd};
+use crate::metrics::{Metrics, ProtocolLabels};
+use crate::selector::{self, ResourceKey};
+use crate::wire::error::RequestError;
+use crate::wire::frame::{Frame, Protocol, proxy_identity};
+use crate::wire::proto::server::{flagd_sync_v1 as v1, sync_v1 as legacy};
+
+/// The metadata header flagd providers send the selector in.
+pub const SELECTOR_HEADER: &str = "flagd-selector";
+
+/// A stream of frames, as the generated service traits want it.
+pub type FrameStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send + 'static>>;
+
+/// Both sync services over one hub. Cheap to clone.
+#[derive(Clone)]
+pub struct SyncService {
+    hub: Hub,
+    shutdown: CancellationToken,
+    fetch_timeout: Duration,
+}
+
+impl SyncService {
+    /// `shutdown` ends every open stream with `UNAVAILABLE` when cancelled.
+    pub fn new(hub: Hub, shutdown: CancellationToken) -> Self {
+        Self {
+            hub,
+            shutdown,
+            fetch_timeout: Duration::from_secs(10),
+        }
+    }
+
+    pub fn flagd_sync_v1(&self) -> v1::flag_sync_service_server::FlagSyncServiceServer<Self> {
+        v1::flag_sync_service_server::FlagSyncServiceServer::new(self.clone())
+    }
+
+    pub fn legacy_sync_v1(&self) -> legacy::flag_sync_service_server::FlagSyncServiceServer<Self> {
+        legacy::flag_sync_service_server::FlagSyncServiceServer::new(self.clone())
+    }
+
+    fn metrics(&self) -> &Arc<Metrics> {
+        self.hub.metrics()
+    }
+
+    /// The resource a request names: the `flagd-selector` header first, then the body field.
+    fn resource<T>(
+        &self,
+        request: &Request<T>,
+        body_selector: &str,
+    ) -> Result<ResourceKey, RequestError> {
+        let header = request
+            .metadata()
+            .get(SELECTOR_HEADER)
+            .and_then(|v| v.to_str().ok());
+        let selector = header
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or(body_selector);
+        selector::parse(selector)
+            .inspect_err(|_| self.metrics().reject("invalid_selector"))
+            .map_err(Into::into)
+    }
+
+    fn stream(&self, key: ResourceKey, protocol: Protocol) -> Result<FrameStream, RequestError> {
+        if self.shutdown.is_cancelled() {
+            return Err(RequestError::ShuttingDown);
+        }
+        let subscription = self.hub.subscribe(key)?;
+        tracing::debug!(resource = %subscription.key(), protocol = protocol.label(), "stream opened");
+        let state = StreamState {
+            subscription,
+            shutdown: self.shutdown.clone(),
+            protocol,
+            _open: OpenStream::new(self.metrics().clone(), protocol),
+            metrics: self.metrics().clone(),
+            done: false,
+        };
+        Ok(Box::pin(futures::stream::unfold(state, StreamState::step)))
+    }
+
+    async fn fetch(&self, key: ResourceKey) -> Result<String, RequestError> {
+        let mut subscription = self.hub.subscribe(key.clone())?;
+        let state = tokio::time::timeout(self.fetch_timeout, subscription.settled())
+            .await
+            .map_err(|_| RequestError::SourceTimeout(key.clone()))?;
+        match (state.snapshot, state.availability) {
+            (_, Availability::Forbidden(reason)) => Err(RequestError::Forbidden {
+                key,
+                reason: reason.to_string(),
+            }),
+            (Some(snapshot), _) => Ok(snapshot.flag_configuration.to_string()),
+            (None, Availability::Absent) => Err(RequestError::NotFound(key)),
+            (None, Availability::Invalid(reason)) => Err(RequestError::Invalid {
+                key,
+                reason: reason.to_string(),
+            }),
+            (None, Availability::Unreachable(reason)) => Err(RequestError::Unreachable {
+                key,
+                reason: reason.to_string(),
+            }),
+            (None, Availability::Pending | Availability::Present) => {
+                Err(RequestError::SourceTimeout(key))
+            }
+        }
+    }
+}
+
+/// Keeps the open-stream gauges right for as long as a stream lives.
+struct OpenStream {
+    metrics: Arc<Metrics>,
+    protocol: Protocol,
+}
+
+impl OpenStream {
+    fn new(metrics: Arc<Metrics>, protocol: Protocol) -> Self {
+        metrics.sync_active_streams.inc();
+        metrics
+            .active_streams
+            .get_or_create(&ProtocolLabels {
+                protocol: protocol.label(),
+            })
+            .inc();
+        Self { metrics, protocol }
+    }
+}
+
+impl Drop for OpenStream {
+    fn drop(&mut self) {
+        self.metrics.sync_active_streams.dec();
+        self.metrics
+            .active_streams
+            .get_or_create(&ProtocolLabels {
+                protocol: self.protocol.label(),
+            })
+            .dec();
+    }
+}
+
+struct StreamState {
+    subscription: crate::hub::Subscription,
+    shutdown: CancellationToken,
+    protocol: Protocol,
+    metrics: Arc<Metrics>,
+    _open: OpenStream,
+    done: bool,
+}
+
+impl StreamState {
+    /// The next message: a newer snapshot, or the status that ends the stream. A stream never
+    /// ends with OK: clients that see OK may never reconnect.
+    async fn step(mut self) -> Option<(Result<Frame, Status>, Self)> {
+        if self.done {
+            return None;
+        }
+        let item = tokio::select! {
+            biased;
+            () = self.shutdown.cancelled() => Err(RequestError::ShuttingDown),
+            next = self.subscription.next() => match next {
+                Ok(snapshot) => {
+                    let frame = self.protocol.frame(&snapshot, self.subscription.key());
+                    self.metrics.updates_sent.get_or_create(&ProtocolLabels { protocol: self.protocol.label() }).inc();
+                    self.subscription.delivered(&snapshot, &self.metrics);
+                    Ok(frame)
+                }
+                Err(SubscriptionEnd::Forbidden(reason)) => Err(RequestError::Forbidden {
+                    key: self.subscription.key().clone(),
+                    reason: reason.to_string(),
+                }),
+            },
+        };
+        if item.is_err() {
+            self.done = true;
+        }
+        Some((item.map_err(Status::from), self))
+    }
+}
+
+#[tonic::async_trait]
+impl v1::flag_sync_service_server::FlagSyncService for SyncService {
+    type SyncFlagsStream = FrameStream;
+
+    async fn sync_flags(
+        &self,
+        request: Request<v1::SyncFlagsRequest>,
+    ) -> Result<Response<Self::SyncFlagsStream>, Status> {
+        let key = self.resource(&request, &request.get_ref().selector)?;
+        Ok(Response::new(self.stream(key, Protocol::FlagdSyncV1)?))
+    }
+
+    async fn fetch_all_flags(
+        &self,
+        request: Request<v1::FetchAllFlagsRequest>,
+    ) -> Result<Response<v1::FetchAllFlagsResponse>, Status> {
+        let key = self.resource(&request, &request.get_ref().selector)?;
+        let flag_configuration = self.fetch(key).await?;
+        Ok(Response::new(v1::FetchAllFlagsResponse {
+            flag_configuration,
+        }))
+    }
+
+    async fn get_metadata(
+        &self,
+        _request: Request<v1::GetMetadataRequest>,
+    ) -> Result<Response<v1::GetMetadataResponse>, Status> {
+        Ok(Response::new(v1::GetMetadataResponse {
+            metadata: Some(proxy_identity()),
+        }))
+    }
+}
+
+#[tonic::async_trait]
+impl legacy::flag_sync_service_server::FlagSyncService for SyncService {
+    type SyncFlagsStream = FrameStream;
+
+    async fn sync_flags(
+        &self,
+        request: Request<legacy::SyncFlagsRequest>,
+    ) -> Result<Response<Self::SyncFlagsStream>, Status> {
+        let key = self.resource(&request, &request.get_ref().selector)?;
+        Ok(Response::new(self.stream(key, Protocol::LegacySyncV1)?))
+    }
+
+    async fn fetch_all_flags(
+        &self,
+        request: Request<legacy::FetchAllFlagsRequest>,
+    ) -> Result<Response<legacy::FetchAllFlagsResponse>, Status> {
+        let key = self.resource(&request, &request.get_ref().selector)?;
+        let flag_configuration = self.fetch(key).await?;
+        Ok(Response::new(legacy::FetchAllFlagsResponse {
+            flag_configuration,
+        }))
+    }
+}

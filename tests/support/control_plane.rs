@@ -1,0 +1,1158 @@
+//! A real Kubernetes control plane for integration tests: one etcd and one kube-apiserver,
+//! both listening on 127.0.0.1 only, with the FeatureFlag and FeatureFlagSource CRDs installed.
+//!
+//! The binaries are built by `scripts/build-control-plane.sh` into
+//! `${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}/bin` (or the directory named by
+//! `FLAGD_PROXY_KUBE_BIN_DIR`). When they are absent, [`ControlPlane::start`] returns
+//! [`ControlPlaneError::BinariesMissing`]; [`start_or_skip`] turns that into a skip notice outside CI
+//! and a failure inside it.
+//!
+//! Two identities authenticate with bearer tokens (`--token-auth-file`):
+//! - an administrator in `system:masters` ([`ControlPlane::admin_client`]);
+//! - `system:serviceaccount:flagd:proxy`, which RBAC allows nothing until a test grants it the
+//!   `get`/`list`/`watch` ClusterRole on `featureflags` and `featureflagsources`, cluster-wide or
+//!   per namespace, as the OpenFeature Operator does for the real proxy.
+//!
+//! There is no controller manager: namespaces can be created but never finish deleting, and no
+//! service-account tokens are minted.
+//!
+//! Both server processes run under a small `sh` wrapper that holds a pipe from the test process and
+//! kills the server when that pipe closes, so nothing outlives a test binary that is interrupted.
+
+#![allow(dead_code)]
+
+use std::collections::hash_map::RandomState;
+use std::fmt;
+use std::fs::{self, File, OpenOptions};
+use std::hash::{BuildHasher, Hasher};
+use std::io::{Read, Seek, SeekFrom};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, anyhow, bail};
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
+};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use serde_json::json;
+use tempfile::TempDir;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// API group of the OpenFeature custom resources.
+pub const GROUP: &str = "core.openfeature.dev";
+/// Served (and stored) version of both custom resources.
+pub const VERSION: &str = "v1beta1";
+/// User name of the restricted identity, as Kubernetes names the `proxy` service account of the
+/// `flagd` namespace.
+pub const PROXY_USER: &str = "system:serviceaccount:flagd:proxy";
+/// Groups of the restricted identity.
+pub const PROXY_GROUPS: [&str; 3] = [
+    "system:serviceaccounts",
+    "system:serviceaccounts:flagd",
+    "system:authenticated",
+];
+/// The ClusterRole with `get`, `list` and `watch` on the OpenFeature resources.
+pub const PROXY_CLUSTER_ROLE: &str = "flagd-proxy";
+/// Name of the (Cluster)RoleBindings that the grant methods create.
+pub const PROXY_BINDING: &str = "flagd-proxy";
+
+const CRD_FILES: [&str; 2] = [
+    "core.openfeature.dev_featureflags.yaml",
+    "core.openfeature.dev_featureflagsources.yaml",
+];
+const CRD_NAMES: [&str; 2] = [
+    "featureflags.core.openfeature.dev",
+    "featureflagsources.core.openfeature.dev",
+];
+
+/// How long to wait for etcd, the apiserver or an RBAC change before giving up. Generous: the test
+/// machines are small and shared.
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+/// How long a single probe request may take.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Start attempts when a freshly picked port turns out to be taken.
+const START_ATTEMPTS: u32 = 3;
+
+/// The FeatureFlag resource (`core.openfeature.dev/v1beta1`, plural `featureflags`).
+pub fn feature_flag_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(GROUP, VERSION, "FeatureFlag"),
+        "featureflags",
+    )
+}
+
+/// The FeatureFlagSource resource (`core.openfeature.dev/v1beta1`, plural `featureflagsources`).
+pub fn feature_flag_source_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(GROUP, VERSION, "FeatureFlagSource"),
+        "featureflagsources",
+    )
+}
+
+/// Why a control plane could not be started.
+#[derive(Debug)]
+pub enum ControlPlaneError {
+    /// `kube-apiserver` and/or `etcd` are not in the binaries' directory.
+    BinariesMissing {
+        bin_dir: PathBuf,
+        missing: Vec<PathBuf>,
+    },
+    /// Everything else: a process that exited or never became ready, a bad CRD file, ...
+    Startup(anyhow::Error),
+}
+
+impl ControlPlaneError {
+    pub fn is_binaries_missing(&self) -> bool {
+        matches!(self, ControlPlaneError::BinariesMissing { .. })
+    }
+}
+
+impl fmt::Display for ControlPlaneError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ControlPlaneError::BinariesMissing { bin_dir, missing } => {
+                let missing: Vec<String> =
+                    missing.iter().map(|p| p.display().to_string()).collect();
+                write!(
+                    f,
+                    "the Kubernetes control plane binaries are missing ({}); run \
+                     scripts/build-control-plane.sh to build them into {} (the directory is \
+                     ${{FLAGD_PROXY_KUBE_BIN_DIR}}, else ${{FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}}/bin)",
+                    missing.join(", "),
+                    bin_dir.display()
+                )
+            }
+            ControlPlaneError::Startup(err) => write!(f, "control plane failed to start: {err:#}"),
+        }
+    }
+}
+
+impl std::error::Error for ControlPlaneError {}
+
+impl From<anyhow::Error> for ControlPlaneError {
+    fn from(err: anyhow::Error) -> Self {
+        ControlPlaneError::Startup(err)
+    }
+}
+
+/// Paths of the two server binaries.
+#[derive(Debug, Clone)]
+pub struct Binaries {
+    pub kube_apiserver: PathBuf,
+    pub etcd: PathBuf,
+}
+
+/// The directory the binaries are taken from: `FLAGD_PROXY_KUBE_BIN_DIR`, else
+/// `${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}/bin`.
+pub fn bin_dir() -> PathBuf {
+    if let Some(dir) = non_empty_env("FLAGD_PROXY_KUBE_BIN_DIR") {
+        return PathBuf::from(dir);
+    }
+    let cache = match non_empty_env("FLAGD_PROXY_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let home = non_empty_env("HOME").unwrap_or_else(|| "/root".to_owned());
+            Path::new(&home).join(".cache").join("flagd-proxy")
+        }
+    };
+    cache.join("bin")
+}
+
+/// Looks for `kube-apiserver` and `etcd` in `dir`.
+pub fn find_binaries(dir: &Path) -> Result<Binaries, ControlPlaneError> {
+    let kube_apiserver = dir.join("kube-apiserver");
+    let etcd = dir.join("etcd");
+    let missing: Vec<PathBuf> = [&kube_apiserver, &etcd]
+        .into_iter()
+        .filter(|p| !p.is_file())
+        .cloned()
+        .collect();
+    if missing.is_empty() {
+        Ok(Binaries {
+            kube_apiserver,
+            etcd,
+        })
+    } else {
+        Err(ControlPlaneError::BinariesMissing {
+            bin_dir: dir.to_path_buf(),
+            missing,
+        })
+    }
+}
+
+/// The folder with the project's shared test data: `FLAGD_PROXY_SHARED_DIR`, else `../shared` next
+/// to the crate.
+pub fn shared_dir() -> PathBuf {
+    match non_empty_env("FLAGD_PROXY_SHARED_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join("shared"),
+    }
+}
+
+/// Starts a control plane, or decides that the calling test is skipped: when the binaries are
+/// missing this panics if `CI` is set and otherwise prints a notice and returns `None`. Any other
+/// start failure panics.
+pub async fn start_or_skip() -> Option<ControlPlane> {
+    match ControlPlane::start().await {
+        Ok(cp) => Some(cp),
+        Err(err @ ControlPlaneError::BinariesMissing { .. }) => {
+            if std::env::var_os("CI").is_some() {
+                panic!("{err}");
+            }
+            eprintln!("SKIPPED (no control plane): {err}");
+            None
+        }
+        Err(err) => panic!("{err}"),
+    }
+}
+
+/// A running etcd + kube-apiserver pair. Dropping it stops both and deletes their data.
+pub struct ControlPlane {
+    apiserver: Option<Supervised>,
+    etcd: Option<Supervised>,
+    binaries: Binaries,
+    apiserver_port: u16,
+    apiserver_args: Vec<String>,
+    apiserver_log: PathBuf,
+    admin_client: Client,
+    admin_kubeconfig: PathBuf,
+    proxy_kubeconfig: PathBuf,
+    ca_path: PathBuf,
+    proxy_token_path: PathBuf,
+    // Last: removed only after the processes are gone.
+    dir: TempDir,
+}
+
+/// A failed start attempt, and whether picking other ports may help.
+struct AttemptError {
+    error: anyhow::Error,
+    port_clash: bool,
+}
+
+impl ControlPlane {
+    /// Starts etcd and kube-apiserver on free loopback ports, waits until the apiserver is ready,
+    /// installs both CRDs and waits until they are Established and served, and creates the
+    /// restricted identity's ClusterRole without binding it.
+    pub async fn start() -> Result<ControlPlane, ControlPlaneError> {
+        let binaries = find_binaries(&bin_dir())?;
+        let crds = load_crds(&shared_dir().join("k8s"))?;
+        let mut failures = Vec::new();
+        for _ in 0..START_ATTEMPTS {
+            match Self::start_once(&binaries).await {
+                Ok(cp) => {
+                    cp.install(&crds).await?;
+                    return Ok(cp);
+                }
+                Err(AttemptError {
+                    error,
+                    port_clash: true,
+                }) => failures.push(format!("{error:#}")),
+                Err(AttemptError { error, .. }) => return Err(error.into()),
+            }
+        }
+        Err(ControlPlaneError::Startup(anyhow!(
+            "every attempt hit a port already in use:\n{}",
+            failures.join("\n---\n")
+        )))
+    }
+
+    async fn start_once(binaries: &Binaries) -> Result<ControlPlane, AttemptError> {
+        let fatal = |error: anyhow::Error| AttemptError {
+            error,
+            port_clash: false,
+        };
+        let dir = tempfile::Builder::new()
+            .prefix("flagd-proxy-control-plane-")
+            .tempdir()
+            .context("creating the control plane's temporary directory")
+            .map_err(fatal)?;
+        let root = dir.path().to_path_buf();
+
+        let etcd_client_port = free_port().map_err(fatal)?;
+        let etcd_peer_port = free_port().map_err(fatal)?;
+        let apiserver_port = free_port().map_err(fatal)?;
+
+        let files = write_credentials(&root, apiserver_port).map_err(fatal)?;
+
+        // etcd
+        let etcd_client_url = format!("http://127.0.0.1:{etcd_client_port}");
+        let etcd_peer_url = format!("http://127.0.0.1:{etcd_peer_port}");
+        let etcd_args = vec![
+            "--name=flagd-proxy-test".to_owned(),
+            format!("--data-dir={}", root.join("etcd-data").display()),
+            format!("--listen-client-urls={etcd_client_url}"),
+            format!("--advertise-client-urls={etcd_client_url}"),
+            format!("--listen-peer-urls={etcd_peer_url}"),
+            format!("--initial-advertise-peer-urls={etcd_peer_url}"),
+            format!("--initial-cluster=flagd-proxy-test={etcd_peer_url}"),
+            "--unsafe-no-fsync=true".to_owned(),
+            "--log-level=warn".to_owned(),
+        ];
+        let etcd_log = root.join("etcd.log");
+        let mut etcd = Supervised::spawn("etcd", &binaries.etcd, &etcd_args, &etcd_log, &root)
+            .map_err(fatal)?;
+        if let Err(error) = wait_for_etcd(&mut etcd, etcd_client_port).await {
+            let port_clash = log_mentions_port_clash(&etcd_log);
+            return Err(AttemptError { error, port_clash });
+        }
+
+        // kube-apiserver
+        let apiserver_args = vec![
+            format!("--etcd-servers={etcd_client_url}"),
+            format!("--cert-dir={}", root.join("apiserver-certs").display()),
+            format!("--tls-cert-file={}", files.serving_cert.display()),
+            format!("--tls-private-key-file={}", files.serving_key.display()),
+            format!("--secure-port={apiserver_port}"),
+            "--bind-address=127.0.0.1".to_owned(),
+            "--advertise-address=127.0.0.1".to_owned(),
+            "--service-cluster-ip-range=10.0.0.0/24".to_owned(),
+            "--endpoint-reconciler-type=none".to_owned(),
+            "--authorization-mode=RBAC".to_owned(),
+            "--disable-admission-plugins=ServiceAccount".to_owned(),
+            "--allow-privileged=true".to_owned(),
+            format!("--token-auth-file={}", files.token_csv.display()),
+            format!("--service-account-issuer=https://127.0.0.1:{apiserver_port}"),
+            format!(
+                "--service-account-key-file={}",
+                files.sa_public_key.display()
+            ),
+            format!(
+                "--service-account-signing-key-file={}",
+                files.sa_private_key.display()
+            ),
+        ];
+        let apiserver_log = root.join("kube-apiserver.log");
+        let apiserver = Supervised::spawn(
+            "kube-apiserver",
+            &binaries.kube_apiserver,
+            &apiserver_args,
+            &apiserver_log,
+            &root,
+        )
+        .map_err(fatal)?;
+
+        let admin_client = client_from_kubeconfig(&files.admin_kubeconfig)
+            .await
+            .map_err(fatal)?;
+        let mut cp = ControlPlane {
+            apiserver: Some(apiserver),
+            etcd: Some(etcd),
+            binaries: binaries.clone(),
+            apiserver_port,
+            apiserver_args,
+            apiserver_log: apiserver_log.clone(),
+            admin_client,
+            admin_kubeconfig: files.admin_kubeconfig,
+            proxy_kubeconfig: files.proxy_kubeconfig,
+            ca_path: files.ca_cert,
+            proxy_token_path: files.proxy_token,
+            dir,
+        };
+        if let Err(error) = cp.wait_for_apiserver().await {
+            let port_clash = log_mentions_port_clash(&apiserver_log);
+            return Err(AttemptError { error, port_clash });
+        }
+        Ok(cp)
+    }
+
+    /// Installs the CRDs and the ClusterRole.
+    async fn install(&self, crds: &[CustomResourceDefinition]) -> anyhow::Result<()> {
+        let crd_api: Api<CustomResourceDefinition> = Api::all(self.admin_client.clone());
+        for crd in crds {
+            crd_api
+                .create(&PostParams::default(), crd)
+                .await
+                .with_context(|| {
+                    format!(
+                        "creating CRD {}",
+                        crd.metadata.name.as_deref().unwrap_or("?")
+                    )
+                })?;
+        }
+        for name in CRD_NAMES {
+            self.wait_until(&format!("CRD {name} to be Established"), || async {
+                let crd = crd_api.get(name).await?;
+                let established = crd
+                    .status
+                    .and_then(|s| s.conditions)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.type_ == "Established" && c.status == "True");
+                anyhow::Ok(
+                    established
+                        .then_some(())
+                        .ok_or_else(|| "not Established yet".to_owned()),
+                )
+            })
+            .await
+            .with_context(|| format!("waiting for CRD {name}"))?;
+        }
+        self.wait_for_custom_resources().await?;
+
+        let role: ClusterRole = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": { "name": PROXY_CLUSTER_ROLE },
+            "rules": [{
+                "apiGroups": [GROUP],
+                "resources": ["featureflags", "featureflagsources"],
+                "verbs": ["get", "list", "watch"],
+            }],
+        }))
+        .context("building the ClusterRole")?;
+        Api::<ClusterRole>::all(self.admin_client.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .context("creating the proxy's ClusterRole")?;
+        Ok(())
+    }
+
+    /// A client authenticated as the administrator (group `system:masters`).
+    pub fn admin_client(&self) -> Client {
+        self.admin_client.clone()
+    }
+
+    /// A new client authenticated as the restricted proxy identity.
+    pub async fn proxy_client(&self) -> Client {
+        client_from_kubeconfig(&self.proxy_kubeconfig)
+            .await
+            .expect("building a client from the proxy kubeconfig")
+    }
+
+    /// A kubeconfig file for the administrator, usable through `KUBECONFIG` by a child process.
+    pub fn admin_kubeconfig(&self) -> &Path {
+        &self.admin_kubeconfig
+    }
+
+    /// A kubeconfig file for `system:serviceaccount:flagd:proxy`.
+    pub fn proxy_kubeconfig(&self) -> &Path {
+        &self.proxy_kubeconfig
+    }
+
+    /// `https://127.0.0.1:<port>`.
+    pub fn server_url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.apiserver_port)
+    }
+
+    /// PEM file of the CA that signed the apiserver's serving certificate.
+    pub fn ca_path(&self) -> &Path {
+        &self.ca_path
+    }
+
+    /// File holding the proxy identity's bearer token (no trailing newline, like a mounted
+    /// service-account token).
+    pub fn proxy_token_path(&self) -> &Path {
+        &self.proxy_token_path
+    }
+
+    /// The temporary directory holding the certificates, kubeconfigs, logs and etcd data.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Binds the proxy ClusterRole to the proxy identity cluster-wide and waits until RBAC
+    /// honours it.
+    pub async fn grant_proxy_cluster_wide(&self) {
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": { "name": PROXY_BINDING },
+            "roleRef": proxy_role_ref(),
+            "subjects": [proxy_subject()],
+        }))
+        .expect("building the ClusterRoleBinding");
+        Api::<ClusterRoleBinding>::all(self.admin_client.clone())
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("creating the proxy's ClusterRoleBinding");
+        self.wait_for_access(None, |allowed, _| allowed)
+            .await
+            .expect("waiting for the cluster-wide grant to take effect");
+    }
+
+    /// Removes the cluster-wide binding and waits until RBAC no longer uses it.
+    pub async fn revoke_proxy_cluster_wide(&self) {
+        Api::<ClusterRoleBinding>::all(self.admin_client.clone())
+            .delete(PROXY_BINDING, &DeleteParams::default())
+            .await
+            .expect("deleting the proxy's ClusterRoleBinding");
+        let marker = format!("ClusterRoleBinding \"{PROXY_BINDING}\"");
+        self.wait_for_access(None, |allowed, reason| {
+            !(allowed && reason.contains(&marker))
+        })
+        .await
+        .expect("waiting for the cluster-wide revocation to take effect");
+    }
+
+    /// Binds the proxy ClusterRole to the proxy identity in namespace `ns` (a RoleBinding) and
+    /// waits until RBAC honours it.
+    pub async fn grant_proxy_namespace(&self, ns: &str) {
+        let binding: RoleBinding = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": { "name": PROXY_BINDING, "namespace": ns },
+            "roleRef": proxy_role_ref(),
+            "subjects": [proxy_subject()],
+        }))
+        .expect("building the RoleBinding");
+        Api::<RoleBinding>::namespaced(self.admin_client.clone(), ns)
+            .create(&PostParams::default(), &binding)
+            .await
+            .unwrap_or_else(|e| panic!("creating the proxy's RoleBinding in {ns}: {e}"));
+        // Allowed by anything (this binding, or a cluster-wide one) is all a test needs.
+        self.wait_for_access(Some(ns), |allowed, _| allowed)
+            .await
+            .unwrap_or_else(|e| panic!("waiting for the grant in {ns} to take effect: {e:#}"));
+    }
+
+    /// Deletes the RoleBinding in `ns` and waits until RBAC no longer uses it.
+    pub async fn revoke_proxy_namespace(&self, ns: &str) {
+        Api::<RoleBinding>::namespaced(self.admin_client.clone(), ns)
+            .delete(PROXY_BINDING, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting the proxy's RoleBinding in {ns}: {e}"));
+        let marker = format!("RoleBinding \"{PROXY_BINDING}/{ns}\"");
+        self.wait_for_access(Some(ns), |allowed, reason| {
+            !(allowed && reason.contains(&marker))
+        })
+        .await
+        .unwrap_or_else(|e| panic!("waiting for the revocation in {ns} to take effect: {e:#}"));
+    }
+
+    /// Creates namespace `ns` (an existing one is fine).
+    pub async fn create_namespace(&self, ns: &str) {
+        let namespace: Namespace = serde_json::from_value(json!({
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": { "name": ns },
+        }))
+        .expect("building the Namespace");
+        match Api::<Namespace>::all(self.admin_client.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(status)) if status.code == 409 => {}
+            Err(e) => panic!("creating namespace {ns}: {e}"),
+        }
+    }
+
+    /// Sum of `apiserver_longrunning_requests{verb="WATCH",resource=<resource>}` over all other
+    /// labels, read from the apiserver's `/metrics`: the number of watch requests on that
+    /// resource that are open right now.
+    pub async fn open_watches(&self, resource: &str) -> u64 {
+        let text = self
+            .admin_get("/metrics")
+            .await
+            .expect("reading the apiserver's /metrics");
+        sum_long_running_watches(&text, resource)
+    }
+
+    /// Kills the apiserver (SIGKILL, as a crash would) and waits for it to exit. etcd keeps
+    /// running.
+    pub async fn stop_apiserver(&mut self) {
+        if let Some(mut apiserver) = self.apiserver.take() {
+            apiserver.stop();
+        }
+    }
+
+    /// Starts the apiserver again with the same port, etcd, certificates and tokens, and waits
+    /// until it is ready and serves the custom resources.
+    pub async fn start_apiserver(&mut self) {
+        assert!(
+            self.apiserver.is_none(),
+            "start_apiserver called while the apiserver is running"
+        );
+        let apiserver = Supervised::spawn(
+            "kube-apiserver",
+            &self.binaries.kube_apiserver,
+            &self.apiserver_args,
+            &self.apiserver_log,
+            self.dir.path(),
+        )
+        .expect("restarting kube-apiserver");
+        self.apiserver = Some(apiserver);
+        self.wait_for_apiserver()
+            .await
+            .unwrap_or_else(|e| panic!("kube-apiserver did not come back: {e:#}"));
+        self.wait_for_custom_resources()
+            .await
+            .unwrap_or_else(|e| panic!("custom resources not served after restart: {e:#}"));
+    }
+
+    /// `GET path` as the administrator, returning the body.
+    async fn admin_get(&self, path: &str) -> anyhow::Result<String> {
+        let request = http::Request::get(path)
+            .body(Vec::new())
+            .context("building a request")?;
+        let text = tokio::time::timeout(PROBE_TIMEOUT, self.admin_client.request_text(request))
+            .await
+            .with_context(|| format!("GET {path} timed out"))?
+            .with_context(|| format!("GET {path}"))?;
+        Ok(text)
+    }
+
+    /// Polls `/readyz` until it answers `ok`, failing early if the process exits.
+    async fn wait_for_apiserver(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut pause = Duration::from_millis(100);
+        loop {
+            if let Some(apiserver) = self.apiserver.as_mut()
+                && let Some(status) = apiserver.exited()
+            {
+                return Err(apiserver.failure(&format!("exited ({status}) before becoming ready")));
+            }
+            let last = match self.admin_get("/readyz").await {
+                Ok(body) if body.trim() == "ok" => return Ok(()),
+                Ok(body) => body,
+                Err(e) => format!("{e:#}"),
+            };
+            if Instant::now() >= deadline {
+                let apiserver = self.apiserver.as_ref().context("apiserver not running")?;
+                return Err(apiserver.failure(&format!(
+                    "not ready after {READY_TIMEOUT:?}; last /readyz answer: {last}"
+                )));
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Waits until listing FeatureFlags and FeatureFlagSources as the administrator succeeds.
+    async fn wait_for_custom_resources(&self) -> anyhow::Result<()> {
+        for resource in [feature_flag_resource(), feature_flag_source_resource()] {
+            let api: Api<DynamicObject> = Api::all_with(self.admin_client.clone(), &resource);
+            self.wait_until(&format!("{} to be served", resource.plural), || async {
+                match api.list(&ListParams::default().limit(1)).await {
+                    Ok(_) => anyhow::Ok(Ok(())),
+                    Err(e) => anyhow::Ok(Err(e.to_string())),
+                }
+            })
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Asks the apiserver (SubjectAccessReview) whether the proxy identity may list featureflags
+    /// in `ns` (or cluster-wide) until `done(allowed, reason)` holds.
+    async fn wait_for_access(
+        &self,
+        ns: Option<&str>,
+        done: impl Fn(bool, &str) -> bool,
+    ) -> anyhow::Result<()> {
+        let api: Api<SubjectAccessReview> = Api::all(self.admin_client.clone());
+        let review: SubjectAccessReview = serde_json::from_value(json!({
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": PROXY_USER,
+                "groups": PROXY_GROUPS,
+                "resourceAttributes": {
+                    "group": GROUP,
+                    "resource": "featureflags",
+                    "verb": "list",
+                    "namespace": ns.unwrap_or(""),
+                },
+            },
+        }))
+        .context("building a SubjectAccessReview")?;
+        self.wait_until("RBAC to reflect the change", || async {
+            let answer = api.create(&PostParams::default(), &review).await?;
+            let status = answer.status.unwrap_or_default();
+            let reason = status.reason.unwrap_or_default();
+            if done(status.allowed, &reason) {
+                anyhow::Ok(Ok(()))
+            } else {
+                anyhow::Ok(Err(format!(
+                    "allowed={}, reason={reason:?}",
+                    status.allowed
+                )))
+            }
+        })
+        .await
+    }
+
+    /// Polls `check` until it returns `Ok(Ok(_))`; `Ok(Err(why))` means "not yet", `Err` aborts.
+    async fn wait_until<T, F, Fut>(&self, what: &str, mut check: F) -> anyhow::Result<T>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = anyhow::Result<Result<T, String>>>,
+    {
+        let deadline = Instant::now() + READY_TIMEOUT;
+        let mut pause = Duration::from_millis(50);
+        loop {
+            let last = match tokio::time::timeout(PROBE_TIMEOUT, check()).await {
+                Ok(Ok(Ok(value))) => return Ok(value),
+                Ok(Ok(Err(why))) => why,
+                Ok(Err(e)) => return Err(e.context(format!("while waiting for {what}"))),
+                Err(_) => format!("probe timed out after {PROBE_TIMEOUT:?}"),
+            };
+            if Instant::now() >= deadline {
+                bail!("gave up waiting for {what} after {READY_TIMEOUT:?}; last: {last}");
+            }
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    fn print_log_tails(&self) {
+        for (name, log) in [
+            ("kube-apiserver", self.apiserver_log.clone()),
+            ("etcd", self.dir.path().join("etcd.log")),
+        ] {
+            eprintln!(
+                "---- last lines of the {name} log ({}) ----\n{}",
+                log.display(),
+                tail(&log, 40)
+            );
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.print_log_tails();
+        }
+        if let Some(mut apiserver) = self.apiserver.take() {
+            apiserver.stop();
+        }
+        if let Some(mut etcd) = self.etcd.take() {
+            etcd.stop();
+        }
+    }
+}
+
+/// Runs a server process under `sh`, which kills it when the pipe on the wrapper's stdin closes:
+/// on [`Supervised::stop`], or when the test process dies. The wrapper's exit status is the
+/// server's.
+const SUPERVISOR_SCRIPT: &str = r#"
+exec 3<&0 </dev/null
+"$@" 3<&- &
+server=$!
+(
+  read -r _ <&3
+  kill -KILL "$server" 2>/dev/null
+) &
+watcher=$!
+exec 3<&-
+wait "$server"
+status=$?
+kill "$watcher" 2>/dev/null
+exit "$status"
+"#;
+
+struct Supervised {
+    name: &'static str,
+    child: Child,
+    lifeline: Option<ChildStdin>,
+    log: PathBuf,
+    exit: Option<ExitStatus>,
+}
+
+impl Supervised {
+    fn spawn(
+        name: &'static str,
+        program: &Path,
+        args: &[String],
+        log: &Path,
+        cwd: &Path,
+    ) -> anyhow::Result<Self> {
+        let log_file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let log_file_2 = log_file
+            .try_clone()
+            .with_context(|| format!("opening {}", log.display()))?;
+        let mut child = Command::new("sh")
+            .arg("-c")
+            .arg(SUPERVISOR_SCRIPT)
+            .arg(name)
+            .arg(program)
+            .args(args)
+            .current_dir(cwd)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::from(log_file))
+            .stderr(Stdio::from(log_file_2))
+            .spawn()
+            .with_context(|| format!("starting {} under sh", program.display()))?;
+        let lifeline = child.stdin.take();
+        Ok(Supervised {
+            name,
+            child,
+            lifeline,
+            log: log.to_path_buf(),
+            exit: None,
+        })
+    }
+
+    /// The exit status if the process has ended.
+    fn exited(&mut self) -> Option<ExitStatus> {
+        if self.exit.is_none() {
+            self.exit = self.child.try_wait().ok().flatten();
+        }
+        self.exit
+    }
+
+    /// An error naming the process, with the end of its log.
+    fn failure(&self, what: &str) -> anyhow::Error {
+        anyhow!(
+            "{} {what}\n---- last lines of {} ----\n{}",
+            self.name,
+            self.log.display(),
+            tail(&self.log, 30)
+        )
+    }
+
+    /// Kills the server and reaps the wrapper.
+    fn stop(&mut self) {
+        // Closing the pipe makes the wrapper kill the server and exit with its status.
+        drop(self.lifeline.take());
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while self.exited().is_none() {
+            if Instant::now() >= deadline {
+                eprintln!(
+                    "{} (wrapper pid {}) did not stop; killing the wrapper",
+                    self.name,
+                    self.child.id()
+                );
+                let _ = self.child.kill();
+                let _ = self.child.wait();
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Supervised {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Polls etcd's `/health` until it reports healthy.
+async fn wait_for_etcd(etcd: &mut Supervised, port: u16) -> anyhow::Result<()> {
+    let deadline = Instant::now() + READY_TIMEOUT;
+    let mut pause = Duration::from_millis(50);
+    loop {
+        if let Some(status) = etcd.exited() {
+            return Err(etcd.failure(&format!("exited ({status}) before becoming healthy")));
+        }
+        let last = match tokio::time::timeout(PROBE_TIMEOUT, plain_http_get(port, "/health")).await
+        {
+            Ok(Ok(body)) if body.contains("\"health\":\"true\"") => return Ok(()),
+            Ok(Ok(body)) => body,
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => "timed out".to_owned(),
+        };
+        if Instant::now() >= deadline {
+            return Err(etcd.failure(&format!(
+                "not healthy after {READY_TIMEOUT:?}; last /health answer: {last}"
+            )));
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(500));
+    }
+}
+
+/// A minimal HTTP/1.0 GET to 127.0.0.1:`port`, returning the whole response.
+async fn plain_http_get(port: u16, path: &str) -> std::io::Result<String> {
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
+        .await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    Ok(String::from_utf8_lossy(&response).into_owned())
+}
+
+/// Sums `apiserver_longrunning_requests` samples with `verb="WATCH"` and the given resource.
+pub fn sum_long_running_watches(metrics: &str, resource: &str) -> u64 {
+    let mut total = 0.0_f64;
+    for line in metrics.lines() {
+        let Some(rest) = line.strip_prefix("apiserver_longrunning_requests{") else {
+            continue;
+        };
+        let Some((labels, value)) = rest.rsplit_once('}') else {
+            continue;
+        };
+        let labels = parse_labels(labels);
+        let label = |name: &str| {
+            labels
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.as_str())
+        };
+        if label("verb") == Some("WATCH") && label("resource") == Some(resource) {
+            // A sample may carry a timestamp after the value.
+            let value = value.split_whitespace().next().unwrap_or("0");
+            total += value.parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    total.max(0.0).round() as u64
+}
+
+/// Parses Prometheus text-format labels: `a="x",b="y\"z"`.
+fn parse_labels(text: &str) -> Vec<(String, String)> {
+    let mut labels = Vec::new();
+    let mut chars = text.chars().peekable();
+    loop {
+        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
+            chars.next();
+        }
+        let mut name = String::new();
+        while let Some(&c) = chars.peek() {
+            if c == '=' {
+                break;
+            }
+            name.push(c);
+            chars.next();
+        }
+        if chars.next() != Some('=') || chars.next() != Some('"') {
+            break;
+        }
+        let mut value = String::new();
+        while let Some(c) = chars.next() {
+            match c {
+                '\\' => match chars.next() {
+                    Some('n') => value.push('\n'),
+                    Some(other) => value.push(other),
+                    None => break,
+                },
+                '"' => break,
+                other => value.push(other),
+            }
+        }
+        labels.push((name.trim().to_owned(), value));
+    }
+    labels
+}
+
+fn proxy_role_ref() -> serde_json::Value {
+    json!({
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "ClusterRole",
+        "name": PROXY_CLUSTER_ROLE,
+    })
+}
+
+fn proxy_subject() -> serde_json::Value {
+    json!({ "kind": "ServiceAccount", "name": "proxy", "namespace": "flagd" })
+}
+
+/// Reads and parses the two CRD files.
+fn load_crds(dir: &Path) -> anyhow::Result<Vec<CustomResourceDefinition>> {
+    CRD_FILES
+        .iter()
+        .map(|file| {
+            let path = dir.join(file);
+            let text = fs::read_to_string(&path).with_context(|| {
+                format!(
+                    "reading {} (set FLAGD_PROXY_SHARED_DIR to the shared folder)",
+                    path.display()
+                )
+            })?;
+            serde_norway::from_str(&text).with_context(|| {
+                format!("parsing {} as a CustomResourceDefinition", path.display())
+            })
+        })
+        .collect()
+}
+
+/// Files written before the servers start.
+struct Credentials {
+    ca_cert: PathBuf,
+    serving_cert: PathBuf,
+    serving_key: PathBuf,
+    sa_private_key: PathBuf,
+    sa_public_key: PathBuf,
+    token_csv: PathBuf,
+    proxy_token: PathBuf,
+    admin_kubeconfig: PathBuf,
+    proxy_kubeconfig: PathBuf,
+}
+
+/// Writes a CA, the apiserver's serving certificate, the service-account key pair, the token file
+/// and both kubeconfigs into `root`.
+fn write_credentials(root: &Path, apiserver_port: u16) -> anyhow::Result<Credentials> {
+    use rcgen::{
+        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
+        KeyPair, KeyUsagePurpose,
+    };
+
+    let pki = root.join("pki");
+    fs::create_dir_all(&pki).context("creating the pki directory")?;
+
+    let ca_key = KeyPair::generate().context("generating the CA key")?;
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).context("CA parameters")?;
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "flagd-proxy test control plane CA");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca_params
+        .self_signed(&ca_key)
+        .context("self-signing the CA")?;
+    let ca_issuer = Issuer::new(ca_params, ca_key);
+
+    let serving_key = KeyPair::generate().context("generating the serving key")?;
+    let mut serving_params =
+        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
+            .context("serving certificate parameters")?;
+    serving_params
+        .distinguished_name
+        .push(DnType::CommonName, "kube-apiserver");
+    serving_params.key_usages = vec![
+        KeyUsagePurpose::DigitalSignature,
+        KeyUsagePurpose::KeyEncipherment,
+    ];
+    serving_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let serving_cert = serving_params
+        .signed_by(&serving_key, &ca_issuer)
+        .context("signing the serving certificate")?;
+
+    let sa_key = KeyPair::generate().context("generating the service-account key")?;
+
+    let admin_token = random_token();
+    let proxy_token = random_token();
+
+    let files = Credentials {
+        ca_cert: pki.join("ca.crt"),
+        serving_cert: pki.join("apiserver.crt"),
+        serving_key: pki.join("apiserver.key"),
+        sa_private_key: pki.join("service-account.key"),
+        sa_public_key: pki.join("service-account.pub"),
+        token_csv: pki.join("tokens.csv"),
+        proxy_token: root.join("proxy.token"),
+        admin_kubeconfig: root.join("admin.kubeconfig"),
+        proxy_kubeconfig: root.join("proxy.kubeconfig"),
+    };
+    let server = format!("https://127.0.0.1:{apiserver_port}");
+    let writes: [(&Path, String); 9] = [
+        (&files.ca_cert, ca_cert.pem()),
+        (
+            &files.serving_cert,
+            format!("{}{}", serving_cert.pem(), ca_cert.pem()),
+        ),
+        (&files.serving_key, serving_key.serialize_pem()),
+        (&files.sa_private_key, sa_key.serialize_pem()),
+        (&files.sa_public_key, sa_key.public_key_pem()),
+        (
+            &files.token_csv,
+            format!(
+                "{admin_token},admin,admin-uid,\"system:masters\"\n\
+                 {proxy_token},{PROXY_USER},proxy-uid,\"{}\"\n",
+                PROXY_GROUPS.join(",")
+            ),
+        ),
+        (&files.proxy_token, proxy_token.clone()),
+        (
+            &files.admin_kubeconfig,
+            kubeconfig_yaml(&server, &files.ca_cert, "admin", &admin_token)?,
+        ),
+        (
+            &files.proxy_kubeconfig,
+            kubeconfig_yaml(&server, &files.ca_cert, "flagd-proxy", &proxy_token)?,
+        ),
+    ];
+    for (path, contents) in writes {
+        fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(files)
+}
+
+fn kubeconfig_yaml(server: &str, ca: &Path, user: &str, token: &str) -> anyhow::Result<String> {
+    let config = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{
+            "name": "test-control-plane",
+            "cluster": { "server": server, "certificate-authority": ca.display().to_string() },
+        }],
+        "users": [{ "name": user, "user": { "token": token } }],
+        "contexts": [{
+            "name": user,
+            "context": { "cluster": "test-control-plane", "user": user, "namespace": "default" },
+        }],
+        "current-context": user,
+    });
+    serde_norway::to_string(&config).context("serialising a kubeconfig")
+}
+
+async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<Client> {
+    let kubeconfig =
+        Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
+    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .with_context(|| format!("loading {}", path.display()))?;
+    Client::try_from(config).with_context(|| format!("building a client from {}", path.display()))
+}
+
+/// A hard-to-guess token; only processes on this machine ever see it.
+fn random_token() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or_default();
+    (0..2)
+        .map(|i| {
+            let mut hasher = RandomState::new().build_hasher();
+            hasher.write_u128(nanos);
+            hasher.write_u32(std::process::id());
+            hasher.write_u32(i);
+            format!("{:016x}", hasher.finish())
+        })
+        .collect()
+}
+
+/// A port on 127.0.0.1 that was free a moment ago.
+fn free_port() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind(("127.0.0.1", 0)).context("binding 127.0.0.1:0")?;
+    Ok(listener
+        .local_addr()
+        .context("reading the bound port")?
+        .port())
+}
+
+fn log_mentions_port_clash(log: &Path) -> bool {
+    tail(log, 200).contains("address already in use")
+}
+
+/// The last `lines` lines of a file (at most its last 64 KiB).
+fn tail(path: &Path, lines: usize) -> String {
+    let read = || -> std::io::Result<String> {
+        let mut file = File::open(path)?;
+        let len = file.metadata()?.len();
+        file.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
+        let mut bytes = Vec::new();
+        file.read_to_end(&mut bytes)?;
+        Ok(String::from_utf8_lossy(&bytes).into_owned())
+    };
+    match read() {
+        Ok(text) => {
+            let all: Vec<&str> = text.lines().collect();
+            all[all.len().saturating_sub(lines)..].join("\n")
+        }
+        Err(e) => format!("(could not read {}: {e})", path.display()),
+    }
+}
+
+fn non_empty_env(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.is_empty())
+}

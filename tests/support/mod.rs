@@ -1,0 +1,330 @@
+//! Shared helpers for integration tests: run the proxy binary, write manifests, make
+//! certificates, and talk to the proxy with a gRPC client.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// A generous bound for one expected event, guarding only against hangs.
+pub const EVENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A port that was free a moment ago on 127.0.0.1.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind a free port")
+        .local_addr()
+        .expect("local addr")
+        .port()
+}
+
+/// Writes (atomically, via rename) a FeatureFlag manifest `<dir>/<namespace>-<name>.yaml`.
+pub fn write_manifest(dir: &Path, namespace: &str, name: &str, flags: Value) -> PathBuf {
+    let object = serde_json::json!({
+        "apiVersion": "core.openfeature.dev/v1beta1",
+        "kind": "FeatureFlag",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"flagSpec": {"flags": flags}}
+    });
+    let path = dir.join(format!("{namespace}-{name}.yaml"));
+    write_atomically(&path, &serde_norway::to_string(&object).expect("yaml"));
+    path
+}
+
+/// Writes a file by renaming a finished temporary file over it, as editors and kubelet do.
+pub fn write_atomically(path: &Path, content: &str) {
+    let tmp = path.with_extension("tmp~");
+    std::fs::write(&tmp, content).expect("write temporary file");
+    std::fs::rename(&tmp, path).expect("rename into place");
+}
+
+/// One string flag `key` with the given variants, defaulting to `default`.
+pub fn string_flag(key: &str, default: &str, variants: &[&str]) -> Value {
+    let variants: serde_json::Map<String, Value> = variants
+        .iter()
+        .map(|v| ((*v).to_owned(), Value::String((*v).to_owned())))
+        .collect();
+    serde_json::json!({key: {"state": "ENABLED", "variants": variants, "defaultVariant": default}})
+}
+
+/// A running `flagd-proxy` process; killed on drop.
+pub struct Proxy {
+    pub port: u16,
+    pub management_port: u16,
+    child: Option<Child>,
+    log: Arc<Mutex<Vec<String>>>,
+}
+
+impl Proxy {
+    /// Starts `flagd-proxy start` on free loopback ports with `args` added, and waits until
+    /// `/readyz` answers 200.
+    pub async fn start(args: &[&str]) -> Proxy {
+        Self::start_with_env(args, &[]).await
+    }
+
+    pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Proxy {
+        let port = free_port();
+        let management_port = free_port();
+        Self::start_on(port, management_port, args, env).await
+    }
+
+    /// Starts on the given ports (to restart a proxy where its clients expect it).
+    pub async fn start_on(
+        port: u16,
+        management_port: u16,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proxy {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"));
+        command
+            .args([
+                "start",
+                "--bind-address",
+                "127.0.0.1",
+                "--port",
+                &port.to_string(),
+            ])
+            .args(["--management-port", &management_port.to_string()])
+            .args(args)
+            .env("RUST_LOG", "info,flagd_proxy=debug")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let mut child = command.spawn().expect("spawn flagd-proxy");
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let stderr = child.stderr.take().expect("stderr");
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                sink.lock().expect("log").push(line);
+            }
+        });
+        let mut proxy = Proxy {
+            port,
+            management_port,
+            child: Some(child),
+            log,
+        };
+        proxy.wait_ready().await;
+        proxy
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+        loop {
+            if let Some(status) = self
+                .child
+                .as_mut()
+                .and_then(|c| c.try_wait().expect("try_wait"))
+            {
+                panic!(
+                    "flagd-proxy exited with {status} before it was ready:\n{}",
+                    self.log_text()
+                );
+            }
+            if let Ok((200, _)) = http_get(self.management_port, "/readyz").await {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "flagd-proxy not ready:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Everything the proxy has logged so far.
+    pub fn log_text(&self) -> String {
+        self.log.lock().expect("log").join("\n")
+    }
+
+    /// Waits until the proxy has logged a line containing `needle`.
+    pub async fn wait_for_log(&self, needle: &str) {
+        let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+        while !self
+            .log
+            .lock()
+            .expect("log")
+            .iter()
+            .any(|l| l.contains(needle))
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no log line with {needle:?}:\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Sends SIGTERM and waits for the exit status.
+    pub async fn terminate(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        let pid = child.id().to_string();
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .expect("kill -TERM");
+        tokio::task::spawn_blocking(move || child.wait().expect("wait"))
+            .await
+            .expect("join")
+    }
+
+    /// The value of a metric sample line (`name{labels}`) from `/metrics`, or 0.
+    pub async fn metric(&self, sample: &str) -> f64 {
+        let (_, body) = http_get(self.management_port, "/metrics")
+            .await
+            .expect("metrics");
+        body.lines()
+            .find_map(|l| {
+                l.strip_prefix(sample)
+                    .and_then(|rest| rest.strip_prefix(' '))
+            })
+            .map(|v| v.trim().parse().expect("number"))
+            .unwrap_or(0.0)
+    }
+
+    /// Waits until `sample` has the value `want`.
+    pub async fn wait_for_metric(&self, sample: &str, want: f64) {
+        let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let got = self.metric(sample).await;
+            if got == want {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{sample} stayed {got}, want {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A minimal HTTP/1.1 GET against 127.0.0.1:`port`: (status, body).
+pub async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response).await?;
+    let text = String::from_utf8_lossy(&response);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    // Bodies may be chunked; tests only search them for lines, which chunk headers do not break.
+    Ok((status, body))
+}
+
+/// A throwaway certificate authority and a server certificate for 127.0.0.1 and localhost,
+/// written as PEM files into a temporary directory.
+pub struct TestCa {
+    pub dir: tempfile::TempDir,
+    pub ca_cert: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+    ca: rcgen::Issuer<'static, rcgen::KeyPair>,
+}
+
+impl TestCa {
+    pub fn new() -> TestCa {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "flagd-proxy test CA");
+        params.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::CrlSign,
+        ];
+        let key = rcgen::KeyPair::generate().expect("ca key");
+        let cert = params.self_signed(&key).expect("ca cert");
+        let ca_cert = dir.path().join("ca.pem");
+        std::fs::write(&ca_cert, cert.pem()).expect("write ca");
+        let ca = rcgen::Issuer::new(params, key);
+        let mut this = TestCa {
+            server_cert: dir.path().join("server.pem"),
+            server_key: dir.path().join("server-key.pem"),
+            dir,
+            ca_cert,
+            ca,
+        };
+        this.issue_server("localhost");
+        this
+    }
+
+    /// Issues a new server certificate (common name `cn`) and replaces the server files.
+    pub fn issue_server(&mut self, cn: &str) {
+        let mut params =
+            rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+                .expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        let key = rcgen::KeyPair::generate().expect("server key");
+        let cert = params.signed_by(&key, &self.ca).expect("server cert");
+        write_atomically(&self.server_key, &key.serialize_pem());
+        write_atomically(&self.server_cert, &cert.pem());
+    }
+
+    /// Issues a client certificate; returns (cert PEM, key PEM).
+    pub fn issue_client(&self, cn: &str) -> (String, String) {
+        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, cn);
+        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+        let key = rcgen::KeyPair::generate().expect("client key");
+        let cert = params.signed_by(&key, &self.ca).expect("client cert");
+        (cert.pem(), key.serialize_pem())
+    }
+
+    /// Arguments that turn TLS on for the proxy.
+    pub fn proxy_args(&self) -> Vec<String> {
+        vec![
+            "--server-cert-path".into(),
+            self.server_cert.display().to_string(),
+            "--server-key-path".into(),
+            self.server_key.display().to_string(),
+        ]
+    }
+}
+
+impl Default for TestCa {
+    fn default() -> Self {
+        Self::new()
+    }
+}

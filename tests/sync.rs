@@ -1,0 +1,456 @@
+//! The sync protocols over real sockets, against the proxy binary serving a manifests directory.
+mod support;
+
+use std::time::Duration;
+
+use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
+use flagd_proxy::wire::proto::client::sync_v1 as legacy;
+use serde_json::{Value, json};
+use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
+use tonic::Code;
+use tonic::transport::Channel;
+use v1::flag_sync_service_client::FlagSyncServiceClient;
+
+const SELECTOR: &str = "core.openfeature.dev/default/demo";
+
+async fn client(proxy: &Proxy) -> FlagSyncServiceClient<Channel> {
+    FlagSyncServiceClient::connect(proxy.endpoint())
+        .await
+        .expect("connect")
+}
+
+fn with_header<T>(message: T, selector: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("flagd-selector", selector.parse().expect("ascii"));
+    request
+}
+
+async fn next<T>(stream: &mut tonic::Streaming<T>) -> T {
+    tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("a message arrives")
+        .expect("stream healthy")
+        .expect("stream still open")
+}
+
+fn default_variant(flag_configuration: &str, flag: &str) -> String {
+    let doc: Value = serde_json::from_str(flag_configuration).expect("flag configuration is JSON");
+    doc["flags"][flag]["defaultVariant"]
+        .as_str()
+        .expect("defaultVariant is a string")
+        .to_owned()
+}
+
+async fn manifests_proxy() -> (tempfile::TempDir, Proxy) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "red", &["red", "blue", "green"]),
+    );
+    let proxy = Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await;
+    (dir, proxy)
+}
+
+#[tokio::test]
+async fn header_selector_stream_gets_snapshot_then_each_real_change() {
+    let (dir, proxy) = manifests_proxy().await;
+    let mut client = client(&proxy).await;
+    // The body names another resource: the header wins.
+    let request = v1::SyncFlagsRequest {
+        provider_id: "t".into(),
+        selector: "core.openfeature.dev/x/y".into(),
+    };
+    let mut stream = client
+        .sync_flags(with_header(request, SELECTOR))
+        .await
+        .expect("stream")
+        .into_inner();
+
+    let first = next(&mut stream).await;
+    assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
+    let context = first
+        .sync_context
+        .expect("sync_context set on every message");
+    assert_eq!(
+        context.fields["selector"].kind,
+        Some(prost_types::value::Kind::StringValue(SELECTOR.into()))
+    );
+
+    // Rewriting identical content is not a change; the next message is the real change.
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "red", &["red", "blue", "green"]),
+    );
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "blue", &["red", "blue", "green"]),
+    );
+    let second = next(&mut stream).await;
+    assert_eq!(default_variant(&second.flag_configuration, "color"), "blue");
+    assert!(second.sync_context.is_some());
+}
+
+#[tokio::test]
+async fn body_selector_works_without_header() {
+    let (_dir, proxy) = manifests_proxy().await;
+    let mut client = client(&proxy).await;
+    let request = v1::SyncFlagsRequest {
+        provider_id: String::new(),
+        selector: SELECTOR.into(),
+    };
+    let mut stream = client
+        .sync_flags(request)
+        .await
+        .expect("stream")
+        .into_inner();
+    assert_eq!(
+        default_variant(&next(&mut stream).await.flag_configuration, "color"),
+        "red"
+    );
+}
+
+#[tokio::test]
+async fn legacy_protocol_sends_sync_state_all() {
+    let (dir, proxy) = manifests_proxy().await;
+    let mut client =
+        legacy::flag_sync_service_client::FlagSyncServiceClient::connect(proxy.endpoint())
+            .await
+            .expect("connect");
+    let request = legacy::SyncFlagsRequest {
+        provider_id: String::new(),
+        selector: SELECTOR.into(),
+    };
+    let mut stream = client
+        .sync_flags(request)
+        .await
+        .expect("stream")
+        .into_inner();
+    let first = next(&mut stream).await;
+    assert_eq!(first.state, legacy::SyncState::All as i32);
+    assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "green", &["red", "blue", "green"]),
+    );
+    let second = next(&mut stream).await;
+    assert_eq!(
+        (
+            second.state,
+            default_variant(&second.flag_configuration, "color")
+        ),
+        (legacy::SyncState::All as i32, "green".into())
+    );
+
+    // An old flagd may send FetchAllFlags with an empty request; then there is no selector.
+    let status = client
+        .fetch_all_flags(legacy::FetchAllFlagsRequest::default())
+        .await
+        .expect_err("no selector");
+    assert_eq!(status.code(), Code::InvalidArgument);
+    let fetched = client
+        .fetch_all_flags(legacy::FetchAllFlagsRequest {
+            provider_id: String::new(),
+            selector: SELECTOR.into(),
+        })
+        .await
+        .expect("fetch")
+        .into_inner();
+    assert_eq!(
+        default_variant(&fetched.flag_configuration, "color"),
+        "green"
+    );
+}
+
+#[tokio::test]
+async fn get_metadata_and_fetch_all_flags() {
+    let (_dir, proxy) = manifests_proxy().await;
+    let mut client = client(&proxy).await;
+    let metadata = client
+        .get_metadata(v1::GetMetadataRequest {})
+        .await
+        .expect("metadata")
+        .into_inner();
+    assert!(
+        metadata
+            .metadata
+            .expect("metadata is set")
+            .fields
+            .contains_key("proxy")
+    );
+
+    let fetched = client
+        .fetch_all_flags(with_header(v1::FetchAllFlagsRequest::default(), SELECTOR))
+        .await
+        .expect("fetch")
+        .into_inner();
+    assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
+
+    let missing = client
+        .fetch_all_flags(with_header(
+            v1::FetchAllFlagsRequest::default(),
+            "core.openfeature.dev/default/nope",
+        ))
+        .await
+        .expect_err("missing");
+    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
+    assert!(
+        missing
+            .message()
+            .contains("core.openfeature.dev/default/nope")
+    );
+}
+
+#[tokio::test]
+async fn stream_for_a_missing_resource_waits_for_it() {
+    let (dir, proxy) = manifests_proxy().await;
+    let mut client = client(&proxy).await;
+    let mut stream = client
+        .sync_flags(with_header(
+            v1::SyncFlagsRequest::default(),
+            "core.openfeature.dev/later/flags",
+        ))
+        .await
+        .expect("a stream opens for a resource that does not exist yet")
+        .into_inner();
+    proxy.wait_for_log("resource not found; waiting").await;
+    write_manifest(
+        dir.path(),
+        "later",
+        "flags",
+        string_flag("size", "big", &["big", "small"]),
+    );
+    assert_eq!(
+        default_variant(&next(&mut stream).await.flag_configuration, "size"),
+        "big"
+    );
+}
+
+#[tokio::test]
+async fn invalid_selectors_get_invalid_argument_with_the_accepted_form() {
+    let (_dir, proxy) = manifests_proxy().await;
+    let mut client = client(&proxy).await;
+    for selector in [
+        "file:/etc/passwd",
+        "flagSetId=x",
+        "core.openfeature.dev/only-namespace",
+        "",
+    ] {
+        let status = client
+            .sync_flags(v1::SyncFlagsRequest {
+                provider_id: String::new(),
+                selector: selector.into(),
+            })
+            .await
+            .expect_err(selector);
+        assert_eq!(
+            status.code(),
+            Code::InvalidArgument,
+            "{selector}: {status:?}"
+        );
+        assert!(
+            status
+                .message()
+                .contains("core.openfeature.dev/<namespace>/<name>"),
+            "{status:?}"
+        );
+    }
+    assert!(
+        proxy
+            .metric("flagd_proxy_rejected_requests_total{reason=\"invalid_selector\"}")
+            .await
+            >= 4.0
+    );
+}
+
+#[tokio::test]
+async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_version() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::write(dir.path().join("broken.yaml"), "apiVersion: [unclosed\n").expect("write");
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "red", &["red", "blue"]),
+    );
+    let proxy = Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await;
+    let mut client = client(&proxy).await;
+    let mut stream = client
+        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
+        .await
+        .expect("stream")
+        .into_inner();
+    assert_eq!(
+        default_variant(&next(&mut stream).await.flag_configuration, "color"),
+        "red"
+    );
+
+    // A version that fails the checks is not pushed; the next good one is.
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        json!({"color": {"state": "ON", "variants": {"red": "red"}}}),
+    );
+    proxy
+        .wait_for_metric(
+            "flagd_proxy_invalid_documents_total{namespace=\"default\",name=\"demo\"}",
+            1.0,
+        )
+        .await;
+    let (_, status) = support::http_get(proxy.management_port, "/status")
+        .await
+        .expect("status");
+    assert!(
+        status.contains("invalid") && status.contains("broken.yaml"),
+        "{status}"
+    );
+    // A new subscriber still gets the last good version.
+    let mut late = client
+        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
+        .await
+        .expect("stream")
+        .into_inner();
+    assert_eq!(
+        default_variant(&next(&mut late).await.flag_configuration, "color"),
+        "red"
+    );
+
+    // A file that stops parsing keeps its resources too.
+    std::fs::write(dir.path().join("default-demo.yaml"), "kind: [").expect("write");
+    proxy
+        .wait_for_metric(
+            "flagd_proxy_source_errors_total{source=\"manifests\",kind=\"parse\"}",
+            2.0,
+        )
+        .await;
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "blue", &["red", "blue"]),
+    );
+    assert_eq!(
+        default_variant(&next(&mut stream).await.flag_configuration, "color"),
+        "blue"
+    );
+    assert_eq!(
+        default_variant(&next(&mut late).await.flag_configuration, "color"),
+        "blue"
+    );
+}
+
+#[tokio::test]
+async fn streams_share_one_watch_and_are_counted() {
+    let (_dir, proxy) = manifests_proxy().await;
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let mut client = client(&proxy).await;
+        let mut stream = client
+            .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
+            .await
+            .expect("stream")
+            .into_inner();
+        next(&mut stream).await;
+        streams.push(stream);
+    }
+    assert_eq!(proxy.metric("flagd_proxy_upstream_watches").await, 1.0);
+    assert_eq!(proxy.metric("sync_active_streams").await, 5.0);
+    assert_eq!(
+        proxy
+            .metric("flagd_proxy_active_streams{protocol=\"flagd.sync.v1\"}")
+            .await,
+        5.0
+    );
+    drop(streams);
+    proxy.wait_for_metric("sync_active_streams", 0.0).await;
+}
+
+#[tokio::test]
+async fn shutdown_ends_streams_with_unavailable_and_exits_zero() {
+    let (_dir, mut proxy) = manifests_proxy().await;
+    let mut client = client(&proxy).await;
+    let mut stream = client
+        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
+        .await
+        .expect("stream")
+        .into_inner();
+    next(&mut stream).await;
+    let exit = tokio::spawn(async move { proxy.terminate().await });
+    let end = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("stream ends");
+    let status = end.expect_err("a stream never ends with OK");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    let exit = exit.await.expect("join");
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[tokio::test]
+async fn grpc_health_on_both_ports() {
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+    let (_dir, proxy) = manifests_proxy().await;
+    for port in [proxy.port, proxy.management_port] {
+        let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+            .expect("uri")
+            .connect()
+            .await
+            .expect("connect");
+        let mut health = HealthClient::new(channel);
+        for service in ["", "flagd.sync.v1.FlagSyncService"] {
+            let response = health
+                .check(HealthCheckRequest {
+                    service: service.into(),
+                })
+                .await
+                .expect("health")
+                .into_inner();
+            assert_eq!(
+                response.status,
+                ServingStatus::Serving as i32,
+                "port {port} service {service:?}"
+            );
+        }
+    }
+    let (code, body) = support::http_get(proxy.management_port, "/healthz")
+        .await
+        .expect("healthz");
+    assert_eq!((code, body.trim()), (200, "ok"));
+}
+
+#[tokio::test]
+async fn client_keepalive_pings_without_streams_are_accepted() {
+    let (_dir, proxy) = manifests_proxy().await;
+    let channel = tonic::transport::Endpoint::from_shared(proxy.endpoint())
+        .expect("endpoint")
+        .http2_keep_alive_interval(Duration::from_millis(50))
+        .keep_alive_while_idle(true)
+        .keep_alive_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = FlagSyncServiceClient::new(channel);
+    client
+        .get_metadata(v1::GetMetadataRequest {})
+        .await
+        .expect("first call");
+    // Many pings go out on the idle connection meanwhile; a server that objects to them sends
+    // GOAWAY and the connection's next call fails.
+    for _ in 0..20 {
+        proxy.wait_for_metric("sync_active_streams", 0.0).await;
+        client
+            .get_metadata(v1::GetMetadataRequest {})
+            .await
+            .expect("connection still usable");
+    }
+}

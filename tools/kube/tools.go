@@ -1,0 +1,10 @@
+//go:build tools
+
+// Package tools records the commands this module exists to build, so that
+// `go mod tidy` keeps their dependencies in go.mod and go.sum.
+package tools
+
+import (
+	_ "go.etcd.io/etcd/server/v3"
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+)
