@@ -254,9 +254,8 @@ impl Bound {
             }
         };
         management_done.cancel();
-        match management_task.await {
-            Ok(Err(error)) => return Err(RunError::Management(error)),
-            Ok(Ok(())) | Err(_) => {}
+        if let Ok(Err(error)) = management_task.await {
+            return Err(RunError::Management(error));
         }
         tracing::info!("stopped");
         result

@@ -191,6 +191,7 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
     inner.metrics.upstream_watches.inc();
     tracing::debug!(resource = %key, source = inner.source.name(), "watch started");
     let publisher = Publisher {
+        source: inner.source.name(),
         key: key.clone(),
         tx: tx.clone(),
         metrics: inner.metrics.clone(),
@@ -233,6 +234,7 @@ async fn idle(tx: &watch::Sender<ResourceState>, timeout: Duration) {
 /// publishes them; identical content is not published again.
 #[derive(Clone)]
 pub struct Publisher {
+    source: &'static str,
     key: ResourceKey,
     tx: StateSender,
     metrics: Arc<Metrics>,
@@ -300,7 +302,7 @@ impl Publisher {
 
     /// The source may not read the resource.
     pub fn forbidden(&self, reason: String) {
-        self.metrics.source_error("any", "forbidden");
+        self.metrics.source_error(self.source, "forbidden");
         if self.set(Availability::Forbidden(reason.clone().into())) {
             tracing::error!(resource = %self.key, %reason, "access denied");
         }
@@ -379,11 +381,11 @@ impl Subscription {
                 if let Availability::Forbidden(reason) = &state.availability {
                     return Err(SubscriptionEnd::Forbidden(reason.clone()));
                 }
-                if let Some(snapshot) = &state.snapshot {
-                    if self.last != Some(snapshot.version) {
-                        self.last = Some(snapshot.version);
-                        return Ok(snapshot.clone());
-                    }
+                if let Some(snapshot) = &state.snapshot
+                    && self.last != Some(snapshot.version)
+                {
+                    self.last = Some(snapshot.version);
+                    return Ok(snapshot.clone());
                 }
             }
             if self.rx.changed().await.is_err() {

@@ -64,10 +64,10 @@ impl FakeSource {
                 let notified = self.shared.changed.notified();
                 {
                     let watches = self.shared.watches.lock().expect("lock");
-                    if watches.active.get(key).copied().unwrap_or(0) > 0 {
-                        if let Some(p) = watches.publishers.get(key) {
-                            return p.clone();
-                        }
+                    if watches.active.get(key).copied().unwrap_or(0) > 0
+                        && let Some(p) = watches.publishers.get(key)
+                    {
+                        return p.clone();
                     }
                 }
                 notified.await;

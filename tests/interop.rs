@@ -242,6 +242,38 @@ impl Client {
             }
         }
     }
+
+    /// Reads lines until one is exactly `want`; anything before it must be a `VALUE` line
+    /// (a provider may fall back to the default while it reconnects).
+    async fn expect_eventually(&mut self, want: &str, proxy: &Proxy) {
+        loop {
+            match timeout(LINE_TIMEOUT, self.lines.next_line()).await {
+                Ok(Ok(Some(got))) if got == want => return,
+                Ok(Ok(Some(got))) if got.starts_with("VALUE ") => {
+                    eprintln!("{} client: {got:?} while waiting for {want:?}", self.name);
+                }
+                Ok(Ok(Some(got))) => {
+                    self.fail(&format!("expected {want:?}, got {got:?}"), proxy)
+                        .await
+                }
+                Ok(Ok(None)) | Ok(Err(_)) => {
+                    let status = timeout(Duration::from_secs(5), self.child.wait()).await;
+                    self.fail(
+                        &format!("stdout closed ({status:?}) while waiting for {want:?}"),
+                        proxy,
+                    )
+                    .await
+                }
+                Err(_) => {
+                    self.fail(
+                        &format!("no output within {LINE_TIMEOUT:?} while waiting for {want:?}"),
+                        proxy,
+                    )
+                    .await
+                }
+            }
+        }
+    }
 }
 
 fn color_flags(default_variant: &str) -> Value {
@@ -254,8 +286,16 @@ fn color_flags(default_variant: &str) -> Value {
     })
 }
 
+#[derive(Clone, Copy, PartialEq)]
+enum Change {
+    /// Rewrite the manifest while the proxy runs.
+    Live,
+    /// Stop the proxy (SIGTERM), rewrite the manifest, start it again on the same ports.
+    AcrossRestart,
+}
+
 /// Connect, see the default variant, change it in the manifest, see the change.
-async fn run_interop(kind: Kind, tls: bool) {
+async fn run_interop(kind: Kind, tls: bool, change: Change) {
     let Some(cmd) = client_command_or_skip(kind) else {
         return;
     };
@@ -274,43 +314,69 @@ async fn run_interop(kind: Kind, tls: bool) {
         args.extend(ca.proxy_args());
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let proxy = Proxy::start(&args).await;
+    let mut proxy = Proxy::start(&args).await;
 
     let ca_file = ca.as_ref().map(|ca| ca.ca_cert.as_path());
     let mut client = Client::spawn(kind, cmd, proxy.port, ca_file);
     client.expect_line("READY", &proxy).await;
     client.expect_line("VALUE red", &proxy).await;
 
-    support::write_manifest(manifests.path(), NAMESPACE, NAME, color_flags("blue"));
-    client.expect_line("VALUE blue", &proxy).await;
+    match change {
+        Change::Live => {
+            support::write_manifest(manifests.path(), NAMESPACE, NAME, color_flags("blue"));
+            client.expect_line("VALUE blue", &proxy).await;
+        }
+        Change::AcrossRestart => {
+            let (port, management_port) = (proxy.port, proxy.management_port);
+            proxy.terminate().await;
+            support::write_manifest(manifests.path(), NAMESPACE, NAME, color_flags("blue"));
+            proxy = Proxy::start_on(port, management_port, &args, &[]).await;
+            client.expect_eventually("VALUE blue", &proxy).await;
+        }
+    }
 }
 
 #[tokio::test]
 async fn js_in_process_plain() {
-    run_interop(Kind::Js, false).await;
+    run_interop(Kind::Js, false, Change::Live).await;
 }
 
 #[tokio::test]
 async fn js_in_process_tls() {
-    run_interop(Kind::Js, true).await;
+    run_interop(Kind::Js, true, Change::Live).await;
+}
+
+#[tokio::test]
+async fn js_reconnects_after_proxy_restart() {
+    run_interop(Kind::Js, false, Change::AcrossRestart).await;
 }
 
 #[tokio::test]
 async fn python_in_process_plain() {
-    run_interop(Kind::Python, false).await;
+    run_interop(Kind::Python, false, Change::Live).await;
 }
 
 #[tokio::test]
 async fn python_in_process_tls() {
-    run_interop(Kind::Python, true).await;
+    run_interop(Kind::Python, true, Change::Live).await;
+}
+
+#[tokio::test]
+async fn python_reconnects_after_proxy_restart() {
+    run_interop(Kind::Python, false, Change::AcrossRestart).await;
 }
 
 #[tokio::test]
 async fn rust_in_process_plain() {
-    run_interop(Kind::Rust, false).await;
+    run_interop(Kind::Rust, false, Change::Live).await;
 }
 
 #[tokio::test]
 async fn rust_in_process_tls() {
-    run_interop(Kind::Rust, true).await;
+    run_interop(Kind::Rust, true, Change::Live).await;
+}
+
+#[tokio::test]
+async fn rust_reconnects_after_proxy_restart() {
+    run_interop(Kind::Rust, false, Change::AcrossRestart).await;
 }

@@ -93,19 +93,19 @@ pub fn proxy_identity() -> Struct {
 /// The flag set's own scalar metadata, then the proxy's identity and the selector.
 fn sync_context(flag_configuration: &str, key: &ResourceKey) -> Struct {
     let mut context = Struct::default();
-    if let Ok(Value::Object(document)) = serde_json::from_str::<Value>(flag_configuration) {
-        if let Some(Value::Object(metadata)) = document.get("metadata") {
-            for (name, value) in metadata {
-                let kind = match value {
-                    Value::String(s) => Kind::StringValue(s.clone()),
-                    Value::Bool(b) => Kind::BoolValue(*b),
-                    Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
-                    _ => continue,
-                };
-                context
-                    .fields
-                    .insert(name.clone(), ProtoValue { kind: Some(kind) });
-            }
+    if let Ok(Value::Object(document)) = serde_json::from_str::<Value>(flag_configuration)
+        && let Some(Value::Object(metadata)) = document.get("metadata")
+    {
+        for (name, value) in metadata {
+            let kind = match value {
+                Value::String(s) => Kind::StringValue(s.clone()),
+                Value::Bool(b) => Kind::BoolValue(*b),
+                Value::Number(n) => Kind::NumberValue(n.as_f64().unwrap_or_default()),
+                _ => continue,
+            };
+            context
+                .fields
+                .insert(name.clone(), ProtoValue { kind: Some(kind) });
         }
     }
     context.fields.extend(proxy_identity().fields);

@@ -2,6 +2,8 @@
 //! certificates, and talk to the proxy with a gRPC client.
 #![allow(dead_code)]
 
+pub mod control_plane;
+
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};

@@ -1,0 +1,251 @@
+//! TLS on the sync port: server certificates from files, rotation without a restart, and
+//! optional client-certificate verification.
+mod support;
+
+use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
+use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use v1::flag_sync_service_client::FlagSyncServiceClient;
+
+const SELECTOR: &str = "core.openfeature.dev/default/demo";
+
+async fn connect(proxy: &Proxy, tls: ClientTlsConfig) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(format!("https://localhost:{}", proxy.port))
+        .expect("endpoint")
+        .tls_config(tls)
+        .expect("tls config")
+        .connect()
+        .await
+}
+
+/// Whether a client with `tls` can complete a call.
+async fn usable(proxy: &Proxy, tls: ClientTlsConfig) -> bool {
+    match connect(proxy, tls).await {
+        Err(_) => false,
+        Ok(channel) => FlagSyncServiceClient::new(channel)
+            .get_metadata(v1::GetMetadataRequest {})
+            .await
+            .is_ok(),
+    }
+}
+
+fn trusting(ca_pem: &std::path::Path) -> ClientTlsConfig {
+    ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(
+            std::fs::read(ca_pem).expect("read ca"),
+        ))
+        .domain_name("localhost")
+}
+
+fn stream_request() -> tonic::Request<v1::SyncFlagsRequest> {
+    let mut request = tonic::Request::new(v1::SyncFlagsRequest::default());
+    request
+        .metadata_mut()
+        .insert("flagd-selector", SELECTOR.parse().expect("ascii"));
+    request
+}
+
+async fn next(stream: &mut tonic::Streaming<v1::SyncFlagsResponse>) -> String {
+    let message = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("a message arrives")
+        .expect("stream healthy")
+        .expect("stream open");
+    let doc: serde_json::Value = serde_json::from_str(&message.flag_configuration).expect("json");
+    doc["flags"]["color"]["defaultVariant"]
+        .as_str()
+        .expect("string")
+        .to_owned()
+}
+
+fn args(dir: &tempfile::TempDir, extra: &[String]) -> Vec<String> {
+    let mut args = vec!["--manifests".to_owned(), dir.path().display().to_string()];
+    args.extend_from_slice(extra);
+    args
+}
+
+#[tokio::test]
+async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "red", &["red", "blue"]),
+    );
+    let first_ca = TestCa::new();
+    let args = args(&dir, &first_ca.proxy_args());
+    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+
+    let channel = connect(&proxy, trusting(&first_ca.ca_cert))
+        .await
+        .expect("TLS connect");
+    let mut stream = FlagSyncServiceClient::new(channel)
+        .sync_flags(stream_request())
+        .await
+        .expect("stream")
+        .into_inner();
+    assert_eq!(next(&mut stream).await, "red");
+
+    // A plain-text client is refused.
+    let plain = FlagSyncServiceClient::connect(proxy.endpoint()).await;
+    if let Ok(mut plain) = plain {
+        plain
+            .get_metadata(v1::GetMetadataRequest {})
+            .await
+            .expect_err("plain text on a TLS port");
+    }
+
+    // Rotate to a certificate from another CA, in place, as a Secret update would.
+    let second_ca = TestCa::new();
+    std::fs::copy(&second_ca.server_key, &first_ca.server_key).expect("copy key");
+    std::fs::copy(&second_ca.server_cert, &first_ca.server_cert).expect("copy cert");
+    proxy.wait_for_log("TLS certificate reloaded").await;
+    let channel = connect(&proxy, trusting(&second_ca.ca_cert))
+        .await
+        .expect("new certificate served");
+    let mut fresh = FlagSyncServiceClient::new(channel)
+        .sync_flags(stream_request())
+        .await
+        .expect("stream")
+        .into_inner();
+    assert_eq!(next(&mut fresh).await, "red");
+    assert!(
+        !usable(&proxy, trusting(&first_ca.ca_cert)).await,
+        "the old certificate is no longer served"
+    );
+
+    // The stream opened before the rotation is still up and gets updates.
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "blue", &["red", "blue"]),
+    );
+    assert_eq!(next(&mut stream).await, "blue");
+    assert_eq!(next(&mut fresh).await, "blue");
+}
+
+#[tokio::test]
+async fn broken_certificate_files_keep_the_previous_certificate() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "red", &["red", "blue"]),
+    );
+    let ca = TestCa::new();
+    let args = args(&dir, &ca.proxy_args());
+    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    std::fs::write(&ca.server_cert, "not a certificate").expect("write");
+    proxy
+        .wait_for_log("TLS files changed but cannot be used")
+        .await;
+    let channel = connect(&proxy, trusting(&ca.ca_cert))
+        .await
+        .expect("previous certificate still served");
+    let mut stream = FlagSyncServiceClient::new(channel)
+        .sync_flags(stream_request())
+        .await
+        .expect("stream")
+        .into_inner();
+    assert_eq!(next(&mut stream).await, "red");
+}
+
+#[tokio::test]
+async fn client_certificates_are_required_with_a_client_ca() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "red", &["red", "blue"]),
+    );
+    let ca = TestCa::new();
+    let mut extra = ca.proxy_args();
+    extra.extend([
+        "--client-ca-path".to_owned(),
+        ca.ca_cert.display().to_string(),
+    ]);
+    let args = args(&dir, &extra);
+    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+
+    assert!(
+        !usable(&proxy, trusting(&ca.ca_cert)).await,
+        "a client without a certificate is refused"
+    );
+
+    let (cert, key) = ca.issue_client("workload");
+    let channel = connect(
+        &proxy,
+        trusting(&ca.ca_cert).identity(Identity::from_pem(cert, key)),
+    )
+    .await
+    .expect("mutual TLS");
+    let mut stream = FlagSyncServiceClient::new(channel)
+        .sync_flags(stream_request())
+        .await
+        .expect("stream")
+        .into_inner();
+    assert_eq!(next(&mut stream).await, "red");
+}
+
+#[tokio::test]
+async fn invalid_configuration_exits_64_naming_the_flag() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |args: &[&str]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+            .arg("start")
+            .args(["--bind-address", "127.0.0.1"])
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .output()
+            .expect("run")
+    };
+    let manifests = dir.path().to_str().expect("utf-8");
+    let missing = dir.path().join("missing.pem");
+    let missing = missing.to_str().expect("utf-8");
+    for (args, needle) in [
+        (
+            vec![
+                "--manifests",
+                manifests,
+                "--server-cert-path",
+                missing,
+                "--server-key-path",
+                missing,
+            ],
+            "--server-cert-path",
+        ),
+        (
+            vec!["--manifests", manifests, "--server-cert-path", missing],
+            "--server-key-path",
+        ),
+        (vec!["--manifests", "/does/not/exist"], "--manifests"),
+        (
+            vec![
+                "--manifests",
+                manifests,
+                "--port",
+                "9999",
+                "--management-port",
+                "9999",
+            ],
+            "--management-port",
+        ),
+        (
+            vec!["--manifests", manifests, "--idle-timeout", "soon"],
+            "--idle-timeout",
+        ),
+        (
+            vec!["--manifests", manifests, "--log-format", "xml"],
+            "--log-format",
+        ),
+    ] {
+        let output = run(&args);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {stderr}");
+    }
+}
