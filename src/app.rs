@@ -14,6 +14,7 @@ use crate::server::{self, ServerOptions};
 use crate::source::Source;
 use crate::source::kubernetes::{KubeError, KubeSettings, KubernetesSource};
 use crate::source::manifests::{ManifestError, ManifestSource};
+use crate::source::upstream::{UpstreamError, UpstreamSettings, UpstreamSource};
 use crate::tls::{ReloadingTls, TlsError, TlsFiles};
 use crate::wire::SyncService;
 
@@ -28,6 +29,8 @@ pub enum ConfigError {
     SamePort(u16),
     #[error("{0}")]
     Kubernetes(#[source] KubeError),
+    #[error("{0}")]
+    Upstream(#[source] UpstreamError),
 }
 
 /// A failure while running.
@@ -70,7 +73,19 @@ pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
         ),
         _ => None,
     };
-    let source: Arc<dyn Source> = if args.manifests.is_empty() {
+    let source: Arc<dyn Source> = if !args.manifests.is_empty() {
+        Arc::new(
+            ManifestSource::start(args.manifests.clone(), metrics.clone())
+                .map_err(ConfigError::Manifests)?,
+        )
+    } else if let Some(address) = &args.upstream {
+        let settings = UpstreamSettings {
+            address: address.clone(),
+            tls: args.upstream_tls,
+            ca_path: args.upstream_ca_path.clone(),
+        };
+        Arc::new(UpstreamSource::new(settings, metrics.clone()).map_err(ConfigError::Upstream)?)
+    } else {
         let settings = KubeSettings {
             api_server: args.kube_api_server.clone(),
             ca_path: args.kube_ca_path.clone(),
@@ -80,11 +95,6 @@ pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
             KubernetesSource::connect(settings, metrics.clone())
                 .await
                 .map_err(ConfigError::Kubernetes)?,
-        )
-    } else {
-        Arc::new(
-            ManifestSource::start(args.manifests.clone(), metrics.clone())
-                .map_err(ConfigError::Manifests)?,
         )
     };
     Ok(Prepared {
@@ -183,6 +193,9 @@ impl Bound {
             keepalive_interval: args.keepalive_interval,
             keepalive_timeout: args.keepalive_timeout,
             max_concurrent_streams: args.max_streams_per_connection,
+            max_connection_age: args
+                .max_connection_age
+                .map(|age| (age, args.max_connection_age_grace)),
             ..ServerOptions::default()
         };
         let mut sync_task = tokio::spawn(server::run(

@@ -72,6 +72,24 @@ pub struct StartArgs {
     )]
     pub manifests: Vec<PathBuf>,
 
+    /// Take resources from another flagd-proxy at this address (host:port) over the sync
+    /// protocol instead of the Kubernetes API: a node-local tier in front of central proxies.
+    #[arg(long, value_name = "HOST:PORT", env = "FLAGD_PROXY_UPSTREAM", conflicts_with_all = ["manifests", "kube_api_server"])]
+    pub upstream: Option<String>,
+
+    /// Connect to the upstream with TLS (system roots, or --upstream-ca-path).
+    #[arg(long, env = "FLAGD_PROXY_UPSTREAM_TLS", requires = "upstream")]
+    pub upstream_tls: bool,
+
+    /// CA bundle (PEM) that signs the upstream's certificate; implies --upstream-tls.
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "FLAGD_PROXY_UPSTREAM_CA_PATH",
+        requires = "upstream"
+    )]
+    pub upstream_ca_path: Option<PathBuf>,
+
     /// Kubernetes API server URL. Without it: KUBECONFIG if set, else the in-cluster configuration.
     #[arg(long, value_name = "URL", env = "FLAGD_PROXY_KUBE_API_SERVER")]
     pub kube_api_server: Option<String>,
@@ -159,6 +177,15 @@ pub struct StartArgs {
         default_value_t = 1_000
     )]
     pub max_streams_per_connection: u32,
+
+    /// Close client connections after this age so long-lived streams spread over replicas again
+    /// (for example after a rolling restart); clients reconnect and resume on the newest version.
+    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration)]
+    pub max_connection_age: Option<Duration>,
+
+    /// How long streams on a connection past --max-connection-age may continue before it is closed.
+    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_MAX_CONNECTION_AGE_GRACE", default_value = "10s", value_parser = humantime::parse_duration, requires = "max_connection_age")]
+    pub max_connection_age_grace: Duration,
 }
 
 /// The command-line reference as Markdown.

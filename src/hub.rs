@@ -250,21 +250,33 @@ impl Publisher {
     /// The resource exists with this content (a `FeatureFlag` object as JSON).
     pub fn resource(&self, resource: &Value, changed_at: Instant) {
         match document::from_resource(resource) {
-            Ok(document) if document.len() > self.max_document_bytes => {
-                let reason = format!(
-                    "the flag configuration is {} bytes, over the limit of {} bytes that clients accept",
-                    document.len(),
-                    self.max_document_bytes
-                );
-                self.invalid(reason);
-            }
-            Ok(document) => self.document(document, changed_at),
+            Ok(document) => self.accept(document, changed_at),
             Err(error) => self.invalid(error.to_string()),
         }
     }
 
-    /// The resource exists and its content is this, already checked, flag configuration.
-    pub fn document(&self, document: String, changed_at: Instant) {
+    /// The resource exists and this is its flag configuration document (as another proxy
+    /// serves it). It is checked like a converted resource.
+    pub fn flag_configuration(&self, document: String, changed_at: Instant) {
+        let checked = serde_json::from_str::<Value>(&document)
+            .map_err(|e| format!("the flag configuration is not JSON: {e}"))
+            .and_then(|value| document::validate(&value).map_err(|e| e.to_string()));
+        match checked {
+            Ok(()) => self.accept(document, changed_at),
+            Err(reason) => self.invalid(reason),
+        }
+    }
+
+    /// Publishes a checked document unless it is too large for clients or unchanged.
+    fn accept(&self, document: String, changed_at: Instant) {
+        if document.len() > self.max_document_bytes {
+            let reason = format!(
+                "the flag configuration is {} bytes, over the limit of {} bytes that clients accept",
+                document.len(),
+                self.max_document_bytes
+            );
+            return self.invalid(reason);
+        }
         let tx = &self.tx;
         let mut published = None;
         tx.send_if_modified(|state| {

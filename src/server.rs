@@ -32,8 +32,9 @@ pub struct ServerOptions {
     pub max_concurrent_streams: u32,
     /// The largest request header block accepted, in bytes.
     pub max_header_list_size: u32,
-    /// Close connections after this age (with a grace period), so streams spread over replicas.
-    pub max_connection_age: Option<Duration>,
+    /// Close connections after this age, then after a grace period for their streams, so
+    /// streams spread over replicas again.
+    pub max_connection_age: Option<(Duration, Duration)>,
 }
 
 impl Default for ServerOptions {
@@ -75,8 +76,10 @@ pub async fn run(
         .max_concurrent_streams(options.max_concurrent_streams)
         .http2_max_header_list_size(options.max_header_list_size)
         .tcp_nodelay(true);
-    if let Some(age) = options.max_connection_age {
-        builder = builder.max_connection_age(age);
+    if let Some((age, grace)) = options.max_connection_age {
+        builder = builder
+            .max_connection_age(age)
+            .max_connection_age_grace(grace);
     }
     builder
         .add_service(service.flagd_sync_v1())

@@ -10,6 +10,7 @@ use crate::selector::ResourceKey;
 
 pub mod kubernetes;
 pub mod manifests;
+pub mod upstream;
 
 /// A provider of `FeatureFlag` resources.
 pub trait Source: Send + Sync + 'static {

@@ -1,0 +1,185 @@
+//! The upstream source: resources taken from another flagd-proxy over the sync protocol, for a
+//! node-local tier that never talks to the Kubernetes API itself.
+//!
+//! One `SyncFlags` stream per resource in use, over one shared HTTP/2 connection, opened and
+//! closed on demand like a Kubernetes watch. When the upstream is lost, subscribers keep their
+//! last version; the stream is opened again with backoff and catches up on the newest version.
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::future::BoxFuture;
+use tonic::Code;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
+
+use crate::hub::Publisher;
+use crate::metrics::Metrics;
+use crate::selector::ResourceKey;
+use crate::source::Source;
+use crate::wire::SELECTOR_HEADER;
+use crate::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
+use crate::wire::proto::client::flagd_sync_v1::flag_sync_service_client::FlagSyncServiceClient;
+
+const BACKOFF_START: Duration = Duration::from_millis(500);
+const BACKOFF_MAX: Duration = Duration::from_secs(30);
+/// The largest message accepted from the upstream (the document limit plus room for framing).
+const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("--upstream {address:?} is not a valid address ({source}); expected host:port")]
+    Address {
+        address: String,
+        source: tonic::transport::Error,
+    },
+    #[error("--upstream-ca-path {path}: {source}")]
+    Ca {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("--upstream TLS settings: {0}")]
+    Tls(tonic::transport::Error),
+}
+
+/// How to reach the upstream proxy.
+#[derive(Clone, Debug)]
+pub struct UpstreamSettings {
+    /// `host:port`, or a URL with `http://` or `https://`.
+    pub address: String,
+    /// Use TLS (implied by `ca_path` or an `https://` address).
+    pub tls: bool,
+    /// CA bundle (PEM) that signs the upstream's certificate; system roots otherwise.
+    pub ca_path: Option<PathBuf>,
+}
+
+/// Resources from another flagd-proxy.
+pub struct UpstreamSource {
+    channel: Channel,
+    address: String,
+    metrics: Arc<Metrics>,
+}
+
+impl UpstreamSource {
+    /// Prepares the (lazily connected) channel; fails only on invalid settings.
+    pub fn new(settings: UpstreamSettings, metrics: Arc<Metrics>) -> Result<Self, UpstreamError> {
+        let tls =
+            settings.tls || settings.ca_path.is_some() || settings.address.starts_with("https://");
+        let bare = settings
+            .address
+            .trim_start_matches("http://")
+            .trim_start_matches("https://")
+            .trim_end_matches('/');
+        let uri = format!("{}://{bare}", if tls { "https" } else { "http" });
+        let mut endpoint = Endpoint::from_shared(uri)
+            .map_err(|source| UpstreamError::Address {
+                address: settings.address.clone(),
+                source,
+            })?
+            .connect_timeout(Duration::from_secs(5))
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .keep_alive_timeout(Duration::from_secs(20))
+            .keep_alive_while_idle(true)
+            .tcp_nodelay(true);
+        if tls {
+            let mut config = ClientTlsConfig::new().with_enabled_roots();
+            if let Some(path) = &settings.ca_path {
+                let pem = std::fs::read(path).map_err(|source| UpstreamError::Ca {
+                    path: path.clone(),
+                    source,
+                })?;
+                config = config.ca_certificate(Certificate::from_pem(pem));
+            }
+            endpoint = endpoint.tls_config(config).map_err(UpstreamError::Tls)?;
+        }
+        Ok(Self {
+            channel: endpoint.connect_lazy(),
+            address: bare.to_owned(),
+            metrics,
+        })
+    }
+}
+
+impl Source for UpstreamSource {
+    fn name(&self) -> &'static str {
+        "upstream"
+    }
+
+    fn status(&self) -> serde_json::Value {
+        serde_json::json!({"upstream": self.address})
+    }
+
+    fn watch(&self, key: ResourceKey, publisher: Publisher) -> BoxFuture<'static, ()> {
+        let client = FlagSyncServiceClient::new(self.channel.clone())
+            .max_decoding_message_size(MAX_MESSAGE_BYTES);
+        let metrics = self.metrics.clone();
+        Box::pin(async move {
+            let mut backoff = BACKOFF_START;
+            loop {
+                let received_any = follow(client.clone(), &key, &publisher, &metrics).await;
+                if received_any {
+                    backoff = BACKOFF_START;
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(BACKOFF_MAX);
+            }
+        })
+    }
+}
+
+/// Follows one upstream stream until it ends; true if it delivered anything.
+async fn follow(
+    mut client: FlagSyncServiceClient<Channel>,
+    key: &ResourceKey,
+    publisher: &Publisher,
+    metrics: &Metrics,
+) -> bool {
+    let selector = key.to_string();
+    let mut request = tonic::Request::new(SyncFlagsRequest {
+        provider_id: "flagd-proxy".into(),
+        selector: selector.clone(),
+    });
+    if let Ok(value) = selector.parse() {
+        request.metadata_mut().insert(SELECTOR_HEADER, value);
+    }
+    let mut stream = match client.sync_flags(request).await {
+        Ok(response) => response.into_inner(),
+        Err(status) => {
+            report(status, publisher, metrics);
+            return false;
+        }
+    };
+    let mut received = false;
+    loop {
+        match stream.message().await {
+            Ok(Some(message)) => {
+                received = true;
+                publisher.flag_configuration(message.flag_configuration, Instant::now());
+            }
+            Ok(None) => {
+                metrics.source_error("upstream", "stream_ended");
+                publisher.unreachable("the upstream ended the stream".into());
+                return received;
+            }
+            Err(status) => {
+                report(status, publisher, metrics);
+                return received;
+            }
+        }
+    }
+}
+
+fn report(status: tonic::Status, publisher: &Publisher, metrics: &Metrics) {
+    let message = format!(
+        "upstream answered {:?}: {}",
+        status.code(),
+        status.message()
+    );
+    match status.code() {
+        Code::PermissionDenied | Code::Unauthenticated => publisher.forbidden(message),
+        Code::NotFound => publisher.absent(),
+        _ => {
+            metrics.source_error("upstream", "unreachable");
+            publisher.unreachable(message);
+        }
+    }
+}

@@ -1,0 +1,120 @@
+//! Topologies: a node-local proxy chained to a central one, and connection ageing.
+mod support;
+
+use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
+use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
+use tonic::transport::Channel;
+use v1::flag_sync_service_client::FlagSyncServiceClient;
+
+const SELECTOR: &str = "core.openfeature.dev/default/demo";
+
+async fn open(port: u16) -> tonic::Streaming<v1::SyncFlagsResponse> {
+    let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut request = tonic::Request::new(v1::SyncFlagsRequest::default());
+    request
+        .metadata_mut()
+        .insert("flagd-selector", SELECTOR.parse().expect("ascii"));
+    FlagSyncServiceClient::new(channel)
+        .sync_flags(request)
+        .await
+        .expect("stream")
+        .into_inner()
+}
+
+async fn next(
+    stream: &mut tonic::Streaming<v1::SyncFlagsResponse>,
+) -> Result<String, tonic::Status> {
+    let message = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("no hang")?;
+    let message = message.expect("a stream never ends with OK");
+    let doc: serde_json::Value = serde_json::from_str(&message.flag_configuration).expect("json");
+    Ok(doc["flags"]["color"]["defaultVariant"]
+        .as_str()
+        .expect("string")
+        .to_owned())
+}
+
+fn colors(default: &str) -> serde_json::Value {
+    string_flag("color", default, &["red", "blue", "green", "white"])
+}
+
+#[tokio::test]
+async fn node_proxy_shares_one_upstream_stream_and_survives_central_restarts() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(dir.path(), "default", "demo", colors("red"));
+    let manifests = dir.path().to_str().expect("utf-8").to_owned();
+    let mut central = Proxy::start(&["--manifests", &manifests]).await;
+    let upstream = format!("127.0.0.1:{}", central.port);
+    let node = Proxy::start(&["--upstream", &upstream]).await;
+
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let mut stream = open(node.port).await;
+        assert_eq!(next(&mut stream).await.expect("first"), "red");
+        streams.push(stream);
+    }
+    // However many clients the node serves, it holds one stream to the central proxy.
+    assert_eq!(central.metric("sync_active_streams").await, 1.0);
+    assert_eq!(node.metric("sync_active_streams").await, 5.0);
+    assert_eq!(node.metric("flagd_proxy_upstream_watches").await, 1.0);
+
+    write_manifest(dir.path(), "default", "demo", colors("blue"));
+    for stream in &mut streams {
+        assert_eq!(
+            next(stream).await.expect("update through both tiers"),
+            "blue"
+        );
+    }
+
+    // The central proxy goes away: node clients stay connected with their flags...
+    let (port, management_port) = (central.port, central.management_port);
+    assert!(central.terminate().await.success());
+    node.wait_for_log("source unreachable").await;
+    write_manifest(dir.path(), "default", "demo", colors("green"));
+    // ...and get the newest version once it is back.
+    let _central = Proxy::start_on(port, management_port, &["--manifests", &manifests], &[]).await;
+    for stream in &mut streams {
+        assert_eq!(
+            next(stream).await.expect("caught up after the restart"),
+            "green"
+        );
+    }
+}
+
+#[tokio::test]
+async fn aged_connections_close_and_reconnecting_clients_stay_current() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(dir.path(), "default", "demo", colors("red"));
+    let manifests = dir.path().to_str().expect("utf-8").to_owned();
+    let proxy = Proxy::start(&[
+        "--manifests",
+        &manifests,
+        "--max-connection-age",
+        "1s",
+        "--max-connection-age-grace",
+        "1s",
+    ])
+    .await;
+    let mut stream = open(proxy.port).await;
+    assert_eq!(next(&mut stream).await.expect("first"), "red");
+    // The connection is closed once it is old enough; the stream ends with an error, never OK.
+    let ended = loop {
+        match next(&mut stream).await {
+            Ok(_) => continue,
+            Err(status) => break status,
+        }
+    };
+    assert_ne!(ended.code(), tonic::Code::Ok);
+    // A change made while the client reconnects is what it finds.
+    write_manifest(dir.path(), "default", "demo", colors("white"));
+    let mut again = open(proxy.port).await;
+    let mut last = next(&mut again).await.expect("first after reconnect");
+    while last != "white" {
+        last = next(&mut again).await.expect("newest version");
+    }
+}
