@@ -6,6 +6,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::authz::{Authorizer, AuthzConfigError, AuthzSettings};
 use crate::cli::StartArgs;
 use crate::hub::{Hub, HubOptions};
 use crate::management::{self, Readiness};
@@ -31,6 +32,8 @@ pub enum ConfigError {
     Kubernetes(#[source] KubeError),
     #[error("{0}")]
     Upstream(#[source] UpstreamError),
+    #[error("{0}")]
+    Authz(#[source] AuthzConfigError),
 }
 
 /// A failure while running.
@@ -54,6 +57,7 @@ pub struct Prepared {
     metrics: Arc<Metrics>,
     source: Arc<dyn Source>,
     tls: Option<Arc<ReloadingTls>>,
+    authz: Arc<Authorizer>,
 }
 
 /// Checks the arguments and loads what they point at.
@@ -73,6 +77,7 @@ pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
         ),
         _ => None,
     };
+    let mut kube_client = None;
     let source: Arc<dyn Source> = if !args.manifests.is_empty() {
         Arc::new(
             ManifestSource::start(args.manifests.clone(), metrics.clone())
@@ -91,17 +96,29 @@ pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
             ca_path: args.kube_ca_path.clone(),
             token_path: args.kube_token_path.clone(),
         };
-        Arc::new(
-            KubernetesSource::connect(settings, metrics.clone())
-                .await
-                .map_err(ConfigError::Kubernetes)?,
-        )
+        let kubernetes = KubernetesSource::connect(settings, metrics.clone())
+            .await
+            .map_err(ConfigError::Kubernetes)?;
+        kube_client = Some(kubernetes.client());
+        Arc::new(kubernetes)
     };
+    let authz = Authorizer::new(
+        AuthzSettings {
+            mode: args.authz,
+            allow_namespaces: args.authz_allow_namespaces.clone(),
+            token_audiences: args.authz_token_audiences.clone(),
+            pod_ip: args.authz_pod_ip,
+            cache_ttl: args.authz_cache_ttl,
+        },
+        kube_client,
+    )
+    .map_err(ConfigError::Authz)?;
     Ok(Prepared {
         args,
         metrics,
         source,
         tls,
+        authz: Arc::new(authz),
     })
 }
 
@@ -161,6 +178,7 @@ impl Bound {
             metrics,
             source,
             tls,
+            authz,
         } = prepared;
         let hub = Hub::new(
             source.clone(),
@@ -168,13 +186,14 @@ impl Bound {
                 idle_timeout: args.idle_timeout,
                 max_watches: args.max_watches,
                 max_document_bytes: args.max_document_bytes,
+                max_waiting_resources: args.max_waiting_resources,
             },
             metrics,
         );
         let readiness = Readiness::default();
         let (health, health_service) = tonic_health::server::health_reporter();
         let streams_end = CancellationToken::new();
-        let service = SyncService::new(hub.clone(), streams_end.clone());
+        let service = SyncService::new(hub.clone(), streams_end.clone()).with_authorizer(authz);
         if let Some(tls) = &tls {
             tls.spawn_reloader(streams_end.clone());
         }
@@ -193,6 +212,9 @@ impl Bound {
             keepalive_interval: args.keepalive_interval,
             keepalive_timeout: args.keepalive_timeout,
             max_concurrent_streams: args.max_streams_per_connection,
+            max_header_list_size: args.max_header_bytes,
+            max_request_bytes: args.max_request_bytes,
+            max_connections_per_address: args.max_connections_per_address,
             max_connection_age: args
                 .max_connection_age
                 .map(|age| (age, args.max_connection_age_grace)),

@@ -139,6 +139,39 @@ pub struct StartArgs {
     )]
     pub client_ca_path: Option<PathBuf>,
 
+    /// Who may read which resource: `none` (anyone who can connect; the Go proxy's behaviour),
+    /// `namespace` (a client reads its own namespace and --authz-allow-namespaces), or `rbac`
+    /// (the Kubernetes API decides with a SubjectAccessReview for `get` on the FeatureFlag).
+    #[arg(long, value_enum, env = "FLAGD_PROXY_AUTHZ", default_value = "none")]
+    pub authz: crate::authz::AuthzMode,
+
+    /// Namespaces every identified client may read in `--authz namespace` mode.
+    #[arg(
+        long,
+        value_name = "NS",
+        env = "FLAGD_PROXY_AUTHZ_ALLOW_NAMESPACES",
+        value_delimiter = ','
+    )]
+    pub authz_allow_namespaces: Vec<String>,
+
+    /// Audiences a client's bearer token must be valid for (TokenReview); default: the API server's.
+    #[arg(
+        long,
+        value_name = "AUDIENCE",
+        env = "FLAGD_PROXY_AUTHZ_TOKEN_AUDIENCES",
+        value_delimiter = ','
+    )]
+    pub authz_token_audiences: Vec<String>,
+
+    /// Identify clients without a certificate or token by the pod that owns their source address
+    /// (works with today's unmodified flagd sidecars; needs list on pods).
+    #[arg(long, env = "FLAGD_PROXY_AUTHZ_POD_IP")]
+    pub authz_pod_ip: bool,
+
+    /// How long authorization decisions are cached; open streams are checked again this often.
+    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_AUTHZ_CACHE_TTL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub authz_cache_ttl: Duration,
+
     /// How long a resource stays watched after its last client has gone.
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_IDLE_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
     pub idle_timeout: Duration,
@@ -161,6 +194,17 @@ pub struct StartArgs {
     #[arg(long, value_name = "BYTES", env = "FLAGD_PROXY_MAX_DOCUMENT_BYTES", default_value_t = 4 * 1024 * 1024 - 4096)]
     pub max_document_bytes: usize,
 
+    /// The most resources waited on that do not exist yet (the source reports them absent and
+    /// they never had a version). Streams for a further such resource end with
+    /// RESOURCE_EXHAUSTED and its watch stops at once; resources that exist are not affected.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "FLAGD_PROXY_MAX_WAITING_RESOURCES",
+        default_value_t = 1_000
+    )]
+    pub max_waiting_resources: usize,
+
     /// Interval of HTTP/2 pings the server sends to find dead clients.
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_KEEPALIVE_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
     pub keepalive_interval: Duration,
@@ -177,6 +221,37 @@ pub struct StartArgs {
         default_value_t = 1_000
     )]
     pub max_streams_per_connection: u32,
+
+    /// The most open connections to the sync port from one client IP address; further ones are
+    /// closed at once. 0 means no limit.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "FLAGD_PROXY_MAX_CONNECTIONS_PER_ADDRESS",
+        default_value_t = 256
+    )]
+    pub max_connections_per_address: usize,
+
+    /// The largest request header block accepted on the sync port, in bytes, counted as HTTP/2
+    /// does (name + value + 32 per field). Larger requests get RESOURCE_EXHAUSTED; header blocks
+    /// over twice this size are refused by the HTTP/2 layer (HTTP 431).
+    #[arg(
+        long,
+        value_name = "BYTES",
+        env = "FLAGD_PROXY_MAX_HEADER_BYTES",
+        default_value_t = 16 * 1024
+    )]
+    pub max_header_bytes: u32,
+
+    /// The largest request message accepted by the sync services, in bytes. Larger requests are
+    /// refused (OUT_OF_RANGE) before they are read.
+    #[arg(
+        long,
+        value_name = "BYTES",
+        env = "FLAGD_PROXY_MAX_REQUEST_BYTES",
+        default_value_t = 64 * 1024
+    )]
+    pub max_request_bytes: usize,
 
     /// Close client connections after this age so long-lived streams spread over replicas again
     /// (for example after a rolling restart); clients reconnect and resume on the newest version.

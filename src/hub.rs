@@ -7,14 +7,20 @@
 //! [`Snapshot`]; its wire encodings are made once, on first use, and shared as [`Bytes`].
 //!
 //! The watch is stopped once the resource has had no subscriber for the idle time.
+//!
+//! Waiting for resources that do not exist is bounded: at most `max_waiting_resources` watches
+//! may wait on a resource the source reports absent and that has never had a version. Beyond
+//! that, the subscriptions to such a resource end (`TooManyWaiting`) and its watch stops at once,
+//! so clients that name random resources cannot make the proxy hold unbounded watches.
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use serde_json::Value;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 use crate::document;
 use crate::metrics::{Metrics, ResourceLabels};
@@ -30,6 +36,8 @@ pub struct HubOptions {
     pub max_watches: usize,
     /// The largest flag configuration pushed to clients, in bytes.
     pub max_document_bytes: usize,
+    /// The most resources waited on that do not exist (absent, and never had a version).
+    pub max_waiting_resources: usize,
 }
 
 impl Default for HubOptions {
@@ -38,6 +46,7 @@ impl Default for HubOptions {
             idle_timeout: Duration::from_secs(30),
             max_watches: 10_000,
             max_document_bytes: 4 * 1024 * 1024 - 1024,
+            max_waiting_resources: 1_000,
         }
     }
 }
@@ -101,6 +110,9 @@ pub enum Availability {
     Forbidden(Arc<str>),
     /// The source cannot reach its backend at the moment; it keeps retrying.
     Unreachable(Arc<str>),
+    /// The resource does not exist and `limit` other resources that do not exist are already
+    /// waited on. Final: subscriptions end and the watch stops.
+    TooManyWaiting { limit: usize },
 }
 
 /// The state of one watched resource, as seen by its subscribers.
@@ -123,6 +135,8 @@ struct Inner {
     options: HubOptions,
     metrics: Arc<Metrics>,
     upstreams: Mutex<HashMap<ResourceKey, StateSender>>,
+    /// Resources waited on that do not exist yet, over all watches.
+    waiting: Arc<AtomicUsize>,
 }
 
 impl Hub {
@@ -133,6 +147,7 @@ impl Hub {
                 options,
                 metrics,
                 upstreams: Mutex::new(HashMap::new()),
+                waiting: Arc::new(AtomicUsize::new(0)),
             }),
         }
     }
@@ -190,6 +205,14 @@ impl Inner {
 async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
     inner.metrics.upstream_watches.inc();
     tracing::debug!(resource = %key, source = inner.source.name(), "watch started");
+    let waiting = Arc::new(WaitingPlace {
+        count: inner.waiting.clone(),
+        limit: inner.options.max_waiting_resources,
+        metrics: inner.metrics.clone(),
+        held: AtomicBool::new(false),
+        closed: AtomicBool::new(false),
+        refused: CancellationToken::new(),
+    });
     let publisher = Publisher {
         source: inner.source.name(),
         key: key.clone(),
@@ -197,26 +220,86 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
         metrics: inner.metrics.clone(),
         max_document_bytes: inner.options.max_document_bytes,
         next_version: Arc::new(AtomicU64::new(1)),
+        waiting: waiting.clone(),
     };
     let mut watch = inner.source.watch(key.clone(), publisher.clone());
-    loop {
+    let why = loop {
         tokio::select! {
             () = &mut watch => {
                 tracing::warn!(resource = %key, source = inner.source.name(), "watch ended; restarting");
                 tokio::time::sleep(Duration::from_secs(1)).await;
                 watch = inner.source.watch(key.clone(), publisher.clone());
             }
+            () = waiting.refused.cancelled() => {
+                // Subscribers see the final state and end; new ones start a fresh watch.
+                inner.lock().remove(&key);
+                break "too many resources that do not exist are waited on";
+            }
             () = idle(&tx, inner.options.idle_timeout) => {
                 let mut upstreams = inner.lock();
                 if tx.receiver_count() == 0 {
                     upstreams.remove(&key);
-                    break;
+                    break "no subscribers";
                 }
             }
         }
-    }
+    };
+    drop(watch);
+    // Under the channel's lock, like every change of the waiting place (see `WaitingPlace`).
+    tx.send_if_modified(|_| {
+        waiting.close();
+        false
+    });
     inner.metrics.upstream_watches.dec();
-    tracing::debug!(resource = %key, "watch stopped: no subscribers");
+    tracing::debug!(resource = %key, "watch stopped: {why}");
+}
+
+/// One watch's share of the resources waited on that do not exist. It changes only inside the
+/// watch channel's `send_if_modified` (which holds the channel's lock), so one watch's
+/// transitions never race each other.
+struct WaitingPlace {
+    count: Arc<AtomicUsize>,
+    limit: usize,
+    metrics: Arc<Metrics>,
+    /// This watch holds one place in `count`.
+    held: AtomicBool,
+    /// The watch has stopped; it takes no place any more.
+    closed: AtomicBool,
+    /// Cancelled when the resource was refused a place: the watch stops at once.
+    refused: CancellationToken,
+}
+
+impl WaitingPlace {
+    /// Takes a place for this watch unless it holds one already; false if none is left.
+    fn take(&self) -> bool {
+        if self.held.load(Ordering::Acquire) || self.closed.load(Ordering::Acquire) {
+            return true;
+        }
+        let taken = self
+            .count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.limit).then_some(n + 1)
+            })
+            .is_ok();
+        if taken {
+            self.held.store(true, Ordering::Release);
+            self.metrics.waiting_resources.inc();
+        }
+        taken
+    }
+
+    /// Gives the place back: the resource has a version now, or the watch stopped.
+    fn release(&self) {
+        if self.held.swap(false, Ordering::AcqRel) {
+            self.count.fetch_sub(1, Ordering::AcqRel);
+            self.metrics.waiting_resources.dec();
+        }
+    }
+
+    fn close(&self) {
+        self.closed.store(true, Ordering::Release);
+        self.release();
+    }
 }
 
 /// Resolves once the channel has had no receiver for `timeout`.
@@ -240,6 +323,7 @@ pub struct Publisher {
     metrics: Arc<Metrics>,
     max_document_bytes: usize,
     next_version: Arc<AtomicU64>,
+    waiting: Arc<WaitingPlace>,
 }
 
 impl Publisher {
@@ -280,6 +364,9 @@ impl Publisher {
         let tx = &self.tx;
         let mut published = None;
         tx.send_if_modified(|state| {
+            if matches!(state.availability, Availability::TooManyWaiting { .. }) {
+                return false;
+            }
             let same = state
                 .snapshot
                 .as_ref()
@@ -297,6 +384,8 @@ impl Publisher {
             ));
             published = Some(version);
             state.snapshot = Some(snapshot);
+            // The resource exists: it no longer counts as waited on.
+            self.waiting.release();
             true
         });
         if let Some(version) = published {
@@ -305,9 +394,34 @@ impl Publisher {
         }
     }
 
-    /// The resource does not exist. Subscribers keep the last flags they had.
+    /// The resource does not exist. Subscribers keep the last flags they had. A resource that
+    /// never had a version takes one of the places for resources waited on; when none is left,
+    /// its subscriptions end and its watch stops.
     pub fn absent(&self) {
-        if self.set(Availability::Absent) {
+        let mut refused = false;
+        let changed = self.tx.send_if_modified(|state| {
+            if matches!(state.availability, Availability::TooManyWaiting { .. }) {
+                return false;
+            }
+            let availability = if state.snapshot.is_none() && !self.waiting.take() {
+                refused = true;
+                Availability::TooManyWaiting {
+                    limit: self.waiting.limit,
+                }
+            } else {
+                Availability::Absent
+            };
+            replace(&mut state.availability, availability)
+        });
+        if refused {
+            self.metrics.reject("max_waiting_resources");
+            tracing::warn!(
+                resource = %self.key,
+                limit = self.waiting.limit,
+                "resource not found and too many resources that do not exist are waited on already; ending its streams"
+            );
+            self.waiting.refused.cancel();
+        } else if changed {
             tracing::info!(resource = %self.key, "resource not found; waiting for it to appear");
         }
     }
@@ -339,16 +453,22 @@ impl Publisher {
         self.set(Availability::Invalid(reason.into()));
     }
 
-    /// Sets the availability; true if it changed.
+    /// Sets the availability; true if it changed. A refused resource stays refused.
     fn set(&self, availability: Availability) -> bool {
         self.tx.send_if_modified(|state| {
-            if state.availability == availability {
-                false
-            } else {
-                state.availability = availability;
-                true
-            }
+            !matches!(state.availability, Availability::TooManyWaiting { .. })
+                && replace(&mut state.availability, availability)
         })
+    }
+}
+
+/// Replaces `current` with `new`; true if that changed it.
+fn replace(current: &mut Availability, new: Availability) -> bool {
+    if *current == new {
+        false
+    } else {
+        *current = new;
+        true
     }
 }
 
@@ -357,6 +477,9 @@ impl Publisher {
 pub enum SubscriptionEnd {
     /// The source may not read the resource.
     Forbidden(Arc<str>),
+    /// The resource does not exist and `limit` other resources that do not exist are already
+    /// waited on.
+    TooManyWaiting { limit: usize },
 }
 
 /// One subscriber's view of a resource.
@@ -390,8 +513,14 @@ impl Subscription {
         loop {
             {
                 let state = self.rx.borrow_and_update();
-                if let Availability::Forbidden(reason) = &state.availability {
-                    return Err(SubscriptionEnd::Forbidden(reason.clone()));
+                match &state.availability {
+                    Availability::Forbidden(reason) => {
+                        return Err(SubscriptionEnd::Forbidden(reason.clone()));
+                    }
+                    Availability::TooManyWaiting { limit } => {
+                        return Err(SubscriptionEnd::TooManyWaiting { limit: *limit });
+                    }
+                    _ => {}
                 }
                 if let Some(snapshot) = &state.snapshot
                     && self.last != Some(snapshot.version)
@@ -646,6 +775,141 @@ mod tests {
             .err()
             .expect("refused");
         assert_eq!(err, HubError::TooManyWatches { limit: 1 });
+    }
+
+    fn waiting_hub(source: &Arc<FakeSource>, max_waiting_resources: usize) -> Hub {
+        Hub::new(
+            source.clone(),
+            HubOptions {
+                idle_timeout: Duration::from_secs(30),
+                max_waiting_resources,
+                ..HubOptions::default()
+            },
+            Arc::new(Metrics::new()),
+        )
+    }
+
+    fn availability(hub: &Hub, key: &ResourceKey) -> Option<Availability> {
+        hub.resources()
+            .into_iter()
+            .find(|(k, _, _)| k == key)
+            .map(|(_, state, _)| state.availability)
+    }
+
+    fn refused_count(hub: &Hub) -> u64 {
+        hub.metrics()
+            .rejected_requests
+            .get_or_create(&crate::metrics::ReasonLabels {
+                reason: "max_waiting_resources",
+            })
+            .get()
+    }
+
+    /// Waits (bounded) until `condition` holds; the hub's watch tasks run concurrently.
+    async fn eventually(mut condition: impl FnMut() -> bool) {
+        tokio::time::timeout(Duration::from_secs(10), async {
+            while !condition() {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        })
+        .await
+        .expect("the condition holds in time");
+    }
+
+    #[tokio::test]
+    async fn waiting_limit_ends_subscriptions_to_further_missing_resources() {
+        let source = FakeSource::new();
+        let hub = waiting_hub(&source, 1);
+        let (a, b) = (ResourceKey::new("ns", "a"), ResourceKey::new("ns", "b"));
+        let mut waits = hub.subscribe(a.clone()).expect("subscribe");
+        source.wait_for_watch(&a).await.absent();
+        assert_eq!(availability(&hub, &a), Some(Availability::Absent));
+        assert_eq!(hub.metrics().waiting_resources.get(), 1);
+
+        let mut refused: Vec<_> = (0..2)
+            .map(|_| hub.subscribe(b.clone()).expect("subscribe"))
+            .collect();
+        source.wait_for_watch(&b).await.absent();
+        for sub in &mut refused {
+            let end = tokio::time::timeout(Duration::from_secs(10), sub.next())
+                .await
+                .expect("ends")
+                .expect_err("refused");
+            assert_eq!(end, SubscriptionEnd::TooManyWaiting { limit: 1 });
+        }
+        // The refused resource's watch stops at once, not after the idle time.
+        eventually(|| source.active_watches(&b) == 0).await;
+        assert_eq!(availability(&hub, &b), None);
+        eventually(|| hub.metrics().upstream_watches.get() == 1).await;
+        assert_eq!(refused_count(&hub), 1);
+        assert_eq!(hub.metrics().waiting_resources.get(), 1);
+
+        // The resource waited on is unaffected: it is delivered when it appears, and then no
+        // longer counts as waited on.
+        source
+            .wait_for_watch(&a)
+            .await
+            .resource(&flag_resource("on"), Instant::now());
+        assert_eq!(variant(&next(&mut waits).await), "on");
+        assert_eq!(hub.metrics().waiting_resources.get(), 0);
+
+        // So `b` may wait now, on a new watch.
+        let _b = hub.subscribe(b.clone()).expect("subscribe");
+        eventually(|| source.watches_started(&b) == 2).await;
+        source.wait_for_watch(&b).await.absent();
+        assert_eq!(availability(&hub, &b), Some(Availability::Absent));
+        assert_eq!(refused_count(&hub), 1);
+    }
+
+    #[tokio::test]
+    async fn resources_with_a_version_are_never_refused() {
+        let source = FakeSource::new();
+        let hub = waiting_hub(&source, 1);
+        let (a, c) = (ResourceKey::new("ns", "a"), ResourceKey::new("ns", "c"));
+        let _waits = hub.subscribe(a.clone()).expect("subscribe");
+        source.wait_for_watch(&a).await.absent();
+        let mut sub = hub.subscribe(c.clone()).expect("subscribe");
+        let publisher = source.wait_for_watch(&c).await;
+        publisher.resource(&flag_resource("on"), Instant::now());
+        next(&mut sub).await;
+        // Deleted while every waiting place is taken: clients keep the last flags.
+        publisher.absent();
+        assert_eq!(availability(&hub, &c), Some(Availability::Absent));
+        publisher.resource(&flag_resource("off"), Instant::now());
+        assert_eq!(variant(&next(&mut sub).await), "off");
+        assert_eq!(refused_count(&hub), 0);
+        // A refused resource stays refused: later reports do not revive its subscribers.
+        let d = ResourceKey::new("ns", "d");
+        let mut refused = hub.subscribe(d.clone()).expect("subscribe");
+        let publisher = source.wait_for_watch(&d).await;
+        publisher.absent();
+        publisher.resource(&flag_resource("on"), Instant::now());
+        assert!(matches!(
+            refused.next().await,
+            Err(SubscriptionEnd::TooManyWaiting { limit: 1 })
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_waiting_place_is_given_back_when_the_watch_stops() {
+        let source = FakeSource::new();
+        let hub = waiting_hub(&source, 1);
+        let (a, b) = (ResourceKey::new("ns", "a"), ResourceKey::new("ns", "b"));
+        let sub = hub.subscribe(a.clone()).expect("subscribe");
+        let stale = source.wait_for_watch(&a).await;
+        stale.absent();
+        drop(sub);
+        tokio::time::sleep(Duration::from_secs(31)).await;
+        assert!(hub.resources().is_empty());
+        assert_eq!(hub.metrics().waiting_resources.get(), 0);
+        // A late report from the stopped watch takes no place.
+        stale.unreachable("late".into());
+        stale.absent();
+        assert_eq!(hub.metrics().waiting_resources.get(), 0);
+        let _b = hub.subscribe(b.clone()).expect("subscribe");
+        source.wait_for_watch(&b).await.absent();
+        assert_eq!(availability(&hub, &b), Some(Availability::Absent));
+        assert_eq!(hub.metrics().waiting_resources.get(), 1);
     }
 
     #[tokio::test]

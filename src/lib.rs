@@ -4,6 +4,7 @@
 //! Data flows one way: a [`source`] watches a resource on demand, the [`hub`] turns what it sees
 //! into shared snapshots, and the [`wire`] streams them to clients.
 pub mod app;
+pub mod authz;
 pub mod cli;
 pub mod document;
 pub mod hub;

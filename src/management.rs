@@ -99,6 +99,12 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
                 Availability::Invalid(r) => ("invalid", Some(r.to_string())),
                 Availability::Forbidden(r) => ("forbidden", Some(r.to_string())),
                 Availability::Unreachable(r) => ("unreachable", Some(r.to_string())),
+                Availability::TooManyWaiting { limit } => (
+                    "refused",
+                    Some(format!(
+                        "does not exist, and {limit} resources that do not exist are already waited on"
+                    )),
+                ),
             };
             json!({
                 "selector": key.to_string(),

@@ -35,6 +35,9 @@ pub struct Metrics {
     pub sync_active_streams: Gauge,
     pub active_streams: Family<ProtocolLabels, Gauge>,
     pub upstream_watches: Gauge,
+    /// Watched resources that do not exist and never had a version (bounded by
+    /// `--max-waiting-resources`).
+    pub waiting_resources: Gauge,
     pub versions_published: Counter,
     pub updates_sent: Family<ProtocolLabels, Counter>,
     pub invalid_documents: Family<ResourceLabels, Counter>,
@@ -70,6 +73,12 @@ impl Metrics {
             "upstream_watches",
             "Resources currently watched at the source (one watch per resource in use)",
             upstream_watches.clone(),
+        );
+        let waiting_resources = Gauge::default();
+        proxy.register(
+            "waiting_resources",
+            "Watched resources that do not exist yet and never had a version (at most --max-waiting-resources)",
+            waiting_resources.clone(),
         );
         let versions_published = Counter::default();
         proxy.register(
@@ -112,6 +121,7 @@ impl Metrics {
             sync_active_streams,
             active_streams,
             upstream_watches,
+            waiting_resources,
             versions_published,
             updates_sent,
             invalid_documents,

@@ -1,9 +1,14 @@
 //! The gRPC sync server: accepts connections (plain or TLS), serves both sync protocols and
 //! gRPC health, and shuts down by ending every stream with `UNAVAILABLE`.
+//!
+//! Limits that protect the proxy from hostile or broken clients: connections per client
+//! address (counted at accept, released when the connection is dropped), the request header
+//! size, the request message size, and the HTTP/2 streams per connection.
+use std::collections::HashMap;
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -15,6 +20,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
+use crate::metrics::Metrics;
 use crate::tls::ReloadingTls;
 use crate::wire::SyncService;
 
@@ -30,8 +36,14 @@ pub struct ServerOptions {
     pub keepalive_timeout: Duration,
     /// The most concurrent streams on one connection.
     pub max_concurrent_streams: u32,
-    /// The largest request header block accepted, in bytes.
+    /// The largest request header block accepted, in bytes (HTTP/2 accounting). Larger
+    /// requests get `RESOURCE_EXHAUSTED`; the HTTP/2 layer itself refuses header blocks over
+    /// twice this size.
     pub max_header_list_size: u32,
+    /// The largest request message the services decode, in bytes.
+    pub max_request_bytes: usize,
+    /// The most open connections from one client IP address; 0 means no limit.
+    pub max_connections_per_address: usize,
     /// Close connections after this age, then after a grace period for their streams, so
     /// streams spread over replicas again.
     pub max_connection_age: Option<(Duration, Duration)>,
@@ -44,6 +56,8 @@ impl Default for ServerOptions {
             keepalive_timeout: Duration::from_secs(20),
             max_concurrent_streams: 1_000,
             max_header_list_size: 16 * 1024,
+            max_request_bytes: 64 * 1024,
+            max_connections_per_address: 256,
             max_connection_age: None,
         }
     }
@@ -68,23 +82,39 @@ pub async fn run(
     options: ServerOptions,
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
+    let metrics = service.metrics().clone();
     let (tx, rx) = mpsc::channel(128);
-    tokio::spawn(accept(listener, tls, tx, shutdown.clone()));
+    let per_address = AddressLimit::new(options.max_connections_per_address, metrics.clone());
+    tokio::spawn(accept(listener, tls, tx, per_address, shutdown.clone()));
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(options.keepalive_interval))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))
         .max_concurrent_streams(options.max_concurrent_streams)
-        .http2_max_header_list_size(options.max_header_list_size)
+        // Between the limit and twice it, `RequestLimits` answers with a gRPC status and counts.
+        .http2_max_header_list_size(options.max_header_list_size.saturating_mul(2))
         .tcp_nodelay(true);
     if let Some((age, grace)) = options.max_connection_age {
         builder = builder
             .max_connection_age(age)
             .max_connection_age_grace(grace);
     }
+    let max_request = options.max_request_bytes;
     builder
-        .add_service(service.flagd_sync_v1())
-        .add_service(service.legacy_sync_v1())
-        .add_service(health)
+        .layer(RequestLimits {
+            max_header_bytes: options.max_header_list_size as usize,
+            metrics,
+        })
+        .add_service(
+            service
+                .flagd_sync_v1()
+                .max_decoding_message_size(max_request),
+        )
+        .add_service(
+            service
+                .legacy_sync_v1()
+                .max_decoding_message_size(max_request),
+        )
+        .add_service(health.max_decoding_message_size(max_request))
         .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
         .await?;
     Ok(())
@@ -95,6 +125,7 @@ async fn accept(
     listener: TcpListener,
     tls: Option<Arc<ReloadingTls>>,
     tx: mpsc::Sender<io::Result<Connection>>,
+    per_address: AddressLimit,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -110,10 +141,19 @@ async fn accept(
                 }
             },
         };
+        let Some(slot) = per_address.admit(peer.ip()) else {
+            tracing::debug!(%peer, "connection closed: too many connections from this address");
+            drop(tcp);
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         match &tls {
             None => {
-                if tx.send(Ok(Connection::Plain(tcp))).await.is_err() {
+                let connection = Connection {
+                    stream: Stream::Plain(tcp),
+                    _slot: slot,
+                };
+                if tx.send(Ok(connection)).await.is_err() {
                     return;
                 }
             }
@@ -123,7 +163,11 @@ async fn accept(
                 tokio::spawn(async move {
                     match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
-                            let _ = tx.send(Ok(Connection::Tls(Box::new(stream)))).await;
+                            let connection = Connection {
+                                stream: Stream::Tls(Box::new(stream)),
+                                _slot: slot,
+                            };
+                            let _ = tx.send(Ok(connection)).await;
                         }
                         Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
                         Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
@@ -135,9 +179,172 @@ async fn accept(
 }
 
 /// A client connection, plain or TLS.
-pub enum Connection {
+pub struct Connection {
+    stream: Stream,
+    /// This connection's place in its address's count, given back when the connection drops.
+    _slot: AddressSlot,
+}
+
+enum Stream {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
+}
+
+/// Open connections per client IP address, bounded by `max_connections_per_address`.
+#[derive(Clone)]
+struct AddressLimit {
+    limit: usize,
+    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    metrics: Arc<Metrics>,
+}
+
+impl AddressLimit {
+    fn new(limit: usize, metrics: Arc<Metrics>) -> Self {
+        Self {
+            limit,
+            open: Arc::default(),
+            metrics,
+        }
+    }
+
+    /// A place for one more connection from `ip`, or `None` (counted) when it has the most.
+    fn admit(&self, ip: IpAddr) -> Option<AddressSlot> {
+        if self.limit == 0 {
+            return Some(AddressSlot(None));
+        }
+        let ip = ip.to_canonical();
+        let mut open = lock(&self.open);
+        let count = open.entry(ip).or_insert(0);
+        if *count >= self.limit {
+            drop(open);
+            self.metrics.reject("max_connections_per_address");
+            return None;
+        }
+        *count += 1;
+        Some(AddressSlot(Some((self.open.clone(), ip))))
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Only short, non-panicking sections hold it; a poisoned map is still consistent.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One connection's place in [`AddressLimit`]; dropping it gives the place back.
+struct AddressSlot(Option<(Arc<Mutex<HashMap<IpAddr, usize>>>, IpAddr)>);
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let Some((open, ip)) = self.0.take() else {
+            return;
+        };
+        let mut open = lock(&open);
+        if let Some(count) = open.get_mut(&ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&ip);
+            }
+        }
+    }
+}
+
+/// Refuses requests whose header block is over the limit with `RESOURCE_EXHAUSTED`, and counts
+/// those and the requests a service refused for a message over `max_request_bytes`.
+#[derive(Clone)]
+struct RequestLimits {
+    max_header_bytes: usize,
+    metrics: Arc<Metrics>,
+}
+
+impl<S> tower::Layer<S> for RequestLimits {
+    type Service = RequestLimitsService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RequestLimitsService {
+            inner,
+            limits: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct RequestLimitsService<S> {
+    inner: S,
+    limits: RequestLimits,
+}
+
+impl<S, B> tower::Service<http::Request<B>> for RequestLimitsService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+{
+    type Response = http::Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        let size = header_list_size(&request);
+        let limit = self.limits.max_header_bytes;
+        if size > limit {
+            self.limits.metrics.reject("max_header_bytes");
+            let status = tonic::Status::resource_exhausted(format!(
+                "the request headers are {size} bytes, over the limit of {limit} bytes (--max-header-bytes)"
+            ));
+            return Box::pin(futures::future::ready(Ok(status.into_http())));
+        }
+        let metrics = self.limits.metrics.clone();
+        let response = self.inner.call(request);
+        Box::pin(async move {
+            let response = response.await?;
+            // tonic answers a request message over the decoding limit with OUT_OF_RANGE before
+            // the service sees it; no service of this server returns that code otherwise.
+            let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
+            if response
+                .headers()
+                .get("grpc-status")
+                .is_some_and(|code| code.as_bytes() == out_of_range.as_bytes())
+            {
+                metrics.reject("max_request_bytes");
+            }
+            Ok(response)
+        })
+    }
+}
+
+/// The size of a request's header list as HTTP/2 counts it: name + value + 32 per field,
+/// pseudo-headers included.
+fn header_list_size<B>(request: &http::Request<B>) -> usize {
+    const FIELD_OVERHEAD: usize = 32;
+    let uri = request.uri();
+    let pseudo = [
+        (":method".len(), request.method().as_str().len()),
+        (":scheme".len(), uri.scheme_str().map_or(0, str::len)),
+        (
+            ":authority".len(),
+            uri.authority().map_or(0, |a| a.as_str().len()),
+        ),
+        (
+            ":path".len(),
+            uri.path_and_query().map_or(0, |p| p.as_str().len()),
+        ),
+    ];
+    let pseudo: usize = pseudo
+        .iter()
+        .map(|(name, value)| name + value + FIELD_OVERHEAD)
+        .sum();
+    let fields: usize = request
+        .headers()
+        .iter()
+        .map(|(name, value)| name.as_str().len() + value.len() + FIELD_OVERHEAD)
+        .sum();
+    pseudo + fields
 }
 
 /// What the services can learn about the connection a request came on.
@@ -152,12 +359,12 @@ impl Connected for Connection {
     type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> ConnectionInfo {
-        match self {
-            Connection::Plain(tcp) => ConnectionInfo {
+        match &self.stream {
+            Stream::Plain(tcp) => ConnectionInfo {
                 remote_addr: tcp.peer_addr().ok(),
                 peer_certificates: None,
             },
-            Connection::Tls(tls) => {
+            Stream::Tls(tls) => {
                 let (tcp, session) = tls.get_ref();
                 ConnectionInfo {
                     remote_addr: tcp.peer_addr().ok(),
@@ -174,9 +381,9 @@ impl AsyncRead for Connection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Connection::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Connection::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -187,9 +394,9 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Connection::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Connection::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
         }
     }
 
@@ -198,30 +405,30 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            Connection::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Connection::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
-        match self {
-            Connection::Plain(s) => s.is_write_vectored(),
-            Connection::Tls(s) => s.is_write_vectored(),
+        match &self.stream {
+            Stream::Plain(s) => s.is_write_vectored(),
+            Stream::Tls(s) => s.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Connection::Plain(s) => Pin::new(s).poll_flush(cx),
-            Connection::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            Connection::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Connection::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+        match &mut self.get_mut().stream {
+            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
+            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
     }
 }

@@ -51,6 +51,8 @@ const MIN_BACKOFF: Duration = Duration::from_secs(1);
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
 /// A watch that has not failed for this long starts again from [`MIN_BACKOFF`].
 const BACKOFF_RESET: Duration = Duration::from_secs(120);
+/// Refusals in a row that end streams once a watch has seen another outcome (see [`Refusals`]).
+const FORBIDDEN_CONFIRMATIONS: u32 = 3;
 /// How long a bearer token read from a file is used before the file is read again.
 const TOKEN_REREAD: Duration = Duration::from_secs(5);
 
@@ -158,6 +160,11 @@ pub struct KubernetesSource {
 }
 
 impl KubernetesSource {
+    /// The shared API client (also used for authorization reviews).
+    pub fn client(&self) -> Client {
+        self.client.clone()
+    }
+
     /// Builds the client from the settings or the environment. Does not contact the API server:
     /// it may be down for a moment, and every watch retries on its own.
     pub async fn connect(settings: KubeSettings, metrics: Arc<Metrics>) -> Result<Self, KubeError> {
@@ -406,16 +413,23 @@ async fn watch_resource(api: Api<DynamicObject>, context: WatchContext, publishe
         escape_field_value(&context.key.name)
     ));
     let mut backoff = Backoff::default();
+    let mut refusals = Refusals::default();
     loop {
         let mut tracker = Tracker::default();
         let mut events = pin!(watcher::watcher(api.clone(), config.clone()));
         let problem = loop {
             match events.next().await {
-                Some(Ok(event)) => match tracker.on_event(event) {
-                    Some(Report::Present(object)) => publish(&publisher, &context, &object),
-                    Some(Report::Absent) => publisher.absent(),
-                    None => {}
-                },
+                Some(Ok(event)) => {
+                    if !matches!(event, Event::Init) {
+                        // `Init` comes before the list request; anything else means it worked.
+                        refusals.access_worked();
+                    }
+                    match tracker.on_event(event) {
+                        Some(Report::Present(object)) => publish(&publisher, &context, &object),
+                        Some(Report::Absent) => publisher.absent(),
+                        None => {}
+                    }
+                }
                 Some(Err(error)) => match classify(&error, &context.key, &context.server) {
                     Action::Continue => {
                         tracing::debug!(resource = %context.key, %error, "watch expired; listing again");
@@ -429,10 +443,56 @@ async fn watch_resource(api: Api<DynamicObject>, context: WatchContext, publishe
                 None => break None,
             }
         };
-        if let Some(problem) = problem {
-            report(&publisher, &context, problem);
+        match problem {
+            Some(problem) if problem.kind == Kind::Forbidden && !refusals.refused() => {
+                context
+                    .metrics
+                    .source_error(SOURCE, Kind::Forbidden.label());
+                tracing::warn!(resource = %context.key, reason = %problem.message,
+                    "the API server refused access that worked before; retrying before telling clients");
+            }
+            Some(problem) => {
+                if problem.kind != Kind::Forbidden {
+                    refusals.other_failure();
+                }
+                report(&publisher, &context, problem);
+            }
+            None => {}
         }
         tokio::time::sleep(backoff.next_delay()).await;
+    }
+}
+
+/// Decides when a 403 is believed. The first answer of a new watch is; after that, a refusal must
+/// repeat [`FORBIDDEN_CONFIRMATIONS`] times in a row, because an API server that has just started
+/// answers 403 until its RBAC caches are filled, and clients should not lose their stream to that.
+#[derive(Debug, Default)]
+struct Refusals {
+    seen_outcome: bool,
+    consecutive: u32,
+}
+
+impl Refusals {
+    fn access_worked(&mut self) {
+        self.seen_outcome = true;
+        self.consecutive = 0;
+    }
+
+    fn other_failure(&mut self) {
+        self.seen_outcome = true;
+        self.consecutive = 0;
+    }
+
+    /// Records a refusal; true if clients are to be told.
+    fn refused(&mut self) -> bool {
+        if !self.seen_outcome {
+            // Believed at once, and so is every refusal in a row after it.
+            self.seen_outcome = true;
+            self.consecutive = FORBIDDEN_CONFIRMATIONS;
+            return true;
+        }
+        self.consecutive = self.consecutive.saturating_add(1);
+        self.consecutive >= FORBIDDEN_CONFIRMATIONS
     }
 }
 
@@ -1026,6 +1086,32 @@ mod tests {
             "{}",
             p.message
         );
+    }
+
+    #[test]
+    fn refusals_are_believed_at_once_only_on_a_new_watch() {
+        let mut fresh = Refusals::default();
+        assert!(fresh.refused(), "the first answer of a new watch");
+        assert!(fresh.refused());
+
+        let mut worked = Refusals::default();
+        worked.access_worked();
+        assert!(!worked.refused());
+        assert!(!worked.refused());
+        assert!(worked.refused(), "the third refusal in a row");
+        worked.access_worked();
+        assert!(
+            !worked.refused(),
+            "counting starts over after access worked"
+        );
+
+        let mut unreachable = Refusals::default();
+        unreachable.other_failure();
+        assert!(!unreachable.refused());
+        unreachable.other_failure();
+        assert!(!unreachable.refused());
+        assert!(!unreachable.refused());
+        assert!(unreachable.refused());
     }
 
     #[test]

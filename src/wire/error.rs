@@ -1,6 +1,7 @@
 //! Every way a client request can fail, and the one mapping from those errors to gRPC status.
 use tonic::{Code, Status};
 
+use crate::authz::AuthzError;
 use crate::hub::HubError;
 use crate::selector::{ResourceKey, SelectorError};
 
@@ -10,8 +11,14 @@ pub enum RequestError {
     Selector(#[from] SelectorError),
     #[error(transparent)]
     Hub(#[from] HubError),
+    #[error(transparent)]
+    Authz(#[from] AuthzError),
     #[error("{0} does not exist")]
     NotFound(ResourceKey),
+    #[error(
+        "{key} does not exist, and the proxy already waits for {limit} resources that do not exist (the limit set by --max-waiting-resources)"
+    )]
+    TooManyWaiting { key: ResourceKey, limit: usize },
     #[error("the proxy may not read {key}: {reason}")]
     Forbidden { key: ResourceKey, reason: String },
     #[error("{key} has no valid flag configuration: {reason}")]
@@ -28,8 +35,12 @@ impl RequestError {
     fn code(&self) -> Code {
         match self {
             RequestError::Selector(_) => Code::InvalidArgument,
-            RequestError::Hub(HubError::TooManyWatches { .. }) => Code::ResourceExhausted,
+            RequestError::Hub(HubError::TooManyWatches { .. })
+            | RequestError::TooManyWaiting { .. } => Code::ResourceExhausted,
             RequestError::NotFound(_) => Code::NotFound,
+            RequestError::Authz(AuthzError::Unauthenticated(_)) => Code::Unauthenticated,
+            RequestError::Authz(AuthzError::Denied { .. }) => Code::PermissionDenied,
+            RequestError::Authz(AuthzError::Unavailable(_)) => Code::Unavailable,
             RequestError::Forbidden { .. } => Code::PermissionDenied,
             RequestError::Invalid { .. } => Code::FailedPrecondition,
             RequestError::Unreachable { .. }
@@ -66,6 +77,17 @@ mod tests {
         assert_eq!(
             Status::from(RequestError::ShuttingDown).code(),
             Code::Unavailable
+        );
+        let status = Status::from(RequestError::TooManyWaiting {
+            key: ResourceKey::new("a", "b"),
+            limit: 7,
+        });
+        assert_eq!(status.code(), Code::ResourceExhausted);
+        assert!(
+            status.message().contains("core.openfeature.dev/a/b")
+                && status.message().contains(" 7 ")
+                && status.message().contains("--max-waiting-resources"),
+            "{status:?}"
         );
     }
 }

@@ -7,6 +7,7 @@ use futures::Stream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
+use crate::authz::{Authorizer, Identity};
 use crate::hub::{Availability, Hub, SubscriptionEnd};
 use crate::metrics::{Metrics, ProtocolLabels};
 use crate::selector::{self, ResourceKey};
@@ -24,6 +25,7 @@ pub type FrameStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send +
 #[derive(Clone)]
 pub struct SyncService {
     hub: Hub,
+    authz: Option<Arc<Authorizer>>,
     shutdown: CancellationToken,
     fetch_timeout: Duration,
 }
@@ -33,8 +35,47 @@ impl SyncService {
     pub fn new(hub: Hub, shutdown: CancellationToken) -> Self {
         Self {
             hub,
+            authz: None,
             shutdown,
             fetch_timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Checks every request with `authz` (when it is enabled).
+    pub fn with_authorizer(mut self, authz: Arc<Authorizer>) -> Self {
+        self.authz = authz.enabled().then_some(authz);
+        self
+    }
+
+    /// Identifies the client and checks that it may read `key`.
+    async fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        key: &ResourceKey,
+    ) -> Result<Option<Grant>, RequestError> {
+        let Some(authz) = &self.authz else {
+            return Ok(None);
+        };
+        let connection = request.extensions().get::<crate::server::ConnectionInfo>();
+        let result = async {
+            let identity = authz.identify(request.metadata(), connection).await?;
+            authz.check(&identity, key).await?;
+            Ok::<_, crate::authz::AuthzError>(identity)
+        }
+        .await;
+        match result {
+            Ok(identity) => {
+                tracing::debug!(resource = %key, %identity, "authorized");
+                Ok(Some(Grant {
+                    authz: authz.clone(),
+                    identity,
+                }))
+            }
+            Err(error) => {
+                self.metrics().reject("unauthorized");
+                tracing::info!(resource = %key, %error, "request refused");
+                Err(error.into())
+            }
         }
     }
 
@@ -46,7 +87,7 @@ impl SyncService {
         legacy::flag_sync_service_server::FlagSyncServiceServer::new(self.clone())
     }
 
-    fn metrics(&self) -> &Arc<Metrics> {
+    pub fn metrics(&self) -> &Arc<Metrics> {
         self.hub.metrics()
     }
 
@@ -68,7 +109,12 @@ impl SyncService {
             .map_err(Into::into)
     }
 
-    fn stream(&self, key: ResourceKey, protocol: Protocol) -> Result<FrameStream, RequestError> {
+    fn stream(
+        &self,
+        key: ResourceKey,
+        protocol: Protocol,
+        grant: Option<Grant>,
+    ) -> Result<FrameStream, RequestError> {
         if self.shutdown.is_cancelled() {
             return Err(RequestError::ShuttingDown);
         }
@@ -80,6 +126,10 @@ impl SyncService {
             protocol,
             _open: OpenStream::new(self.metrics().clone(), protocol),
             metrics: self.metrics().clone(),
+            recheck: grant.map(|grant| Recheck {
+                at: tokio::time::Instant::now() + grant.authz.recheck_interval(),
+                grant,
+            }),
             done: false,
         };
         Ok(Box::pin(futures::stream::unfold(state, StreamState::step)))
@@ -96,7 +146,9 @@ impl SyncService {
                 reason: reason.to_string(),
             }),
             (Some(snapshot), _) => Ok(snapshot.flag_configuration.to_string()),
-            (None, Availability::Absent) => Err(RequestError::NotFound(key)),
+            (None, Availability::Absent | Availability::TooManyWaiting { .. }) => {
+                Err(RequestError::NotFound(key))
+            }
             (None, Availability::Invalid(reason)) => Err(RequestError::Invalid {
                 key,
                 reason: reason.to_string(),
@@ -143,12 +195,38 @@ impl Drop for OpenStream {
     }
 }
 
+/// A client's authorization to read a resource, checked again while its stream is open.
+struct Grant {
+    authz: Arc<Authorizer>,
+    identity: Identity,
+}
+
+struct Recheck {
+    grant: Grant,
+    at: tokio::time::Instant,
+}
+
+impl Recheck {
+    /// Waits until the next check is due, then makes it; `Err` once the permission is gone.
+    async fn due(&mut self, key: &ResourceKey) -> Result<(), RequestError> {
+        tokio::time::sleep_until(self.at).await;
+        self.at = tokio::time::Instant::now() + self.grant.authz.recheck_interval();
+        self.grant
+            .authz
+            .check(&self.grant.identity, key)
+            .await
+            .map_err(RequestError::from)
+    }
+}
+
 struct StreamState {
     subscription: crate::hub::Subscription,
     shutdown: CancellationToken,
     protocol: Protocol,
     metrics: Arc<Metrics>,
     _open: OpenStream,
+    /// Present when authorization is on: the stream ends once the client loses access.
+    recheck: Option<Recheck>,
     done: bool,
 }
 
@@ -159,9 +237,32 @@ impl StreamState {
         if self.done {
             return None;
         }
+        let key = self.subscription.key().clone();
+        let recheck = async {
+            match self.recheck.as_mut() {
+                Some(recheck) => loop {
+                    if let Err(error) = recheck.due(&key).await {
+                        // Only a definite "no" ends the stream; an unavailable API does not.
+                        if matches!(
+                            error,
+                            RequestError::Authz(crate::authz::AuthzError::Unavailable(_))
+                        ) {
+                            tracing::warn!(resource = %key, %error, "authorization recheck failed; keeping the stream");
+                            continue;
+                        }
+                        break error;
+                    }
+                },
+                None => futures::future::pending().await,
+            }
+        };
         let item = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Err(RequestError::ShuttingDown),
+            error = recheck => {
+                tracing::info!(resource = %key, %error, "access revoked; ending the stream");
+                Err(error)
+            }
             next = self.subscription.next() => match next {
                 Ok(snapshot) => {
                     let frame = self.protocol.frame(&snapshot, self.subscription.key());
@@ -172,6 +273,10 @@ impl StreamState {
                 Err(SubscriptionEnd::Forbidden(reason)) => Err(RequestError::Forbidden {
                     key: self.subscription.key().clone(),
                     reason: reason.to_string(),
+                }),
+                Err(SubscriptionEnd::TooManyWaiting { limit }) => Err(RequestError::TooManyWaiting {
+                    key: self.subscription.key().clone(),
+                    limit,
                 }),
             },
         };
@@ -191,7 +296,12 @@ impl v1::flag_sync_service_server::FlagSyncService for SyncService {
         request: Request<v1::SyncFlagsRequest>,
     ) -> Result<Response<Self::SyncFlagsStream>, Status> {
         let key = self.resource(&request, &request.get_ref().selector)?;
-        Ok(Response::new(self.stream(key, Protocol::FlagdSyncV1)?))
+        let grant = self.authorize(&request, &key).await?;
+        Ok(Response::new(self.stream(
+            key,
+            Protocol::FlagdSyncV1,
+            grant,
+        )?))
     }
 
     async fn fetch_all_flags(
@@ -199,6 +309,7 @@ impl v1::flag_sync_service_server::FlagSyncService for SyncService {
         request: Request<v1::FetchAllFlagsRequest>,
     ) -> Result<Response<v1::FetchAllFlagsResponse>, Status> {
         let key = self.resource(&request, &request.get_ref().selector)?;
+        self.authorize(&request, &key).await?;
         let flag_configuration = self.fetch(key).await?;
         Ok(Response::new(v1::FetchAllFlagsResponse {
             flag_configuration,
@@ -224,7 +335,12 @@ impl legacy::flag_sync_service_server::FlagSyncService for SyncService {
         request: Request<legacy::SyncFlagsRequest>,
     ) -> Result<Response<Self::SyncFlagsStream>, Status> {
         let key = self.resource(&request, &request.get_ref().selector)?;
-        Ok(Response::new(self.stream(key, Protocol::LegacySyncV1)?))
+        let grant = self.authorize(&request, &key).await?;
+        Ok(Response::new(self.stream(
+            key,
+            Protocol::LegacySyncV1,
+            grant,
+        )?))
     }
 
     async fn fetch_all_flags(
@@ -232,6 +348,7 @@ impl legacy::flag_sync_service_server::FlagSyncService for SyncService {
         request: Request<legacy::FetchAllFlagsRequest>,
     ) -> Result<Response<legacy::FetchAllFlagsResponse>, Status> {
         let key = self.resource(&request, &request.get_ref().selector)?;
+        self.authorize(&request, &key).await?;
         let flag_configuration = self.fetch(key).await?;
         Ok(Response::new(legacy::FetchAllFlagsResponse {
             flag_configuration,

@@ -304,7 +304,17 @@ impl TestCa {
 
     /// Issues a client certificate; returns (cert PEM, key PEM).
     pub fn issue_client(&self, cn: &str) -> (String, String) {
+        self.issue_client_with_uri(cn, None)
+    }
+
+    /// Issues a client certificate carrying a URI SAN such as a SPIFFE ID.
+    pub fn issue_client_with_uri(&self, cn: &str, uri: Option<&str>) -> (String, String) {
         let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+        if let Some(uri) = uri {
+            params.subject_alt_names = vec![rcgen::SanType::URI(
+                rcgen::string::Ia5String::try_from(uri).expect("ascii uri"),
+            )];
+        }
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, cn);

@@ -1,0 +1,403 @@
+//! Authorization: client identity (certificate, ServiceAccount token, pod address) and the
+//! `namespace` and `rbac` modes, against a real kube-apiserver where the API is involved.
+mod support;
+
+use std::time::Duration;
+
+use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+use support::control_plane::{ControlPlane, feature_flag_resource, start_or_skip};
+use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
+use tonic::Code;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
+use v1::flag_sync_service_client::FlagSyncServiceClient;
+
+fn request(selector: &str, token: Option<&str>) -> tonic::Request<v1::SyncFlagsRequest> {
+    let mut request = tonic::Request::new(v1::SyncFlagsRequest::default());
+    request
+        .metadata_mut()
+        .insert("flagd-selector", selector.parse().expect("ascii"));
+    if let Some(token) = token {
+        request.metadata_mut().insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("ascii"),
+        );
+    }
+    request
+}
+
+/// Opens a stream and returns its first message's flag configuration, or the refusal.
+async fn first(
+    channel: Channel,
+    selector: &str,
+    token: Option<&str>,
+) -> Result<String, tonic::Status> {
+    let mut stream = FlagSyncServiceClient::new(channel)
+        .sync_flags(request(selector, token))
+        .await?
+        .into_inner();
+    let message = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("no hang")?;
+    Ok(message
+        .expect("a stream never ends with OK")
+        .flag_configuration)
+}
+
+async fn plain(proxy: &Proxy) -> Channel {
+    Channel::from_shared(proxy.endpoint())
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect")
+}
+
+#[tokio::test]
+async fn spiffe_client_certificates_in_namespace_mode() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(
+        dir.path(),
+        "team-a",
+        "flags",
+        string_flag("color", "red", &["red"]),
+    );
+    write_manifest(
+        dir.path(),
+        "team-b",
+        "flags",
+        string_flag("color", "blue", &["blue"]),
+    );
+    write_manifest(
+        dir.path(),
+        "shared",
+        "flags",
+        string_flag("color", "green", &["green"]),
+    );
+    let ca = TestCa::new();
+    let mut args = vec!["--manifests".to_owned(), dir.path().display().to_string()];
+    args.extend(ca.proxy_args());
+    args.extend(["--client-ca-path".into(), ca.ca_cert.display().to_string()]);
+    args.extend([
+        "--authz".into(),
+        "namespace".into(),
+        "--authz-allow-namespaces".into(),
+        "shared".into(),
+    ]);
+    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+
+    let connect = |cert: (String, String)| {
+        let tls = ClientTlsConfig::new()
+            .ca_certificate(Certificate::from_pem(
+                std::fs::read(&ca.ca_cert).expect("ca"),
+            ))
+            .domain_name("localhost")
+            .identity(Identity::from_pem(cert.0, cert.1));
+        let endpoint =
+            Endpoint::from_shared(format!("https://localhost:{}", proxy.port)).expect("uri");
+        async move {
+            endpoint
+                .tls_config(tls)
+                .expect("tls")
+                .connect()
+                .await
+                .expect("connect")
+        }
+    };
+    let web =
+        connect(ca.issue_client_with_uri("web", Some("spiffe://cluster.local/ns/team-a/sa/web")))
+            .await;
+    first(web.clone(), "core.openfeature.dev/team-a/flags", None)
+        .await
+        .expect("own namespace");
+    first(web.clone(), "core.openfeature.dev/shared/flags", None)
+        .await
+        .expect("allow-listed namespace");
+    let denied = first(web, "core.openfeature.dev/team-b/flags", None)
+        .await
+        .expect_err("other namespace");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(
+        denied
+            .message()
+            .contains("system:serviceaccount:team-a:web"),
+        "{denied:?}"
+    );
+
+    // A verified certificate without a SPIFFE ID names no ServiceAccount.
+    let anonymous = connect(ca.issue_client("no-spiffe")).await;
+    let status = first(anonymous, "core.openfeature.dev/shared/flags", None)
+        .await
+        .expect_err("no identity");
+    assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    assert!(status.message().contains("SPIFFE"), "{status:?}");
+}
+
+#[tokio::test]
+async fn api_based_modes_need_the_kubernetes_api() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+        .args([
+            "start",
+            "--bind-address",
+            "127.0.0.1",
+            "--manifests",
+            dir.path().to_str().expect("utf-8"),
+        ])
+        .args(["--authz", "rbac"])
+        .output()
+        .expect("run");
+    assert_eq!(output.status.code(), Some(64));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--authz"),
+        "{output:?}"
+    );
+}
+
+/// The proxy's extra permissions for the API-based modes (as deploy/components/authz grants).
+async fn grant_review_permissions(cp: &ControlPlane) {
+    let client = cp.admin_client();
+    let role: ClusterRole = serde_json::from_value(json!({
+        "metadata": {"name": "flagd-proxy-authz-test"},
+        "rules": [
+            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
+            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+        ]
+    }))
+    .expect("role");
+    Api::<ClusterRole>::all(client.clone())
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("create role");
+    let binding: ClusterRoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "flagd-proxy-authz-test"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flagd-proxy-authz-test"},
+        "subjects": [{"kind": "ServiceAccount", "namespace": "flagd", "name": "proxy"}]
+    }))
+    .expect("binding");
+    Api::<ClusterRoleBinding>::all(client)
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("create binding");
+    cp.grant_proxy_cluster_wide().await;
+}
+
+async fn create_flag(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(cp.admin_client(), ns, &feature_flag_resource());
+    let object: DynamicObject = serde_json::from_value(json!({
+        "apiVersion": "core.openfeature.dev/v1beta1", "kind": "FeatureFlag",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"flagSpec": {"flags": string_flag("color", variant, &[variant])}}
+    }))
+    .expect("object");
+    api.create(&PostParams::default(), &object)
+        .await
+        .expect("create FeatureFlag");
+}
+
+async fn service_account_token(cp: &ControlPlane, ns: &str, name: &str) -> String {
+    let accounts: Api<ServiceAccount> = Api::namespaced(cp.admin_client(), ns);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({"metadata": {"name": name}})).expect("sa");
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .expect("create ServiceAccount");
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![],
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let issued = accounts
+        .create_token_request(name, &PostParams::default(), &request)
+        .await
+        .expect("token");
+    issued.status.expect("status").token
+}
+
+fn kube_args(cp: &ControlPlane) -> Vec<String> {
+    vec![
+        "--kube-api-server".into(),
+        cp.server_url(),
+        "--kube-ca-path".into(),
+        cp.ca_path().display().to_string(),
+        "--kube-token-path".into(),
+        cp.proxy_token_path().display().to_string(),
+    ]
+}
+
+#[tokio::test]
+async fn tokens_pods_and_rbac_against_the_api_server() {
+    let Some(cp) = start_or_skip().await else {
+        return;
+    };
+    grant_review_permissions(&cp).await;
+    for ns in ["team-a", "team-b"] {
+        cp.create_namespace(ns).await;
+        create_flag(&cp, ns, "flags", ns).await;
+    }
+    let token = service_account_token(&cp, "team-a", "web").await;
+
+    // Namespace mode with ServiceAccount tokens.
+    let mut args = kube_args(&cp);
+    args.extend([
+        "--authz".into(),
+        "namespace".into(),
+        "--authz-pod-ip".into(),
+    ]);
+    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let channel = plain(&proxy).await;
+    let own = first(
+        channel.clone(),
+        "core.openfeature.dev/team-a/flags",
+        Some(&token),
+    )
+    .await
+    .expect("own namespace");
+    assert!(own.contains("team-a"));
+    let denied = first(
+        channel.clone(),
+        "core.openfeature.dev/team-b/flags",
+        Some(&token),
+    )
+    .await
+    .expect_err("denied");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    let bogus = first(
+        channel.clone(),
+        "core.openfeature.dev/team-a/flags",
+        Some("not-a-token"),
+    )
+    .await
+    .expect_err("bad");
+    assert_eq!(bogus.code(), Code::Unauthenticated, "{bogus:?}");
+    let none = first(channel.clone(), "core.openfeature.dev/team-a/flags", None)
+        .await
+        .expect_err("anonymous");
+    assert_eq!(none.code(), Code::Unauthenticated, "{none:?}");
+    assert!(
+        none.message()
+            .contains("no running pod has the address 127.0.0.1"),
+        "{none:?}"
+    );
+
+    // Pod address identity: a running pod in team-a owns 127.0.0.7; a client from there is it.
+    let pods: Api<Pod> = Api::namespaced(cp.admin_client(), "team-a");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "web-0"},
+        "spec": {"serviceAccountName": "web", "containers": [{"name": "app", "image": "example.invalid/app"}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let status = json!({"status": {"phase": "Running", "podIP": "127.0.0.7", "podIPs": [{"ip": "127.0.0.7"}]}});
+    pods.patch_status("web-0", &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("pod status");
+    let from_pod = Endpoint::from_shared(proxy.endpoint())
+        .expect("uri")
+        .local_address(Some("127.0.0.7".parse().expect("ip")))
+        .connect()
+        .await
+        .expect("connect from 127.0.0.7");
+    first(from_pod.clone(), "core.openfeature.dev/team-a/flags", None)
+        .await
+        .expect("pod's own namespace");
+    let denied = first(from_pod, "core.openfeature.dev/team-b/flags", None)
+        .await
+        .expect_err("other namespace");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(denied.message().contains("pod address"), "{denied:?}");
+    drop(proxy);
+
+    // RBAC mode: the API decides, and a revoked binding ends a live stream.
+    let mut args = kube_args(&cp);
+    args.extend([
+        "--authz".into(),
+        "rbac".into(),
+        "--authz-cache-ttl".into(),
+        "500ms".into(),
+    ]);
+    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let channel = plain(&proxy).await;
+    let denied = first(
+        channel.clone(),
+        "core.openfeature.dev/team-a/flags",
+        Some(&token),
+    )
+    .await
+    .expect_err("no RBAC");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    assert!(
+        denied.message().contains("RBAC does not allow get"),
+        "{denied:?}"
+    );
+
+    let role: Role = serde_json::from_value(json!({
+        "metadata": {"name": "read-flags"},
+        "rules": [{"apiGroups": ["core.openfeature.dev"], "resources": ["featureflags"], "verbs": ["get"]}]
+    }))
+    .expect("role");
+    Api::<Role>::namespaced(cp.admin_client(), "team-b")
+        .create(&PostParams::default(), &role)
+        .await
+        .expect("role");
+    let binding: RoleBinding = serde_json::from_value(json!({
+        "metadata": {"name": "web-reads-flags"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-flags"},
+        "subjects": [{"kind": "ServiceAccount", "namespace": "team-a", "name": "web"}]
+    }))
+    .expect("binding");
+    let bindings: Api<RoleBinding> = Api::namespaced(cp.admin_client(), "team-b");
+    bindings
+        .create(&PostParams::default(), &binding)
+        .await
+        .expect("binding");
+    // RBAC takes effect asynchronously in the API server; ask until it does (cache TTL is short).
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    let mut stream = loop {
+        match FlagSyncServiceClient::new(channel.clone())
+            .sync_flags(request("core.openfeature.dev/team-b/flags", Some(&token)))
+            .await
+        {
+            Ok(response) => break response.into_inner(),
+            Err(status) => {
+                assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+                assert!(
+                    tokio::time::Instant::now() < deadline,
+                    "the RoleBinding never took effect"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    let message = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("no hang");
+    assert!(
+        message
+            .expect("ok")
+            .expect("first message")
+            .flag_configuration
+            .contains("team-b")
+    );
+
+    bindings
+        .delete("web-reads-flags", &DeleteParams::default())
+        .await
+        .expect("delete binding");
+    let end = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("the stream ends");
+    let status = end.expect_err("revoked access ends the stream with an error");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+}
