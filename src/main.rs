@@ -90,14 +90,17 @@ async fn wait_for_signal(shutdown: CancellationToken) {
 }
 
 fn init_logging(format: LogFormat, debug: bool) {
+    // kube's client and watcher log every failed request; the proxy reports each state change
+    // once itself (see the Kubernetes source), so they stay quiet unless asked for.
     let default = if debug {
         "debug,h2=info,hyper=info,tower=info,rustls=info"
     } else {
-        "info"
+        "info,kube_client::client::builder=off,kube_runtime::watcher=error"
     };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     // Colours only for a person at a terminal, never in files or log collectors.
-    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr()) && std::env::var_os("NO_COLOR").is_none();
+    let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
+        && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -1,0 +1,860 @@
+//! The Kubernetes source against a real kube-apiserver and etcd (see `support/control_plane.rs`),
+//! with the proxy binary running as the restricted identity `system:serviceaccount:flagd:proxy`.
+//!
+//! Each test starts its own control plane and uses its own namespaces. The tests that need one
+//! take turns (a lock), so a small machine never runs several API servers at once. Without the
+//! control-plane binaries these tests print a notice and pass, unless `CI` is set.
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
+use futures::StreamExt;
+use k8s_openapi::api::authorization::v1::SubjectAccessReview;
+use kube::api::{
+    Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use kube::discovery::Scope;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use support::control_plane::{self, ControlPlane, feature_flag_resource};
+use support::{EVENT_TIMEOUT, Proxy};
+use tonic::transport::Channel;
+use tonic::{Code, Status, Streaming};
+use v1::flag_sync_service_client::FlagSyncServiceClient;
+
+/// One control plane at a time.
+static CONTROL_PLANE_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// The forbidden-error counter of the Kubernetes source.
+const FORBIDDEN_METRIC: &str =
+    "flagd_proxy_source_errors_total{source=\"kubernetes\",kind=\"forbidden\"}";
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+
+/// A FeatureFlag `<ns>/<name>` with one string flag `color` defaulting to `variant`.
+fn feature_flag(ns: &str, name: &str, variant: &str) -> DynamicObject {
+    serde_json::from_value(json!({
+        "apiVersion": "core.openfeature.dev/v1beta1",
+        "kind": "FeatureFlag",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"flagSpec": {"flags": {"color": {
+            "state": "ENABLED",
+            "variants": {variant: variant, "other": "other"},
+            "defaultVariant": variant
+        }}}}
+    }))
+    .expect("a FeatureFlag object")
+}
+
+fn flags_api(cp: &ControlPlane, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(cp.admin_client(), ns, &feature_flag_resource())
+}
+
+/// Retries an admin call a few times: right after an API server restart the first requests may
+/// meet a connection the server has closed.
+async fn retry<T, F, Fut>(what: &str, mut call: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, kube::Error>>,
+{
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        match call().await {
+            Ok(value) => return value,
+            Err(error) if Instant::now() < deadline => {
+                eprintln!("{what}: {error}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => panic!("{what}: {error}"),
+        }
+    }
+}
+
+async fn create_flag(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
+    let api = flags_api(cp, ns);
+    let object = feature_flag(ns, name, variant);
+    let params = PostParams::default();
+    retry(&format!("creating FeatureFlag {ns}/{name}"), || {
+        api.create(&params, &object)
+    })
+    .await;
+}
+
+async fn set_variant(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
+    let api = flags_api(cp, ns);
+    let patch = json!({"spec": {"flagSpec": {"flags": {"color": {
+        "variants": {variant: variant},
+        "defaultVariant": variant
+    }}}}});
+    let params = PatchParams::default();
+    let patch = Patch::Merge(&patch);
+    retry(&format!("updating FeatureFlag {ns}/{name}"), || {
+        api.patch(name, &params, &patch)
+    })
+    .await;
+}
+
+async fn delete_flag(cp: &ControlPlane, ns: &str, name: &str) {
+    let api = flags_api(cp, ns);
+    let params = DeleteParams::default();
+    retry(&format!("deleting FeatureFlag {ns}/{name}"), || {
+        api.delete(name, &params)
+    })
+    .await;
+}
+
+fn selector(ns: &str, name: &str) -> String {
+    format!("core.openfeature.dev/{ns}/{name}")
+}
+
+fn with_selector<T>(message: T, selector: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("flagd-selector", selector.parse().expect("ascii selector"));
+    request
+}
+
+async fn client(proxy: &Proxy) -> FlagSyncServiceClient<Channel> {
+    FlagSyncServiceClient::connect(proxy.endpoint())
+        .await
+        .expect("connecting to the proxy")
+}
+
+/// Opens a SyncFlags stream. A stream refused before its first message is an `Err`.
+async fn open(
+    client: &mut FlagSyncServiceClient<Channel>,
+    selector: &str,
+) -> Result<Streaming<v1::SyncFlagsResponse>, Status> {
+    let request = with_selector(v1::SyncFlagsRequest::default(), selector);
+    tokio::time::timeout(EVENT_TIMEOUT, client.sync_flags(request))
+        .await
+        .expect("the proxy answers SyncFlags")
+        .map(tonic::Response::into_inner)
+}
+
+/// The next message of a stream, or the status that ended it.
+async fn next_message(
+    stream: &mut Streaming<v1::SyncFlagsResponse>,
+) -> Result<v1::SyncFlagsResponse, Status> {
+    match tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("a message (or the end of the stream) arrives in time")
+    {
+        Ok(Some(message)) => Ok(message),
+        Ok(None) => panic!("the stream ended with OK"),
+        Err(status) => Err(status),
+    }
+}
+
+/// The first message of a new stream, or the status that refused or ended it.
+async fn first_message(
+    client: &mut FlagSyncServiceClient<Channel>,
+    selector: &str,
+) -> Result<v1::SyncFlagsResponse, Status> {
+    let mut stream = open(client, selector).await?;
+    next_message(&mut stream).await
+}
+
+fn variant_of(flag_configuration: &str) -> String {
+    let doc: Value = serde_json::from_str(flag_configuration).expect("the configuration is JSON");
+    doc["flags"]["color"]["defaultVariant"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no color flag in {flag_configuration}"))
+        .to_owned()
+}
+
+async fn next_variant(stream: &mut Streaming<v1::SyncFlagsResponse>) -> String {
+    let message = next_message(stream)
+        .await
+        .expect("the stream stays healthy");
+    variant_of(&message.flag_configuration)
+}
+
+/// Reads a stream until it carries `want`; intermediate versions may come first.
+async fn wait_for_variant(stream: &mut Streaming<v1::SyncFlagsResponse>, want: &str) {
+    loop {
+        if next_variant(stream).await == want {
+            return;
+        }
+    }
+}
+
+/// Polls the API server's open FeatureFlag watches until there are `want`.
+async fn wait_for_open_watches(cp: &ControlPlane, want: u64) {
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        let now = cp.open_watches("featureflags").await;
+        if now == want {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "open featureflags watches stayed at {now}, want {want}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Waits until one log line contains every needle.
+async fn wait_for_log_line(proxy: &Proxy, needles: &[&str]) -> String {
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    loop {
+        if let Some(line) = proxy
+            .log_text()
+            .lines()
+            .find(|l| needles.iter().all(|n| l.contains(n)))
+        {
+            return line.to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no log line with all of {needles:?}:\n{}",
+            proxy.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// `--kube-api-server`, CA and token of the restricted identity, plus `extra`.
+fn flag_args(cp: &ControlPlane, extra: &[&str]) -> Vec<String> {
+    let mut args = vec![
+        "--kube-api-server".to_owned(),
+        cp.server_url(),
+        "--kube-ca-path".to_owned(),
+        cp.ca_path().display().to_string(),
+        "--kube-token-path".to_owned(),
+        cp.proxy_token_path().display().to_string(),
+    ];
+    args.extend(extra.iter().map(|s| (*s).to_owned()));
+    args
+}
+
+async fn start_proxy_with_flags(cp: &ControlPlane, extra: &[&str]) -> Proxy {
+    let args = flag_args(cp, extra);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    Proxy::start(&args).await
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configuration (no control plane needed)
+
+fn run_proxy_expecting_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"));
+    command
+        .args(["start", "--bind-address", "127.0.0.1", "--port", "0"])
+        .args(["--management-port", "0"])
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBERNETES_SERVICE_PORT");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let output = command.output().expect("running flagd-proxy");
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn configuration_errors_exit_before_listening() {
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // Nothing configured: the message tells every way to configure the proxy.
+    let (code, stderr) = run_proxy_expecting_exit(&[], &[]);
+    assert_eq!(code, Some(64), "{stderr}");
+    for needle in ["KUBECONFIG", "--kube-api-server", "--manifests DIR"] {
+        assert!(stderr.contains(needle), "{needle:?} missing from: {stderr}");
+    }
+
+    // A broken KUBECONFIG is an error naming the file, never a fallback.
+    let broken = dir.path().join("broken-kubeconfig");
+    std::fs::write(&broken, "clusters: [").expect("write");
+    let broken = broken.display().to_string();
+    let (code, stderr) = run_proxy_expecting_exit(
+        &[],
+        &[
+            ("KUBECONFIG", &broken),
+            ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
+        ],
+    );
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains(&broken), "{stderr}");
+    let missing = dir.path().join("missing-kubeconfig").display().to_string();
+    let (code, stderr) = run_proxy_expecting_exit(&[], &[("KUBECONFIG", &missing)]);
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(stderr.contains(&missing), "{stderr}");
+
+    // Unreadable token and CA files name the flag and the file.
+    let token = dir.path().join("no-token").display().to_string();
+    let (code, stderr) = run_proxy_expecting_exit(
+        &[
+            "--kube-api-server",
+            "https://127.0.0.1:1",
+            "--kube-token-path",
+            &token,
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains("--kube-token-path") && stderr.contains(&token),
+        "{stderr}"
+    );
+    let ca = dir.path().join("no-ca.pem").display().to_string();
+    let (code, stderr) = run_proxy_expecting_exit(
+        &[
+            "--kube-api-server",
+            "https://127.0.0.1:1",
+            "--kube-ca-path",
+            &ca,
+        ],
+        &[],
+    );
+    assert_eq!(code, Some(64), "{stderr}");
+    assert!(
+        stderr.contains("--kube-ca-path") && stderr.contains(&ca),
+        "{stderr}"
+    );
+}
+
+#[tokio::test]
+async fn an_unreachable_api_server_does_not_block_start_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let token = dir.path().join("token");
+    std::fs::write(&token, "not-a-real-token\n").expect("write");
+    let url = format!("https://127.0.0.1:{}", support::free_port());
+    let proxy = Proxy::start(&[
+        "--kube-api-server",
+        &url,
+        "--kube-token-path",
+        token.to_str().expect("utf-8"),
+    ])
+    .await;
+    let mut client = client(&proxy).await;
+    let status = client
+        .fetch_all_flags(with_selector(
+            v1::FetchAllFlagsRequest::default(),
+            &selector("any", "flags"),
+        ))
+        .await
+        .expect_err("nothing to fetch");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("cannot reach the Kubernetes API server"),
+        "{status:?}"
+    );
+    assert!(
+        proxy
+            .metric("flagd_proxy_source_errors_total{source=\"kubernetes\",kind=\"unreachable\"}")
+            .await
+            > 0.0
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Against the control plane
+
+/// Many subscribers share one watch, which closes once they have gone; creations, updates,
+/// deletions and re-creations reach open streams. Connects through KUBECONFIG.
+#[tokio::test]
+async fn one_watch_per_resource_and_changes_propagate() {
+    let _turn = CONTROL_PLANE_TURN.lock().await;
+    let Some(cp) = control_plane::start_or_skip().await else {
+        return;
+    };
+    cp.grant_proxy_cluster_wide().await;
+    for ns in ["shared", "late"] {
+        cp.create_namespace(ns).await;
+    }
+    create_flag(&cp, "shared", "flags", "red").await;
+    let kubeconfig = cp.proxy_kubeconfig().display().to_string();
+    let proxy =
+        Proxy::start_with_env(&["--idle-timeout", "1s"], &[("KUBECONFIG", &kubeconfig)]).await;
+    assert_eq!(cp.open_watches("featureflags").await, 0);
+
+    // 20 subscribers, over two connections.
+    let shared = selector("shared", "flags");
+    let mut clients = [client(&proxy).await, client(&proxy).await];
+    let mut streams = Vec::new();
+    for i in 0..20 {
+        let stream = open(&mut clients[i % 2], &shared)
+            .await
+            .expect("stream opened");
+        streams.push(stream);
+    }
+    for stream in &mut streams {
+        assert_eq!(next_variant(stream).await, "red");
+    }
+    wait_for_open_watches(&cp, 1).await;
+    assert_eq!(proxy.metric("flagd_proxy_upstream_watches").await, 1.0);
+
+    // An update reaches every stream.
+    set_variant(&cp, "shared", "flags", "blue").await;
+    for stream in &mut streams {
+        wait_for_variant(stream, "blue").await;
+    }
+
+    // A deletion keeps the streams open with the last flags...
+    delete_flag(&cp, "shared", "flags").await;
+    wait_for_log_line(&proxy, &["resource not found", &shared]).await;
+    for stream in &mut streams {
+        let quiet = tokio::time::timeout(Duration::from_millis(200), stream.message()).await;
+        assert!(quiet.is_err(), "nothing is sent for a deletion: {quiet:?}");
+    }
+    let fetched = clients[0]
+        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), &shared))
+        .await
+        .expect("the last flags are still served")
+        .into_inner();
+    assert_eq!(variant_of(&fetched.flag_configuration), "blue");
+    // ... and a re-creation delivers the new content.
+    create_flag(&cp, "shared", "flags", "green").await;
+    for stream in &mut streams {
+        wait_for_variant(stream, "green").await;
+    }
+    assert_eq!(cp.open_watches("featureflags").await, 1, "still one watch");
+
+    // The watch closes after the last subscriber has gone (plus the idle time).
+    drop(streams);
+    wait_for_open_watches(&cp, 0).await;
+    proxy
+        .wait_for_metric("flagd_proxy_upstream_watches", 0.0)
+        .await;
+
+    // A resource created after its first subscriber arrived.
+    let late = selector("late", "flags");
+    let mut stream = open(&mut clients[0], &late).await.expect("stream opened");
+    wait_for_open_watches(&cp, 1).await;
+    wait_for_log_line(&proxy, &["resource not found", &late]).await;
+    create_flag(&cp, "late", "flags", "purple").await;
+    assert_eq!(next_variant(&mut stream).await, "purple");
+
+    // FetchAllFlags on a resource that does not exist.
+    let status = clients[1]
+        .fetch_all_flags(with_selector(
+            v1::FetchAllFlagsRequest::default(),
+            &selector("late", "missing"),
+        ))
+        .await
+        .expect_err("missing resource");
+    assert_eq!(status.code(), Code::NotFound, "{status:?}");
+}
+
+/// The restricted identity may read namespace A only: B is refused with a message that names
+/// the missing permission, A keeps working, and B works once it is granted.
+#[tokio::test]
+async fn rbac_refusal_is_explained_and_recovers_when_granted() {
+    let _turn = CONTROL_PLANE_TURN.lock().await;
+    let Some(cp) = control_plane::start_or_skip().await else {
+        return;
+    };
+    for ns in ["rbac-a", "rbac-b"] {
+        cp.create_namespace(ns).await;
+        create_flag(&cp, ns, "flags", "red").await;
+    }
+    cp.grant_proxy_namespace("rbac-a").await;
+    let proxy = start_proxy_with_flags(&cp, &["--idle-timeout", "1s"]).await;
+    let mut client = client(&proxy).await;
+
+    let a = selector("rbac-a", "flags");
+    let mut stream_a = open(&mut client, &a).await.expect("stream for A");
+    assert_eq!(next_variant(&mut stream_a).await, "red");
+
+    let b = selector("rbac-b", "flags");
+    let status = first_message(&mut client, &b)
+        .await
+        .expect_err("B is refused");
+    assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+    for needle in [
+        "RBAC forbids list on featureflags.core.openfeature.dev in namespace \"rbac-b\"",
+        "for this proxy's identity: grant get, list, watch",
+        "system:serviceaccount:flagd:proxy",
+    ] {
+        assert!(
+            status.message().contains(needle),
+            "{needle:?} missing: {status:?}"
+        );
+    }
+    let fetch = client
+        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), &b))
+        .await
+        .expect_err("fetching B is refused too");
+    assert_eq!(fetch.code(), Code::PermissionDenied, "{fetch:?}");
+    let line = wait_for_log_line(&proxy, &["access denied", &b]).await;
+    assert!(line.contains("RBAC forbids list"), "{line}");
+    assert!(proxy.metric(FORBIDDEN_METRIC).await > 0.0);
+
+    // A is unaffected.
+    set_variant(&cp, "rbac-a", "flags", "blue").await;
+    wait_for_variant(&mut stream_a, "blue").await;
+
+    // Granting B: a new stream for B works (the watch retries by itself with backoff).
+    cp.grant_proxy_namespace("rbac-b").await;
+    let deadline = Instant::now() + EVENT_TIMEOUT * 2;
+    loop {
+        match first_message(&mut client, &b).await {
+            Ok(message) => {
+                assert_eq!(variant_of(&message.flag_configuration), "red");
+                break;
+            }
+            Err(status) if status.code() == Code::PermissionDenied => {
+                assert!(
+                    Instant::now() < deadline,
+                    "B still refused after the grant: {status:?}"
+                );
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(status) => panic!("unexpected status for B: {status:?}"),
+        }
+    }
+    set_variant(&cp, "rbac-a", "flags", "green").await;
+    wait_for_variant(&mut stream_a, "green").await;
+}
+
+/// The API server is killed and started again (same etcd) under live subscribers; an update made
+/// after the restart reaches every one of them.
+#[tokio::test]
+async fn subscribers_catch_up_after_an_api_server_restart() {
+    let _turn = CONTROL_PLANE_TURN.lock().await;
+    let Some(mut cp) = control_plane::start_or_skip().await else {
+        return;
+    };
+    cp.grant_proxy_cluster_wide().await;
+    cp.create_namespace("restart").await;
+    create_flag(&cp, "restart", "flags", "red").await;
+    let proxy = start_proxy_with_flags(&cp, &[]).await;
+    let target = selector("restart", "flags");
+    let mut client = client(&proxy).await;
+    let mut streams = Vec::new();
+    for _ in 0..5 {
+        let mut stream = open(&mut client, &target).await.expect("stream opened");
+        assert_eq!(next_variant(&mut stream).await, "red");
+        streams.push(stream);
+    }
+    wait_for_open_watches(&cp, 1).await;
+
+    cp.stop_apiserver().await;
+    wait_for_log_line(&proxy, &["source unreachable", &target]).await;
+    cp.start_apiserver().await;
+
+    set_variant(&cp, "restart", "flags", "blue").await;
+    for stream in &mut streams {
+        wait_for_variant(stream, "blue").await;
+    }
+    // A second update, to show the re-established watch keeps delivering.
+    set_variant(&cp, "restart", "flags", "green").await;
+    for stream in &mut streams {
+        wait_for_variant(stream, "green").await;
+    }
+    wait_for_open_watches(&cp, 1).await;
+}
+
+/// 200 resources, each with its own subscriber: every stream gets its own resource and the
+/// API server sees exactly one watch per resource.
+#[tokio::test]
+async fn many_resources_each_get_their_own_watch() {
+    const RESOURCES: usize = 200;
+    const CONNECTIONS: usize = 4;
+    let _turn = CONTROL_PLANE_TURN.lock().await;
+    let Some(cp) = control_plane::start_or_skip().await else {
+        return;
+    };
+    cp.grant_proxy_cluster_wide().await;
+    cp.create_namespace("many").await;
+    futures::stream::iter(0..RESOURCES)
+        .map(|i| {
+            let cp = &cp;
+            async move { create_flag(cp, "many", &format!("flags-{i}"), &format!("v{i}")).await }
+        })
+        .buffer_unordered(16)
+        .collect::<Vec<()>>()
+        .await;
+    let proxy = start_proxy_with_flags(&cp, &[]).await;
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        clients.push(client(&proxy).await);
+    }
+    let opened = futures::future::join_all((0..RESOURCES).map(|i| {
+        let mut client = clients[i % CONNECTIONS].clone();
+        async move {
+            let mut stream = open(&mut client, &selector("many", &format!("flags-{i}")))
+                .await
+                .expect("stream opened");
+            let variant = next_variant(&mut stream).await;
+            (i, variant, stream)
+        }
+    }))
+    .await;
+    for (i, variant, _) in &opened {
+        assert_eq!(variant, &format!("v{i}"), "stream {i} got another resource");
+    }
+    wait_for_open_watches(&cp, RESOURCES as u64).await;
+    assert_eq!(
+        proxy.metric("flagd_proxy_upstream_watches").await,
+        RESOURCES as f64
+    );
+
+    // Updates still go to the right streams.
+    let mut streams: Vec<_> = opened.into_iter().map(|(_, _, s)| s).collect();
+    for i in [0, RESOURCES / 2, RESOURCES - 1] {
+        set_variant(&cp, "many", &format!("flags-{i}"), &format!("w{i}")).await;
+        wait_for_variant(&mut streams[i], &format!("w{i}")).await;
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// deploy/
+
+#[derive(Deserialize)]
+struct Kustomization {
+    namespace: Option<String>,
+    resources: Vec<String>,
+    #[serde(default)]
+    images: Vec<ImageOverride>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ImageOverride {
+    name: String,
+    new_name: Option<String>,
+    new_tag: Option<String>,
+}
+
+/// The objects `kubectl apply -k deploy/` would create: the listed files with the kustomization's
+/// namespace and image settings applied (the parts of kustomize these files use).
+fn rendered_deploy_objects(dir: &Path) -> (String, Vec<Value>) {
+    let text = std::fs::read_to_string(dir.join("kustomization.yaml")).expect("kustomization.yaml");
+    let kustomization: Kustomization = serde_norway::from_str(&text).expect("kustomization parses");
+    let namespace = kustomization
+        .namespace
+        .clone()
+        .expect("the base kustomization sets a namespace");
+    let mut objects = Vec::new();
+    for file in &kustomization.resources {
+        let path: PathBuf = dir.join(file);
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()));
+        for document in serde_norway::Deserializer::from_str(&text) {
+            let value = Value::deserialize(document)
+                .unwrap_or_else(|e| panic!("parsing {}: {e}", path.display()));
+            if !value.is_null() {
+                objects.push(value);
+            }
+        }
+    }
+    let service_accounts: Vec<String> = objects
+        .iter()
+        .filter(|o| o["kind"] == "ServiceAccount")
+        .filter_map(|o| o["metadata"]["name"].as_str().map(str::to_owned))
+        .collect();
+    for object in &mut objects {
+        if let Some(subjects) = object.get_mut("subjects").and_then(Value::as_array_mut) {
+            for subject in subjects {
+                let names_ours = subject["kind"] == "ServiceAccount"
+                    && subject["name"]
+                        .as_str()
+                        .is_some_and(|n| service_accounts.iter().any(|s| s == n));
+                if names_ours {
+                    subject["namespace"] = json!(namespace);
+                }
+            }
+        }
+        if let Some(containers) = object
+            .pointer_mut("/spec/template/spec/containers")
+            .and_then(Value::as_array_mut)
+        {
+            for container in containers {
+                let image = container["image"].as_str().unwrap_or_default().to_owned();
+                let (name, tag) = image.rsplit_once(':').unwrap_or((&image, ""));
+                if let Some(o) = kustomization.images.iter().find(|o| o.name == name) {
+                    let name = o.new_name.as_deref().unwrap_or(name);
+                    let tag = o.new_tag.as_deref().unwrap_or(tag);
+                    container["image"] = json!(format!("{name}:{tag}"));
+                }
+            }
+        }
+    }
+    (namespace, objects)
+}
+
+/// Creates one object as the administrator with strict field validation (unknown or duplicate
+/// fields are errors, not warnings).
+async fn create_strictly(cp: &ControlPlane, namespace: &str, object: &mut Value) -> String {
+    let api_version = object["apiVersion"]
+        .as_str()
+        .expect("apiVersion")
+        .to_owned();
+    let kind = object["kind"].as_str().expect("kind").to_owned();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", &api_version));
+    let client = cp.admin_client();
+    let (resource, capabilities) =
+        kube::discovery::pinned_kind(&client, &GroupVersionKind::gvk(group, version, &kind))
+            .await
+            .unwrap_or_else(|e| panic!("the API server does not know {api_version} {kind}: {e}"));
+    let ns = match capabilities.scope {
+        Scope::Namespaced => {
+            object["metadata"]["namespace"] = json!(namespace);
+            Some(namespace)
+        }
+        Scope::Cluster => None,
+    };
+    let base = if resource.group.is_empty() {
+        format!("/api/{}", resource.version)
+    } else {
+        format!("/apis/{}/{}", resource.group, resource.version)
+    };
+    let url = match ns {
+        Some(ns) => format!("{base}/namespaces/{ns}/{}", resource.plural),
+        None => format!("{base}/{}", resource.plural),
+    };
+    let request = http::Request::post(format!("{url}?fieldValidation=Strict"))
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(object).expect("json"))
+        .expect("request");
+    let name = object["metadata"]["name"]
+        .as_str()
+        .unwrap_or("?")
+        .to_owned();
+    client
+        .request::<Value>(request)
+        .await
+        .unwrap_or_else(|e| panic!("the API server refused {kind} {name}: {e}"));
+    format!("{kind}/{name}")
+}
+
+/// Asks the API server whether the deployed service account may do `verb` on `resource`.
+async fn may(
+    cp: &ControlPlane,
+    user_ns: &str,
+    verb: &str,
+    group: &str,
+    resource: &str,
+    ns: &str,
+) -> bool {
+    let review: SubjectAccessReview = serde_json::from_value(json!({
+        "apiVersion": "authorization.k8s.io/v1",
+        "kind": "SubjectAccessReview",
+        "spec": {
+            "user": format!("system:serviceaccount:{user_ns}:flagd-proxy"),
+            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{user_ns}"), "system:authenticated"],
+            "resourceAttributes": {"group": group, "resource": resource, "verb": verb, "namespace": ns},
+        },
+    }))
+    .expect("a SubjectAccessReview");
+    Api::<SubjectAccessReview>::all(cp.admin_client())
+        .create(&PostParams::default(), &review)
+        .await
+        .expect("SubjectAccessReview")
+        .status
+        .is_some_and(|s| s.allowed)
+}
+
+/// The deploy/ manifests are accepted by a real API server and give the proxy's service account
+/// read access to the OpenFeature resources and nothing else.
+#[tokio::test]
+async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
+    let _turn = CONTROL_PLANE_TURN.lock().await;
+    let Some(cp) = control_plane::start_or_skip().await else {
+        return;
+    };
+    // The control plane pre-creates a ClusterRole of the same name for its own tests; the one
+    // from deploy/ replaces it.
+    Api::<k8s_openapi::api::rbac::v1::ClusterRole>::all(cp.admin_client())
+        .delete(control_plane::PROXY_CLUSTER_ROLE, &DeleteParams::default())
+        .await
+        .expect("deleting the control plane's own ClusterRole");
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    let (namespace, mut objects) = rendered_deploy_objects(&dir);
+    assert_eq!(namespace, "flagd-proxy");
+    // Namespaces first, as kubectl orders them.
+    objects.sort_by_key(|o| o["kind"] != "Namespace");
+    let mut created = Vec::new();
+    for object in &mut objects {
+        created.push(create_strictly(&cp, &namespace, object).await);
+    }
+    for want in [
+        "Namespace/flagd-proxy",
+        "ServiceAccount/flagd-proxy",
+        "ClusterRole/flagd-proxy",
+        "ClusterRoleBinding/flagd-proxy",
+        "Deployment/flagd-proxy",
+        "Service/flagd-proxy-svc",
+    ] {
+        assert!(
+            created.iter().any(|c| c == want),
+            "{want} not in {created:?}"
+        );
+    }
+    let service: Value = cp
+        .admin_client()
+        .request(
+            http::Request::get(format!(
+                "/api/v1/namespaces/{namespace}/services/flagd-proxy-svc"
+            ))
+            .body(Vec::new())
+            .expect("request"),
+        )
+        .await
+        .expect("the Service exists");
+    assert_eq!(service["spec"]["ports"][0]["port"], 8015);
+
+    // Wait until RBAC has seen the binding, then ask about everything else.
+    let group = control_plane::GROUP;
+    let deadline = Instant::now() + EVENT_TIMEOUT;
+    while !may(&cp, &namespace, "watch", group, "featureflags", "some-app").await {
+        assert!(
+            Instant::now() < deadline,
+            "the ClusterRoleBinding never took effect"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let mut answers = BTreeMap::new();
+    for resource in ["featureflags", "featureflagsources"] {
+        for verb in ["get", "list", "watch"] {
+            for ns in ["some-app", &namespace, ""] {
+                answers.insert(
+                    format!("{verb} {resource} in {ns:?}"),
+                    (may(&cp, &namespace, verb, group, resource, ns).await, true),
+                );
+            }
+        }
+        for verb in ["create", "update", "patch", "delete"] {
+            answers.insert(
+                format!("{verb} {resource} in \"some-app\""),
+                (
+                    may(&cp, &namespace, verb, group, resource, "some-app").await,
+                    false,
+                ),
+            );
+        }
+    }
+    for (verb, group, resource, ns) in [
+        ("get", "", "secrets", namespace.as_str()),
+        ("list", "", "secrets", ""),
+        ("list", "", "pods", ""),
+        ("get", "", "configmaps", "some-app"),
+        ("list", "apps", "deployments", namespace.as_str()),
+    ] {
+        answers.insert(
+            format!("{verb} {group}/{resource} in {ns:?}"),
+            (may(&cp, &namespace, verb, group, resource, ns).await, false),
+        );
+    }
+    let wrong: Vec<_> = answers
+        .iter()
+        .filter(|(_, (allowed, want))| allowed != want)
+        .map(|(what, (allowed, _))| format!("{what}: allowed={allowed}"))
+        .collect();
+    assert!(wrong.is_empty(), "unexpected RBAC answers: {wrong:#?}");
+}
