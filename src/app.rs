@@ -218,7 +218,6 @@ impl Bound {
             max_connection_age: args
                 .max_connection_age
                 .map(|age| (age, args.max_connection_age_grace)),
-            ..ServerOptions::default()
         };
         let mut sync_task = tokio::spawn(server::run(
             sync,

@@ -39,9 +39,9 @@ pub enum SelectorError {
         "no selector given: set the `flagd-selector` header or the request's `selector` field to \"{ACCEPTED_FORM}\""
     )]
     Missing,
-    #[error("selector {selector:?} is not supported: this proxy serves only \"{ACCEPTED_FORM}\"")]
+    #[error("selector {selector} is not supported: this proxy serves only \"{ACCEPTED_FORM}\"")]
     Unsupported { selector: String },
-    #[error("selector {selector:?}: {reason}; expected \"{ACCEPTED_FORM}\"")]
+    #[error("selector {selector}: {reason}; expected \"{ACCEPTED_FORM}\"")]
     Invalid {
         selector: String,
         reason: &'static str,
@@ -83,17 +83,19 @@ pub fn parse(selector: &str) -> Result<ResourceKey, SelectorError> {
     Ok(ResourceKey::new(namespace, name))
 }
 
-/// Keeps error messages bounded when a client sends a huge selector.
+/// The selector as shown in an error: quoted with control characters escaped, and cut short so a
+/// huge or hostile selector cannot make a huge message.
 fn truncate(s: &str) -> String {
     const MAX: usize = 300;
-    if s.len() <= MAX {
-        return s.to_owned();
+    let quoted = format!("{s:?}");
+    if quoted.len() <= MAX {
+        return quoted;
     }
     let mut end = MAX;
-    while !s.is_char_boundary(end) {
+    while !quoted.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…", &s[..end])
+    format!("{}…", &quoted[..end])
 }
 
 fn is_dns_label(s: &str) -> bool {
@@ -158,6 +160,9 @@ mod tests {
         let long = format!("core.openfeature.dev/ns/{}", "a".repeat(10_000));
         let err = parse(&long).expect_err("too long").to_string();
         assert!(err.len() < 1_000, "{}", err.len());
+        let control = "\u{1}".repeat(5_000);
+        let err = parse(&control).expect_err("control characters").to_string();
+        assert!(err.len() < 1_000 && err.contains("\\u{1}"), "{}", err.len());
     }
 
     proptest! {

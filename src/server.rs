@@ -194,9 +194,11 @@ enum Stream {
 #[derive(Clone)]
 struct AddressLimit {
     limit: usize,
-    open: Arc<Mutex<HashMap<IpAddr, usize>>>,
+    open: OpenPerAddress,
     metrics: Arc<Metrics>,
 }
+
+type OpenPerAddress = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
 impl AddressLimit {
     fn new(limit: usize, metrics: Arc<Metrics>) -> Self {
@@ -233,7 +235,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// One connection's place in [`AddressLimit`]; dropping it gives the place back.
-struct AddressSlot(Option<(Arc<Mutex<HashMap<IpAddr, usize>>>, IpAddr)>);
+struct AddressSlot(Option<(OpenPerAddress, IpAddr)>);
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
@@ -430,5 +432,49 @@ impl AsyncWrite for Connection {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_per_address_are_bounded_and_given_back() {
+        let limit = AddressLimit::new(2, Arc::new(Metrics::new()));
+        let a: IpAddr = "10.0.0.1".parse().expect("ip");
+        let b: IpAddr = "10.0.0.2".parse().expect("ip");
+        let first = limit.admit(a).expect("first");
+        let _second = limit.admit(a).expect("second");
+        assert!(limit.admit(a).is_none(), "third from the same address");
+        let _other = limit.admit(b).expect("another address has its own count");
+        // The same client seen over IPv6 as a mapped IPv4 address is the same address.
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().expect("ip");
+        assert!(limit.admit(mapped).is_none());
+        drop(first);
+        let _again = limit.admit(a).expect("a place came free");
+        let encoded = limit.metrics.encode();
+        assert!(
+            encoded.contains(
+                "flagd_proxy_rejected_requests_total{reason=\"max_connections_per_address\"} 2"
+            ),
+            "{encoded}"
+        );
+        let unlimited = AddressLimit::new(0, Arc::new(Metrics::new()));
+        let slots: Vec<_> = (0..1_000).filter_map(|_| unlimited.admit(a)).collect();
+        assert_eq!(slots.len(), 1_000);
+        assert!(lock(&unlimited.open).is_empty(), "nothing is tracked");
+    }
+
+    #[test]
+    fn header_size_counts_like_http2() {
+        let request = http::Request::builder()
+            .uri("http://h/p")
+            .header("flagd-selector", "x".repeat(100))
+            .body(())
+            .expect("request");
+        // :method GET, :scheme http, :authority h, :path /p, one field.
+        let pseudo = (7 + 3 + 32) + (7 + 4 + 32) + (10 + 1 + 32) + (5 + 2 + 32);
+        assert_eq!(header_list_size(&request), pseudo + 14 + 100 + 32);
     }
 }

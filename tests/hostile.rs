@@ -1,0 +1,466 @@
+//! Hostile and broken clients against the proxy binary, over real loopback sockets, while
+//! well-behaved subscribers keep receiving every change.
+mod support;
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
+use serde_json::Value;
+use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tonic::Code;
+use tonic::transport::{Channel, Endpoint};
+use v1::flag_sync_service_client::FlagSyncServiceClient;
+
+const SELECTOR: &str = "core.openfeature.dev/default/demo";
+const MAX_WATCHES: usize = 100;
+const MAX_WAITING: usize = 20;
+const MAX_PER_ADDRESS: usize = 16;
+const MAX_HEADER_BYTES: usize = 8 * 1024;
+const MAX_REQUEST_BYTES: usize = 4 * 1024;
+
+/// A proxy serving one resource, and well-behaved subscribers that must see every change.
+struct Scene {
+    dir: tempfile::TempDir,
+    proxy: Proxy,
+    subscribers: Vec<tonic::Streaming<v1::SyncFlagsResponse>>,
+    version: usize,
+}
+
+impl Scene {
+    async fn start() -> Scene {
+        let dir = tempfile::tempdir().expect("tempdir");
+        write_manifest(
+            dir.path(),
+            "default",
+            "demo",
+            string_flag("color", "v0", &["v0", "other"]),
+        );
+        let limits = [
+            ("--max-watches", MAX_WATCHES),
+            ("--max-waiting-resources", MAX_WAITING),
+            ("--max-connections-per-address", MAX_PER_ADDRESS),
+            ("--max-header-bytes", MAX_HEADER_BYTES),
+            ("--max-request-bytes", MAX_REQUEST_BYTES),
+        ]
+        .map(|(flag, value)| [flag.to_owned(), value.to_string()]);
+        let mut args: Vec<String> = limits.into_iter().flatten().collect();
+        args.extend(["--idle-timeout".into(), "1s".into()]);
+        args.extend(["--manifests".into(), dir.path().display().to_string()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let proxy = Proxy::start(&args).await;
+        let mut scene = Scene {
+            dir,
+            proxy,
+            subscribers: Vec::new(),
+            version: 0,
+        };
+        for _ in 0..3 {
+            let mut client = FlagSyncServiceClient::new(scene.channel().await);
+            let mut stream = client
+                .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
+                .await
+                .expect("stream")
+                .into_inner();
+            assert_eq!(color(&next(&mut stream).await), "v0");
+            scene.subscribers.push(stream);
+        }
+        scene
+    }
+
+    async fn channel(&self) -> Channel {
+        Endpoint::from_shared(self.proxy.endpoint())
+            .expect("endpoint")
+            .connect()
+            .await
+            .expect("connect")
+    }
+
+    /// Changes the resource and checks that every subscriber ends on the new version.
+    async fn change(&mut self) {
+        self.version += 1;
+        let want = format!("v{}", self.version);
+        write_manifest(
+            self.dir.path(),
+            "default",
+            "demo",
+            string_flag("color", &want, &[&want, "other"]),
+        );
+        for stream in &mut self.subscribers {
+            // A subscriber may skip versions, never the newest one.
+            while color(&next(stream).await) != want {}
+        }
+    }
+
+    async fn metric(&self, sample: &str) -> f64 {
+        self.proxy.metric(sample).await
+    }
+
+    async fn rejected(&self, reason: &str) -> f64 {
+        self.metric(&format!(
+            "flagd_proxy_rejected_requests_total{{reason=\"{reason}\"}}"
+        ))
+        .await
+    }
+}
+
+fn with_selector<T>(message: T, selector: &str) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request
+        .metadata_mut()
+        .insert("flagd-selector", selector.parse().expect("ascii"));
+    request
+}
+
+async fn next(stream: &mut tonic::Streaming<v1::SyncFlagsResponse>) -> v1::SyncFlagsResponse {
+    tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("a message arrives")
+        .expect("stream healthy")
+        .expect("stream still open")
+}
+
+fn color(response: &v1::SyncFlagsResponse) -> String {
+    let doc: Value = serde_json::from_str(&response.flag_configuration).expect("JSON");
+    doc["flags"]["color"]["defaultVariant"]
+        .as_str()
+        .expect("defaultVariant is a string")
+        .to_owned()
+}
+
+/// Bytes from a fixed-seed xorshift generator: "random", but the same on every run.
+fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut state = seed.max(1);
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state.to_le_bytes()[0]
+        })
+        .collect()
+}
+
+/// Writes `bytes`, closes the sending side and reads until the proxy closes the connection.
+async fn send_and_drain(port: u16, bytes: &[u8]) {
+    let mut tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    // The proxy may close while we still write; that is one of the acceptable answers.
+    let _ = tcp.write_all(bytes).await;
+    let _ = tcp.shutdown().await;
+    let mut sink = Vec::new();
+    let drained = tokio::time::timeout(EVENT_TIMEOUT, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) if sink.len() < 1 << 20 => sink.extend_from_slice(&buf[..n]),
+                Ok(_) => panic!("the proxy keeps answering garbage"),
+            }
+        }
+    })
+    .await;
+    assert!(drained.is_ok(), "the proxy left a garbage connection open");
+}
+
+#[tokio::test]
+async fn garbage_on_the_sync_port_is_dropped() {
+    let mut scene = Scene::start().await;
+    let port = scene.proxy.port;
+    const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+    // Connections that stall in the middle of the preface while others are served.
+    let mut stalled = Vec::new();
+    for cut in [1, 5, PREFACE.len() - 1] {
+        let mut tcp = TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connect");
+        tcp.write_all(&PREFACE[..cut]).await.expect("write");
+        stalled.push(tcp);
+    }
+    scene.change().await;
+
+    let mut cases: Vec<Vec<u8>> = vec![
+        noise(1, 1),
+        noise(2, 64),
+        noise(3, 64 * 1024),
+        PREFACE[..10].to_vec(),
+        b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".to_vec(),
+        b"POST /flagd.sync.v1.FlagSyncService/SyncFlags HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+            .to_vec(),
+        format!("GET / HTTP/1.1\r\nX-Big: {}\r\n\r\n", "a".repeat(100_000)).into_bytes(),
+    ];
+    // A valid preface followed by frames that make no sense.
+    for seed in 10..20 {
+        let mut bytes = PREFACE.to_vec();
+        bytes.extend(noise(seed, 512));
+        cases.push(bytes);
+    }
+    // A valid preface and SETTINGS, then a HEADERS frame whose HPACK block is noise.
+    let mut bytes = PREFACE.to_vec();
+    bytes.extend([0, 0, 0, 4, 0, 0, 0, 0, 0]);
+    bytes.extend([0, 0, 64, 1, 5, 0, 0, 0, 1]);
+    bytes.extend(noise(99, 64));
+    cases.push(bytes);
+
+    for (i, case) in cases.iter().enumerate() {
+        send_and_drain(port, case).await;
+        if i % 5 == 0 {
+            scene.change().await;
+        }
+    }
+    drop(stalled);
+    scene.change().await;
+    let (code, _) = support::http_get(scene.proxy.management_port, "/healthz")
+        .await
+        .expect("healthz");
+    assert_eq!(code, 200);
+}
+
+#[tokio::test]
+async fn oversized_headers_and_requests_are_refused() {
+    let mut scene = Scene::start().await;
+    let mut client = FlagSyncServiceClient::new(scene.channel().await);
+
+    // Over the limit but under twice it: a gRPC status, counted.
+    let big = format!(
+        "core.openfeature.dev/default/{}",
+        "a".repeat(MAX_HEADER_BYTES + 100)
+    );
+    let status = client
+        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), &big))
+        .await
+        .expect_err("refused");
+    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+    assert!(
+        status.message().contains("--max-header-bytes"),
+        "{status:?}"
+    );
+    assert_eq!(scene.rejected("max_header_bytes").await, 1.0);
+    scene.change().await;
+
+    // Far over it (64 KiB): refused by the HTTP/2 layer or the client's own checks, whichever
+    // comes first; the proxy stays up.
+    let huge = format!("core.openfeature.dev/default/{}", "a".repeat(64 * 1024));
+    let refused = client
+        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), &huge))
+        .await;
+    let status = refused.expect_err("refused");
+    assert_ne!(status.code(), Code::Ok);
+    scene.change().await;
+
+    // A request message over the limit is refused before it is read.
+    for _ in 0..3 {
+        let mut client = FlagSyncServiceClient::new(scene.channel().await);
+        let status = client
+            .sync_flags(with_selector(
+                v1::SyncFlagsRequest {
+                    provider_id: "x".repeat(MAX_REQUEST_BYTES + 1),
+                    selector: String::new(),
+                },
+                SELECTOR,
+            ))
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+        let status = client
+            .fetch_all_flags(v1::FetchAllFlagsRequest {
+                provider_id: String::new(),
+                selector: "x".repeat(64 * 1024),
+            })
+            .await
+            .expect_err("refused");
+        assert_eq!(status.code(), Code::OutOfRange, "{status:?}");
+    }
+    assert_eq!(scene.rejected("max_request_bytes").await, 6.0);
+
+    // The connection that sent the oversized header still works, within the limits.
+    let mut stream = client
+        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
+        .await
+        .expect("a request within the limits is served")
+        .into_inner();
+    next(&mut stream).await;
+    scene.subscribers.push(stream);
+    scene.change().await;
+}
+
+#[tokio::test]
+async fn invented_selectors_are_bounded_and_let_go() {
+    const STREAMS: usize = 3_000;
+    const CONNECTIONS: usize = 4;
+    let mut scene = Scene::start().await;
+    let mut clients = Vec::new();
+    for _ in 0..CONNECTIONS {
+        clients.push(FlagSyncServiceClient::new(scene.channel().await));
+    }
+    let ended = Arc::new(AtomicUsize::new(0));
+    let unexpected = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut readers = tokio::task::JoinSet::new();
+    let max_watches_seen = Arc::new(AtomicUsize::new(0));
+
+    let mut opened = 0;
+    for batch in 0..STREAMS / 100 {
+        let mut calls = tokio::task::JoinSet::new();
+        for i in batch * 100..(batch + 1) * 100 {
+            let mut client = clients[i % CONNECTIONS].clone();
+            calls.spawn(async move {
+                let selector = format!("core.openfeature.dev/ns/rand-{i}");
+                client
+                    .sync_flags(with_selector(v1::SyncFlagsRequest::default(), &selector))
+                    .await
+            });
+        }
+        while let Some(call) = calls.join_next().await {
+            match call.expect("join") {
+                Err(status) if status.code() == Code::ResourceExhausted => {
+                    ended.fetch_add(1, Ordering::SeqCst);
+                }
+                Err(status) => unexpected.lock().expect("lock").push(status.to_string()),
+                Ok(response) => {
+                    opened += 1;
+                    let mut stream = response.into_inner();
+                    let ended = ended.clone();
+                    let unexpected = unexpected.clone();
+                    readers.spawn(async move {
+                        match stream.message().await {
+                            Err(status)
+                                if status.code() == Code::ResourceExhausted
+                                    && status.message().contains("--max-waiting-resources") =>
+                            {
+                                ended.fetch_add(1, Ordering::SeqCst);
+                            }
+                            other => unexpected.lock().expect("lock").push(format!("{other:?}")),
+                        }
+                    });
+                }
+            }
+        }
+        let watches = scene.metric("flagd_proxy_upstream_watches").await as usize;
+        max_watches_seen.fetch_max(watches, Ordering::SeqCst);
+        if batch % 10 == 0 {
+            scene.change().await;
+        }
+    }
+    assert!(opened > 0, "some streams were opened");
+
+    // Every stream ends with RESOURCE_EXHAUSTED except the few that got a place to wait.
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    while ended.load(Ordering::SeqCst) < STREAMS - MAX_WAITING {
+        assert!(
+            unexpected.lock().expect("lock").is_empty(),
+            "{:?}",
+            unexpected.lock().expect("lock")
+        );
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "only {} of {STREAMS} streams ended",
+            ended.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    scene.change().await;
+    assert!(
+        unexpected.lock().expect("lock").is_empty(),
+        "{:?}",
+        unexpected.lock().expect("lock")
+    );
+    assert_eq!(ended.load(Ordering::SeqCst), STREAMS - MAX_WAITING);
+    assert_eq!(
+        scene.metric("flagd_proxy_waiting_resources").await,
+        MAX_WAITING as f64
+    );
+    let watches = scene.metric("flagd_proxy_upstream_watches").await as usize;
+    max_watches_seen.fetch_max(watches, Ordering::SeqCst);
+    assert!(
+        max_watches_seen.load(Ordering::SeqCst) <= MAX_WATCHES,
+        "{max_watches_seen:?}"
+    );
+    // The refused resources' watches are gone already; the waiting ones and the real one stay.
+    assert_eq!(watches, MAX_WAITING + 1);
+    assert_eq!(
+        scene.rejected("max_waiting_resources").await + scene.rejected("max_watches").await,
+        (STREAMS - MAX_WAITING) as f64
+    );
+
+    // Once the clients go, the proxy lets go of the waiting watches too.
+    readers.shutdown().await;
+    drop(clients);
+    scene
+        .proxy
+        .wait_for_metric("flagd_proxy_waiting_resources", 0.0)
+        .await;
+    scene
+        .proxy
+        .wait_for_metric("flagd_proxy_upstream_watches", 1.0)
+        .await;
+    scene.change().await;
+}
+
+#[tokio::test]
+async fn connections_beyond_the_per_address_limit_are_closed() {
+    let mut scene = Scene::start().await;
+    // Another loopback address, so the subscribers' own connections do not count.
+    let address: IpAddr = "127.0.0.2".parse().expect("ip");
+    let endpoint = Endpoint::from_shared(scene.proxy.endpoint())
+        .expect("endpoint")
+        .local_address(Some(address));
+    let call = |channel: Channel| async move {
+        FlagSyncServiceClient::new(channel)
+            .get_metadata(v1::GetMetadataRequest {})
+            .await
+    };
+
+    let mut admitted = Vec::new();
+    for _ in 0..MAX_PER_ADDRESS {
+        let channel = endpoint.connect().await.expect("connect");
+        call(channel.clone()).await.expect("served");
+        admitted.push(channel);
+    }
+    const EXCESS: usize = 4;
+    for _ in 0..EXCESS {
+        // One TCP connection each (a gRPC channel would retry): closed at once, unread.
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket
+            .bind((address, 0).into())
+            .expect("bind a second loopback address");
+        let mut tcp = socket
+            .connect(("127.0.0.1".parse::<IpAddr>().expect("ip"), scene.proxy.port).into())
+            .await
+            .expect("the kernel accepts the connection");
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(EVENT_TIMEOUT, tcp.read(&mut buf))
+            .await
+            .expect("closed without waiting for the client");
+        assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+    }
+    assert_eq!(
+        scene.rejected("max_connections_per_address").await,
+        EXCESS as f64
+    );
+    scene.change().await;
+
+    // The admitted connections still work, and a closed one frees its place.
+    for channel in &admitted {
+        call(channel.clone()).await.expect("still served");
+    }
+    admitted.pop();
+    let mut attempts = 0;
+    let replacement = loop {
+        attempts += 1;
+        assert!(attempts <= 500, "no place came free");
+        if let Ok(channel) = endpoint.connect().await
+            && call(channel.clone()).await.is_ok()
+        {
+            break channel;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    admitted.push(replacement);
+    scene.change().await;
+}
