@@ -23,7 +23,7 @@ use crate::source::Source;
 
 /// Files larger than this are not read.
 const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
-/// Events closer together than this are handled as one rescan.
+/// Events within this time of the previous scan are coalesced into one rescan.
 const SETTLE: Duration = Duration::from_millis(50);
 
 #[derive(Debug, thiserror::Error)]
@@ -184,9 +184,13 @@ impl Scanner {
         mut events: mpsc::UnboundedReceiver<Instant>,
         tx: watch::Sender<Arc<Catalog>>,
     ) {
+        let mut last_scan: Option<Instant> = None;
         while let Some(first) = events.recv().await {
-            // Let a burst of events (an editor's save, a directory copy) settle into one rescan.
-            tokio::time::sleep(SETTLE).await;
+            // The first event after a quiet spell is handled at once; events that follow within
+            // SETTLE of a scan (an editor's save, a directory copy) are coalesced into one rescan.
+            if let Some(last) = last_scan {
+                tokio::time::sleep_until((last + SETTLE).into()).await;
+            }
             while events.try_recv().is_ok() {}
             let scanner = self;
             let (back, catalog) = tokio::task::spawn_blocking(move || {
@@ -197,6 +201,7 @@ impl Scanner {
             .await
             .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
             self = back;
+            last_scan = Some(Instant::now());
             if tx.send(Arc::new(catalog)).is_err() {
                 return;
             }
