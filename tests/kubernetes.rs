@@ -858,3 +858,90 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
         .collect();
     assert!(wrong.is_empty(), "unexpected RBAC answers: {wrong:#?}");
 }
+
+#[tokio::test]
+async fn invented_selectors_keep_api_server_watches_bounded() {
+    let _turn = CONTROL_PLANE_TURN.lock().await;
+    let Some(cp) = control_plane::start_or_skip().await else {
+        return;
+    };
+    cp.grant_proxy_cluster_wide().await;
+    cp.create_namespace("flood").await;
+    create_flag(&cp, "flood", "real", "red").await;
+    let proxy = start_proxy_with_flags(
+        &cp,
+        &[
+            "--idle-timeout",
+            "1s",
+            "--max-watches",
+            "50",
+            "--max-waiting-resources",
+            "10",
+        ],
+    )
+    .await;
+    let mut good_client = client(&proxy).await;
+    let mut good = open(&mut good_client, &selector("flood", "real"))
+        .await
+        .expect("stream");
+    assert_eq!(next_variant(&mut good).await, "red");
+
+    // 300 invented names over three connections, all open at once.
+    let mut flood_clients = [
+        client(&proxy).await,
+        client(&proxy).await,
+        client(&proxy).await,
+    ];
+    let mut flood = Vec::new();
+    let mut refused = 0;
+    let mut most_watches = 0;
+    for i in 0..300 {
+        match open(
+            &mut flood_clients[i % 3],
+            &selector("flood", &format!("invented-{i}")),
+        )
+        .await
+        {
+            Ok(stream) => flood.push(stream),
+            Err(status) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+                refused += 1;
+            }
+        }
+        if i % 25 == 0 {
+            most_watches = most_watches.max(cp.open_watches("featureflags").await);
+        }
+    }
+    // Streams that were accepted either wait (within the limit) or end with RESOURCE_EXHAUSTED.
+    let mut waiting = Vec::new();
+    for mut stream in flood {
+        match tokio::time::timeout(Duration::from_millis(200), stream.message()).await {
+            Err(_) => waiting.push(stream),
+            Ok(Err(status)) => {
+                assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
+                refused += 1;
+            }
+            Ok(Ok(message)) => panic!("an invented resource delivered {message:?}"),
+        }
+    }
+    most_watches = most_watches.max(cp.open_watches("featureflags").await);
+    assert!(
+        most_watches <= 50,
+        "the API server saw {most_watches} watches; --max-watches is 50"
+    );
+    assert!(
+        waiting.len() <= 10,
+        "{} streams still wait; --max-waiting-resources is 10",
+        waiting.len()
+    );
+    assert!(refused >= 290 - waiting.len(), "refused {refused}");
+
+    // The real subscriber is unaffected.
+    set_variant(&cp, "flood", "real", "blue").await;
+    wait_for_variant(&mut good, "blue").await;
+
+    // Once the flood is gone, only the real resource is watched.
+    drop(waiting);
+    drop(flood_clients);
+    wait_for_open_watches(&cp, 1).await;
+}

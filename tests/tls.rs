@@ -64,6 +64,30 @@ fn args(dir: &tempfile::TempDir, extra: &[String]) -> Vec<String> {
     args
 }
 
+/// A TLS proxy (certificate from `ca`) serving `default/demo` with `color` = red.
+async fn tls_proxy(ca: &TestCa, extra: &[&str]) -> (tempfile::TempDir, Proxy) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(
+        dir.path(),
+        "default",
+        "demo",
+        string_flag("color", "red", &["red", "blue"]),
+    );
+    let mut all = ca.proxy_args();
+    all.extend(extra.iter().map(|s| (*s).to_owned()));
+    let args = args(&dir, &all);
+    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    (dir, proxy)
+}
+
+async fn open(channel: Channel) -> tonic::Streaming<v1::SyncFlagsResponse> {
+    FlagSyncServiceClient::new(channel)
+        .sync_flags(stream_request())
+        .await
+        .expect("stream")
+        .into_inner()
+}
+
 #[tokio::test]
 async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -80,11 +104,7 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     let channel = connect(&proxy, trusting(&first_ca.ca_cert))
         .await
         .expect("TLS connect");
-    let mut stream = FlagSyncServiceClient::new(channel)
-        .sync_flags(stream_request())
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open(channel).await;
     assert_eq!(next(&mut stream).await, "red");
 
     // A plain-text client is refused.
@@ -104,11 +124,7 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     let channel = connect(&proxy, trusting(&second_ca.ca_cert))
         .await
         .expect("new certificate served");
-    let mut fresh = FlagSyncServiceClient::new(channel)
-        .sync_flags(stream_request())
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut fresh = open(channel).await;
     assert_eq!(next(&mut fresh).await, "red");
     assert!(
         !usable(&proxy, trusting(&first_ca.ca_cert)).await,
@@ -128,16 +144,8 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
 
 #[tokio::test]
 async fn broken_certificate_files_keep_the_previous_certificate() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "red", &["red", "blue"]),
-    );
     let ca = TestCa::new();
-    let args = args(&dir, &ca.proxy_args());
-    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let (_dir, proxy) = tls_proxy(&ca, &[]).await;
     std::fs::write(&ca.server_cert, "not a certificate").expect("write");
     proxy
         .wait_for_log("TLS files changed but cannot be used")
@@ -145,31 +153,15 @@ async fn broken_certificate_files_keep_the_previous_certificate() {
     let channel = connect(&proxy, trusting(&ca.ca_cert))
         .await
         .expect("previous certificate still served");
-    let mut stream = FlagSyncServiceClient::new(channel)
-        .sync_flags(stream_request())
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open(channel).await;
     assert_eq!(next(&mut stream).await, "red");
 }
 
 #[tokio::test]
 async fn client_certificates_are_required_with_a_client_ca() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "red", &["red", "blue"]),
-    );
     let ca = TestCa::new();
-    let mut extra = ca.proxy_args();
-    extra.extend([
-        "--client-ca-path".to_owned(),
-        ca.ca_cert.display().to_string(),
-    ]);
-    let args = args(&dir, &extra);
-    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let client_ca = ca.ca_cert.display().to_string();
+    let (_dir, proxy) = tls_proxy(&ca, &["--client-ca-path", &client_ca]).await;
 
     assert!(
         !usable(&proxy, trusting(&ca.ca_cert)).await,
@@ -183,11 +175,7 @@ async fn client_certificates_are_required_with_a_client_ca() {
     )
     .await
     .expect("mutual TLS");
-    let mut stream = FlagSyncServiceClient::new(channel)
-        .sync_flags(stream_request())
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open(channel).await;
     assert_eq!(next(&mut stream).await, "red");
 }
 

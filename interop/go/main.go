@@ -1,0 +1,170 @@
+// Interop client: the published Go flagd provider
+// (github.com/open-feature/go-sdk-contrib/providers/flagd), in-process resolver,
+// syncing from flagd-proxy over gRPC.
+//
+// Environment:
+//
+//	FLAGD_HOST, FLAGD_PORT, FLAGD_SOURCE_SELECTOR, FLAGD_TLS (true/false),
+//	FLAGD_SERVER_CERT_PATH (CA file, TLS only), INTEROP_FLAG_KEY (a string flag),
+//	INTEROP_DEBUG (any value: provider debug logging on stderr).
+//
+// Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each time
+// the evaluated value differs from the last printed one. Provider events are logged on
+// stderr as `interop-go: event <type>: <message>`. The process exits when stdin
+// reaches EOF.
+package main
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	flagd "github.com/open-feature/go-sdk-contrib/providers/flagd/pkg"
+	"github.com/open-feature/go-sdk/openfeature"
+)
+
+const (
+	defaultValue = "<default>"
+	pollInterval = 100 * time.Millisecond
+)
+
+var stdout = bufio.NewWriter(os.Stdout)
+var stdoutMu sync.Mutex
+
+func fail(format string, args ...any) {
+	fmt.Fprintf(os.Stderr, "interop-go: "+format+"\n", args...)
+	os.Exit(2)
+}
+
+func required(name string) string {
+	value := os.Getenv(name)
+	if value == "" {
+		fail("environment variable %s is required", name)
+	}
+	return value
+}
+
+func emit(line string) {
+	stdoutMu.Lock()
+	defer stdoutMu.Unlock()
+	if _, err := stdout.WriteString(line + "\n"); err != nil {
+		os.Exit(0)
+	}
+	if err := stdout.Flush(); err != nil {
+		os.Exit(0)
+	}
+}
+
+func logger() logr.Logger {
+	verbosity := 0
+	if os.Getenv("INTEROP_DEBUG") != "" {
+		verbosity = 10
+	}
+	return funcr.New(func(prefix, args string) {
+		fmt.Fprintf(os.Stderr, "interop-go [provider] %s %s\n", prefix, args)
+	}, funcr.Options{Verbosity: verbosity})
+}
+
+func main() {
+	host := required("FLAGD_HOST")
+	portText := required("FLAGD_PORT")
+	port, err := strconv.ParseUint(portText, 10, 16)
+	if err != nil || port == 0 {
+		fail("FLAGD_PORT is not a port: %s", portText)
+	}
+	selector := os.Getenv("FLAGD_SOURCE_SELECTOR")
+	tls := strings.EqualFold(strings.TrimSpace(os.Getenv("FLAGD_TLS")), "true")
+	certPath := os.Getenv("FLAGD_SERVER_CERT_PATH")
+	flagKey := required("INTEROP_FLAG_KEY")
+
+	// The provider falls back to insecure credentials when it cannot load the CA file;
+	// refuse that here so a wrong path is not mistaken for a server problem.
+	if tls && certPath != "" {
+		if _, err := os.Stat(certPath); err != nil {
+			fail("FLAGD_SERVER_CERT_PATH does not exist: %s", certPath)
+		}
+	}
+
+	// Exit as soon as stdin reaches EOF, so a parent that goes away takes us down.
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		os.Exit(0)
+	}()
+
+	options := []flagd.ProviderOption{
+		flagd.WithInProcessResolver(),
+		flagd.WithHost(host),
+		flagd.WithPort(uint16(port)),
+		flagd.WithSelector(selector),
+		flagd.WithLogger(logger()),
+	}
+	if tls {
+		options = append(options, flagd.WithTLS(certPath))
+	}
+	provider, err := flagd.NewProvider(options...)
+	if err != nil {
+		fail("creating the provider: %v", err)
+	}
+
+	ready := make(chan struct{})
+	var once sync.Once
+	markReady := func() { once.Do(func() { close(ready) }) }
+	// Handlers are registered by pointer; keep one function per event type.
+	handler := func(eventType openfeature.EventType) openfeature.EventCallback {
+		callback := func(details openfeature.EventDetails) {
+			fmt.Fprintf(os.Stderr, "interop-go: event %s: %s\n", eventType, details.Message)
+			if eventType == openfeature.ProviderReady {
+				markReady()
+			}
+		}
+		return &callback
+	}
+	for _, eventType := range []openfeature.EventType{
+		openfeature.ProviderReady,
+		openfeature.ProviderError,
+		openfeature.ProviderStale,
+		openfeature.ProviderConfigChange,
+	} {
+		openfeature.AddHandler(eventType, handler(eventType))
+	}
+
+	// Initialisation may fail while the server is not up yet; the provider keeps
+	// retrying and emits PROVIDER_READY once it has synced.
+	if err := openfeature.SetProviderAndWait(provider); err != nil {
+		fmt.Fprintf(os.Stderr, "interop-go: initial connection failed, the provider keeps retrying: %v\n", err)
+	} else {
+		markReady()
+	}
+	<-ready
+	emit("READY")
+
+	client := openfeature.NewDefaultClient()
+	last := ""
+	printed := false
+	lastError := ""
+	for {
+		value, err := client.StringValue(context.Background(), flagKey, defaultValue, openfeature.EvaluationContext{})
+		if err != nil {
+			if text := err.Error(); text != lastError {
+				fmt.Fprintf(os.Stderr, "interop-go: evaluation of %s failed: %s\n", flagKey, text)
+				lastError = text
+			}
+		} else {
+			lastError = ""
+		}
+		if !printed || value != last {
+			emit("VALUE " + value)
+			last = value
+			printed = true
+		}
+		time.Sleep(pollInterval)
+	}
+}
