@@ -23,6 +23,8 @@ use tonic::transport::server::Connected;
 use crate::metrics::Metrics;
 use crate::tls::ReloadingTls;
 use crate::wire::SyncService;
+use crate::wire::direct::DirectSync;
+use crate::wire::frame::Protocol;
 
 /// A TLS handshake that takes longer than this is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -104,16 +106,24 @@ pub async fn run(
             max_header_bytes: options.max_header_list_size as usize,
             metrics,
         })
-        .add_service(
+        // SyncFlags of both protocols is written straight from the shared frames (see
+        // wire::direct); the other methods go through the generated servers.
+        .add_service(DirectSync::new(
+            service.clone(),
+            Protocol::FlagdSyncV1,
+            max_request,
             service
                 .flagd_sync_v1()
                 .max_decoding_message_size(max_request),
-        )
-        .add_service(
+        ))
+        .add_service(DirectSync::new(
+            service.clone(),
+            Protocol::LegacySyncV1,
+            max_request,
             service
                 .legacy_sync_v1()
                 .max_decoding_message_size(max_request),
-        )
+        ))
         .add_service(health.max_decoding_message_size(max_request))
         .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
         .await?;

@@ -91,6 +91,18 @@ impl SyncService {
         self.hub.metrics()
     }
 
+    /// Opens a `SyncFlags` stream for a request whose body named `body_selector`.
+    pub(crate) async fn open_sync<T>(
+        &self,
+        request: &Request<T>,
+        body_selector: &str,
+        protocol: Protocol,
+    ) -> Result<FrameStream, RequestError> {
+        let key = self.resource(request, body_selector)?;
+        let grant = self.authorize(request, &key).await?;
+        self.stream(key, protocol, grant)
+    }
+
     /// The resource a request names: the `flagd-selector` header first, then the body field.
     fn resource<T>(
         &self,
@@ -295,13 +307,11 @@ impl v1::flag_sync_service_server::FlagSyncService for SyncService {
         &self,
         request: Request<v1::SyncFlagsRequest>,
     ) -> Result<Response<Self::SyncFlagsStream>, Status> {
-        let key = self.resource(&request, &request.get_ref().selector)?;
-        let grant = self.authorize(&request, &key).await?;
-        Ok(Response::new(self.stream(
-            key,
-            Protocol::FlagdSyncV1,
-            grant,
-        )?))
+        let selector = request.get_ref().selector.clone();
+        Ok(Response::new(
+            self.open_sync(&request, &selector, Protocol::FlagdSyncV1)
+                .await?,
+        ))
     }
 
     async fn fetch_all_flags(
@@ -334,13 +344,11 @@ impl legacy::flag_sync_service_server::FlagSyncService for SyncService {
         &self,
         request: Request<legacy::SyncFlagsRequest>,
     ) -> Result<Response<Self::SyncFlagsStream>, Status> {
-        let key = self.resource(&request, &request.get_ref().selector)?;
-        let grant = self.authorize(&request, &key).await?;
-        Ok(Response::new(self.stream(
-            key,
-            Protocol::LegacySyncV1,
-            grant,
-        )?))
+        let selector = request.get_ref().selector.clone();
+        Ok(Response::new(
+            self.open_sync(&request, &selector, Protocol::LegacySyncV1)
+                .await?,
+        ))
     }
 
     async fn fetch_all_flags(

@@ -1,0 +1,224 @@
+//! `SyncFlags` written straight from the shared frames.
+//!
+//! tonic's generic streaming path encodes each message of a stream into a buffer of that stream,
+//! which then keeps the capacity of the largest message for as long as the stream lives: with
+//! 10,000 subscribers and a 100 KiB flag set, about a gigabyte of copies. Here the request is
+//! decoded as usual, and every snapshot goes to the HTTP/2 stream as the 5-byte gRPC message
+//! prefix followed by the version's shared encoded `Bytes`: a stream holds no copy of the flags.
+//! The service's other methods go to the generated server unchanged.
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use bytes::{BufMut, Bytes, BytesMut};
+use futures::StreamExt;
+use futures::future::BoxFuture;
+use http_body::Frame;
+use http_body_util::BodyExt;
+use prost::Message;
+use tonic::body::Body;
+use tonic::server::NamedService;
+use tonic::{Request, Status};
+
+use crate::wire::frame::Protocol;
+use crate::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
+use crate::wire::sync::{FrameStream, SyncService};
+
+/// Length of the gRPC message prefix: a compression flag and a big-endian length.
+const PREFIX: usize = 5;
+
+/// A sync service whose `SyncFlags` is served by [`DirectSync`] and everything else by `inner`.
+#[derive(Clone)]
+pub struct DirectSync<S> {
+    service: SyncService,
+    protocol: Protocol,
+    max_request_bytes: usize,
+    inner: S,
+}
+
+impl<S> DirectSync<S> {
+    pub fn new(
+        service: SyncService,
+        protocol: Protocol,
+        max_request_bytes: usize,
+        inner: S,
+    ) -> Self {
+        Self {
+            service,
+            protocol,
+            max_request_bytes,
+            inner,
+        }
+    }
+}
+
+impl<S: NamedService> NamedService for DirectSync<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> tower::Service<http::Request<Body>> for DirectSync<S>
+where
+    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
+        + NamedService,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let path = request.uri().path();
+        let is_sync_flags = path
+            .strip_prefix('/')
+            .and_then(|p| p.strip_prefix(S::NAME))
+            .is_some_and(|method| method == "/SyncFlags");
+        if !is_sync_flags {
+            return Box::pin(self.inner.call(request));
+        }
+        let service = self.service.clone();
+        let protocol = self.protocol;
+        let limit = self.max_request_bytes;
+        Box::pin(async move {
+            Ok(match sync_flags(service, protocol, limit, request).await {
+                Ok(stream) => {
+                    let mut response = http::Response::new(Body::new(FrameBody {
+                        stream,
+                        pending: None,
+                        done: false,
+                    }));
+                    response.headers_mut().insert(
+                        http::header::CONTENT_TYPE,
+                        http::HeaderValue::from_static("application/grpc"),
+                    );
+                    response
+                }
+                Err(status) => status.into_http(),
+            })
+        })
+    }
+}
+
+async fn sync_flags(
+    service: SyncService,
+    protocol: Protocol,
+    limit: usize,
+    request: http::Request<Body>,
+) -> Result<FrameStream, Status> {
+    let (parts, body) = request.into_parts();
+    let message = read_message(body, limit).await?;
+    // Both protocols' requests are `provider_id = 1, selector = 2`.
+    let decoded = SyncFlagsRequest::decode(message).map_err(|e| {
+        Status::invalid_argument(format!("the SyncFlags request does not decode: {e}"))
+    })?;
+    let request = Request::from_parts(
+        tonic::metadata::MetadataMap::from_headers(parts.headers),
+        parts.extensions,
+        (),
+    );
+    Ok(service
+        .open_sync(&request, &decoded.selector, protocol)
+        .await?)
+}
+
+/// Reads the one length-prefixed request message of a server-streaming call.
+async fn read_message(body: Body, limit: usize) -> Result<Bytes, Status> {
+    let too_large = |size: String| {
+        Status::out_of_range(format!(
+            "the request message is {size}, over the limit of {limit} bytes (--max-request-bytes)"
+        ))
+    };
+    let collected = http_body_util::Limited::new(body, limit + PREFIX)
+        .collect()
+        .await
+        .map_err(
+            |error| match error.downcast::<http_body_util::LengthLimitError>() {
+                Ok(_) => too_large("larger".to_owned()),
+                Err(error) => Status::cancelled(format!("the request could not be read: {error}")),
+            },
+        )?
+        .to_bytes();
+    if collected.len() < PREFIX {
+        return Err(Status::invalid_argument("the request has no message"));
+    }
+    if collected[0] != 0 {
+        return Err(Status::unimplemented(
+            "compressed requests are not supported",
+        ));
+    }
+    let length =
+        u32::from_be_bytes([collected[1], collected[2], collected[3], collected[4]]) as usize;
+    if length > limit {
+        return Err(too_large(format!("{length} bytes")));
+    }
+    if collected.len() != PREFIX + length {
+        return Err(Status::invalid_argument(
+            "the request must hold exactly one whole message",
+        ));
+    }
+    Ok(collected.slice(PREFIX..))
+}
+
+/// The response body: for each frame, its prefix and then the shared bytes; the status that
+/// ends the stream as trailers.
+struct FrameBody {
+    stream: FrameStream,
+    /// The message bytes to send after the prefix just sent.
+    pending: Option<Bytes>,
+    done: bool,
+}
+
+impl http_body::Body for FrameBody {
+    type Data = Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        if let Some(message) = self.pending.take() {
+            return Poll::Ready(Some(Ok(Frame::data(message))));
+        }
+        if self.done {
+            return Poll::Ready(None);
+        }
+        let status = match self.stream.poll_next_unpin(cx) {
+            Poll::Pending => return Poll::Pending,
+            Poll::Ready(Some(Ok(frame))) => {
+                let message = frame.0;
+                let Ok(length) = u32::try_from(message.len()) else {
+                    self.done = true;
+                    return Poll::Ready(Some(Ok(trailers(&Status::internal(
+                        "a snapshot is too large to send",
+                    )))));
+                };
+                let mut prefix = BytesMut::with_capacity(PREFIX);
+                prefix.put_u8(0);
+                prefix.put_u32(length);
+                self.pending = Some(message);
+                return Poll::Ready(Some(Ok(Frame::data(prefix.freeze()))));
+            }
+            Poll::Ready(Some(Err(status))) => status,
+            // The sync streams end only with an error; should one end otherwise, clients must
+            // still reconnect, and an OK status would stop some of them.
+            Poll::Ready(None) => Status::unavailable("the stream ended; reconnect"),
+        };
+        self.done = true;
+        Poll::Ready(Some(Ok(trailers(&status))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.done && self.pending.is_none()
+    }
+}
+
+fn trailers(status: &Status) -> Frame<Bytes> {
+    let mut headers = http::HeaderMap::new();
+    if status.add_header(&mut headers).is_err() {
+        headers.insert("grpc-status", http::HeaderValue::from_static("13"));
+    }
+    Frame::trailers(headers)
+}
