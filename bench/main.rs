@@ -243,7 +243,10 @@ impl ProxyProcess {
         if kind == Kind::Rust {
             command
                 .args(["--bind-address", "127.0.0.1", "--manifests"])
-                .arg(dir.join("manifests"));
+                .arg(dir.join("manifests"))
+                // Every subscriber connects from 127.0.0.1; lift the per-address cap (a
+                // production proxy sees one address per pod).
+                .args(["--max-connections-per-address", "0"]);
         }
         command
             .stdin(Stdio::null())
