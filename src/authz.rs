@@ -380,7 +380,7 @@ where
 {
     let map = map.lock().unwrap_or_else(|p| p.into_inner());
     map.get(key)
-        .filter(|(_, at)| at.elapsed() < ttl)
+        .filter(|(_, at)| ttl > at.elapsed())
         .map(|(v, _)| v.clone())
 }
 

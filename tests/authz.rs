@@ -223,17 +223,6 @@ async fn service_account_token(cp: &ControlPlane, ns: &str, name: &str) -> Strin
     issued.status.expect("status").token
 }
 
-fn kube_args(cp: &ControlPlane) -> Vec<String> {
-    vec![
-        "--kube-api-server".into(),
-        cp.server_url(),
-        "--kube-ca-path".into(),
-        cp.ca_path().display().to_string(),
-        "--kube-token-path".into(),
-        cp.proxy_token_path().display().to_string(),
-    ]
-}
-
 #[tokio::test]
 async fn tokens_pods_and_rbac_against_the_api_server() {
     let Some(cp) = start_or_skip().await else {
@@ -247,7 +236,7 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     let token = service_account_token(&cp, "team-a", "web").await;
 
     // Namespace mode with ServiceAccount tokens.
-    let mut args = kube_args(&cp);
+    let mut args = cp.proxy_args(&[]);
     args.extend([
         "--authz".into(),
         "namespace".into(),
@@ -320,7 +309,7 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     drop(proxy);
 
     // RBAC mode: the API decides, and a revoked binding ends a live stream.
-    let mut args = kube_args(&cp);
+    let mut args = cp.proxy_args(&[]);
     args.extend([
         "--authz".into(),
         "rbac".into(),

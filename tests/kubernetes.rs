@@ -221,22 +221,8 @@ async fn wait_for_log_line(proxy: &Proxy, needles: &[&str]) -> String {
     }
 }
 
-/// `--kube-api-server`, CA and token of the restricted identity, plus `extra`.
-fn flag_args(cp: &ControlPlane, extra: &[&str]) -> Vec<String> {
-    let mut args = vec![
-        "--kube-api-server".to_owned(),
-        cp.server_url(),
-        "--kube-ca-path".to_owned(),
-        cp.ca_path().display().to_string(),
-        "--kube-token-path".to_owned(),
-        cp.proxy_token_path().display().to_string(),
-    ];
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    args
-}
-
 async fn start_proxy_with_flags(cp: &ControlPlane, extra: &[&str]) -> Proxy {
-    let args = flag_args(cp, extra);
+    let args = cp.proxy_args(extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     Proxy::start(&args).await
 }

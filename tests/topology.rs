@@ -98,21 +98,8 @@ async fn set_variant(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
         .expect("patching the FeatureFlag");
 }
 
-fn kube_args(cp: &ControlPlane, extra: &[&str]) -> Vec<String> {
-    let mut args = vec![
-        "--kube-api-server".to_owned(),
-        cp.server_url(),
-        "--kube-ca-path".to_owned(),
-        cp.ca_path().display().to_string(),
-        "--kube-token-path".to_owned(),
-        cp.proxy_token_path().display().to_string(),
-    ];
-    args.extend(extra.iter().map(|s| (*s).to_owned()));
-    args
-}
-
 async fn central(cp: &ControlPlane, extra: &[&str]) -> Proxy {
-    let args = kube_args(cp, extra);
+    let args = cp.proxy_args(extra);
     Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
 }
 
@@ -188,7 +175,7 @@ async fn topologies_with_a_real_client() {
     let (port, management_port) = (central_proxy.port, central_proxy.management_port);
     assert!(central_proxy.terminate().await.success());
     set_variant(&cp, "shop", "checkout", "green").await;
-    let args = kube_args(&cp, &[]);
+    let args = cp.proxy_args(&[]);
     let _central_again = Proxy::start_on(
         port,
         management_port,

@@ -454,6 +454,21 @@ impl ControlPlane {
         &self.proxy_token_path
     }
 
+    /// The proxy's command-line flags for this API server as the restricted identity
+    /// (`--kube-api-server`, `--kube-ca-path`, `--kube-token-path`), followed by `extra`.
+    pub fn proxy_args(&self, extra: &[&str]) -> Vec<String> {
+        let mut args = vec![
+            "--kube-api-server".to_owned(),
+            self.server_url(),
+            "--kube-ca-path".to_owned(),
+            self.ca_path().display().to_string(),
+            "--kube-token-path".to_owned(),
+            self.proxy_token_path().display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| (*s).to_owned()));
+        args
+    }
+
     /// The temporary directory holding the certificates, kubeconfigs, logs and etcd data.
     pub fn dir(&self) -> &Path {
         self.dir.path()
