@@ -132,16 +132,25 @@ impl SyncService {
         }
         let subscription = self.hub.subscribe(key)?;
         tracing::debug!(resource = %subscription.key(), protocol = protocol.label(), "stream opened");
+        let recheck = grant.map(|grant| Recheck {
+            at: tokio::time::Instant::now() + grant.authz.recheck_interval(),
+            key: subscription.key().clone(),
+            grant,
+        });
         let state = StreamState {
             subscription,
             shutdown: self.shutdown.clone(),
             protocol,
             _open: OpenStream::new(self.metrics().clone(), protocol),
             metrics: self.metrics().clone(),
-            recheck: grant.map(|grant| Recheck {
-                at: tokio::time::Instant::now() + grant.authz.recheck_interval(),
-                grant,
-            }),
+            updates_sent: self
+                .metrics()
+                .updates_sent
+                .get_or_create(&ProtocolLabels {
+                    protocol: protocol.label(),
+                })
+                .clone(),
+            recheck,
             done: false,
         };
         Ok(Box::pin(futures::stream::unfold(state, StreamState::step)))
@@ -215,19 +224,33 @@ struct Grant {
 
 struct Recheck {
     grant: Grant,
+    key: ResourceKey,
     at: tokio::time::Instant,
 }
 
 impl Recheck {
-    /// Waits until the next check is due, then makes it; `Err` once the permission is gone.
-    async fn due(&mut self, key: &ResourceKey) -> Result<(), RequestError> {
-        tokio::time::sleep_until(self.at).await;
-        self.at = tokio::time::Instant::now() + self.grant.authz.recheck_interval();
-        self.grant
-            .authz
-            .check(&self.grant.identity, key)
-            .await
-            .map_err(RequestError::from)
+    /// Checks again at every interval; returns once the client has lost access. Only a
+    /// definite "no" ends the stream: an unavailable API does not.
+    async fn revoked(&mut self) -> RequestError {
+        loop {
+            tokio::time::sleep_until(self.at).await;
+            self.at = tokio::time::Instant::now() + self.grant.authz.recheck_interval();
+            match self
+                .grant
+                .authz
+                .check(&self.grant.identity, &self.key)
+                .await
+            {
+                Ok(()) => {}
+                Err(error @ crate::authz::AuthzError::Unavailable(_)) => {
+                    tracing::warn!(resource = %self.key, %error, "authorization recheck failed; keeping the stream");
+                }
+                Err(error) => {
+                    tracing::info!(resource = %self.key, %error, "access revoked; ending the stream");
+                    return error.into();
+                }
+            }
+        }
     }
 }
 
@@ -236,6 +259,8 @@ struct StreamState {
     shutdown: CancellationToken,
     protocol: Protocol,
     metrics: Arc<Metrics>,
+    /// This protocol's `updates_sent` counter, looked up once per stream.
+    updates_sent: prometheus_client::metrics::counter::Counter,
     _open: OpenStream,
     /// Present when authorization is on: the stream ends once the client loses access.
     recheck: Option<Recheck>,
@@ -249,36 +274,20 @@ impl StreamState {
         if self.done {
             return None;
         }
-        let key = self.subscription.key().clone();
         let recheck = async {
             match self.recheck.as_mut() {
-                Some(recheck) => loop {
-                    if let Err(error) = recheck.due(&key).await {
-                        // Only a definite "no" ends the stream; an unavailable API does not.
-                        if matches!(
-                            error,
-                            RequestError::Authz(crate::authz::AuthzError::Unavailable(_))
-                        ) {
-                            tracing::warn!(resource = %key, %error, "authorization recheck failed; keeping the stream");
-                            continue;
-                        }
-                        break error;
-                    }
-                },
+                Some(recheck) => recheck.revoked().await,
                 None => futures::future::pending().await,
             }
         };
         let item = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Err(RequestError::ShuttingDown),
-            error = recheck => {
-                tracing::info!(resource = %key, %error, "access revoked; ending the stream");
-                Err(error)
-            }
+            error = recheck => Err(error),
             next = self.subscription.next() => match next {
                 Ok(snapshot) => {
                     let frame = self.protocol.frame(&snapshot, self.subscription.key());
-                    self.metrics.updates_sent.get_or_create(&ProtocolLabels { protocol: self.protocol.label() }).inc();
+                    self.updates_sent.inc();
                     self.subscription.delivered(&snapshot, &self.metrics);
                     Ok(frame)
                 }
