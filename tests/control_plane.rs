@@ -5,7 +5,7 @@
 mod control_plane;
 
 use std::pin::pin;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use control_plane::{ControlPlane, ControlPlaneError, feature_flag_resource};
 use futures::StreamExt;
@@ -46,22 +46,6 @@ fn api_code<T>(result: &Result<T, kube::Error>) -> u16 {
     match result {
         Err(kube::Error::Api(status)) => status.code,
         _ => 0,
-    }
-}
-
-/// Polls `open_watches("featureflags")` until it equals `want`.
-async fn wait_for_open_watches(cp: &ControlPlane, want: u64) {
-    let deadline = Instant::now() + WAIT;
-    loop {
-        let now = cp.open_watches("featureflags").await;
-        if now == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "open featureflags watches stayed at {now}, expected {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -146,7 +130,7 @@ async fn control_plane_serves_feature_flags_with_rbac_watches_and_restarts() {
             .await
             .expect("the proxy opens a watch in the granted namespace");
         let mut stream = pin!(stream);
-        wait_for_open_watches(&cp, before + 1).await;
+        cp.wait_for_open_watches("featureflags", before + 1).await;
 
         create_flag(&cp, "granted", "second").await;
         let seen = tokio::time::timeout(WAIT, async {
@@ -163,7 +147,7 @@ async fn control_plane_serves_feature_flags_with_rbac_watches_and_restarts() {
         .expect("the watch delivers the new FeatureFlag in time");
         assert!(seen, "the watch ended before the new FeatureFlag arrived");
     }
-    wait_for_open_watches(&cp, before).await;
+    cp.wait_for_open_watches("featureflags", before).await;
 
     cp.revoke_proxy_namespace("granted").await;
     assert_eq!(api_code(&granted.list(&ListParams::default()).await), 403);

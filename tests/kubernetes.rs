@@ -185,22 +185,6 @@ async fn wait_for_variant(stream: &mut Streaming<v1::SyncFlagsResponse>, want: &
     }
 }
 
-/// Polls the API server's open FeatureFlag watches until there are `want`.
-async fn wait_for_open_watches(cp: &ControlPlane, want: u64) {
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    loop {
-        let now = cp.open_watches("featureflags").await;
-        if now == want {
-            return;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "open featureflags watches stayed at {now}, want {want}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// Waits until one log line contains every needle.
 async fn wait_for_log_line(proxy: &Proxy, needles: &[&str]) -> String {
     let deadline = Instant::now() + EVENT_TIMEOUT;
@@ -381,7 +365,7 @@ async fn one_watch_per_resource_and_changes_propagate() {
     for stream in &mut streams {
         assert_eq!(next_variant(stream).await, "red");
     }
-    wait_for_open_watches(&cp, 1).await;
+    cp.wait_for_open_watches("featureflags", 1).await;
     assert_eq!(proxy.metric("flagd_proxy_upstream_watches").await, 1.0);
 
     // An update reaches every stream.
@@ -412,7 +396,7 @@ async fn one_watch_per_resource_and_changes_propagate() {
 
     // The watch closes after the last subscriber has gone (plus the idle time).
     drop(streams);
-    wait_for_open_watches(&cp, 0).await;
+    cp.wait_for_open_watches("featureflags", 0).await;
     proxy
         .wait_for_metric("flagd_proxy_upstream_watches", 0.0)
         .await;
@@ -420,7 +404,7 @@ async fn one_watch_per_resource_and_changes_propagate() {
     // A resource created after its first subscriber arrived.
     let late = selector("late", "flags");
     let mut stream = open(&mut clients[0], &late).await.expect("stream opened");
-    wait_for_open_watches(&cp, 1).await;
+    cp.wait_for_open_watches("featureflags", 1).await;
     wait_for_log_line(&proxy, &["resource not found", &late]).await;
     create_flag(&cp, "late", "flags", "purple").await;
     assert_eq!(next_variant(&mut stream).await, "purple");
@@ -527,7 +511,7 @@ async fn subscribers_catch_up_after_an_api_server_restart() {
         assert_eq!(next_variant(&mut stream).await, "red");
         streams.push(stream);
     }
-    wait_for_open_watches(&cp, 1).await;
+    cp.wait_for_open_watches("featureflags", 1).await;
 
     cp.stop_apiserver().await;
     wait_for_log_line(&proxy, &["source unreachable", &target]).await;
@@ -542,7 +526,7 @@ async fn subscribers_catch_up_after_an_api_server_restart() {
     for stream in &mut streams {
         wait_for_variant(stream, "green").await;
     }
-    wait_for_open_watches(&cp, 1).await;
+    cp.wait_for_open_watches("featureflags", 1).await;
 }
 
 /// 200 resources, each with its own subscriber: every stream gets its own resource and the
@@ -584,7 +568,8 @@ async fn many_resources_each_get_their_own_watch() {
     for (i, variant, _) in &opened {
         assert_eq!(variant, &format!("v{i}"), "stream {i} got another resource");
     }
-    wait_for_open_watches(&cp, RESOURCES as u64).await;
+    cp.wait_for_open_watches("featureflags", RESOURCES as u64)
+        .await;
     assert_eq!(
         proxy.metric("flagd_proxy_upstream_watches").await,
         RESOURCES as f64
@@ -929,5 +914,5 @@ async fn invented_selectors_keep_api_server_watches_bounded() {
     // Once the flood is gone, only the real resource is watched.
     drop(waiting);
     drop(flood_clients);
-    wait_for_open_watches(&cp, 1).await;
+    cp.wait_for_open_watches("featureflags", 1).await;
 }

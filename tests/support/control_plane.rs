@@ -572,6 +572,22 @@ impl ControlPlane {
         sum_long_running_watches(&text, resource)
     }
 
+    /// Polls `open_watches(resource)` until it equals `want` (within a hang guard of a minute).
+    pub async fn wait_for_open_watches(&self, resource: &str, want: u64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let now = self.open_watches(resource).await;
+            if now == want {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "open {resource} watches stayed at {now}, want {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Kills the apiserver (SIGKILL, as a crash would) and waits for it to exit. etcd keeps
     /// running.
     pub async fn stop_apiserver(&mut self) {
