@@ -13,15 +13,14 @@ mod support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
 
 use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::{self, Scope};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use support::EVENT_TIMEOUT;
 use support::control_plane::{self, ControlPlane};
+use support::eventually;
 
 /// Kinds that need CRDs the test control plane does not have: rendered and checked, not applied.
 const CRD_KINDS: [&str; 2] = ["ServiceMonitor", "Certificate"];
@@ -1088,25 +1087,6 @@ fn invalid_values_are_refused_with_a_message() {
 
 // ---------------------------------------------------------------------------------------------
 // Against a real API server
-
-/// Retries a call while the apiserver may still be settling (a fresh CRD, RBAC caches).
-async fn eventually<T, F, Fut>(what: &str, mut call: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    loop {
-        match call().await {
-            Ok(value) => return value,
-            Err(error) if Instant::now() < deadline => {
-                eprintln!("{what}: {error}; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(error) => panic!("{what}: {error}"),
-        }
-    }
-}
 
 /// The API for one rendered object, found by discovery.
 async fn api_for(cp: &ControlPlane, object: &Value, ns: &str) -> Api<DynamicObject> {

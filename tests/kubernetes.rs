@@ -21,7 +21,7 @@ use kube::discovery::Scope;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use support::control_plane::{self, ControlPlane, feature_flag_resource};
-use support::{EVENT_TIMEOUT, Proxy};
+use support::{EVENT_TIMEOUT, Proxy, eventually};
 use tonic::transport::Channel;
 use tonic::{Code, Status, Streaming};
 use v1::flag_sync_service_client::FlagSyncServiceClient;
@@ -55,31 +55,11 @@ fn flags_api(cp: &ControlPlane, ns: &str) -> Api<DynamicObject> {
     Api::namespaced_with(cp.admin_client(), ns, &feature_flag_resource())
 }
 
-/// Retries an admin call a few times: right after an API server restart the first requests may
-/// meet a connection the server has closed.
-async fn retry<T, F, Fut>(what: &str, mut call: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, kube::Error>>,
-{
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    loop {
-        match call().await {
-            Ok(value) => return value,
-            Err(error) if Instant::now() < deadline => {
-                eprintln!("{what}: {error}; retrying");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
-            Err(error) => panic!("{what}: {error}"),
-        }
-    }
-}
-
 async fn create_flag(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
     let api = flags_api(cp, ns);
     let object = feature_flag(ns, name, variant);
     let params = PostParams::default();
-    retry(&format!("creating FeatureFlag {ns}/{name}"), || {
+    eventually(&format!("creating FeatureFlag {ns}/{name}"), || {
         api.create(&params, &object)
     })
     .await;
@@ -93,7 +73,7 @@ async fn set_variant(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
     }}}}});
     let params = PatchParams::default();
     let patch = Patch::Merge(&patch);
-    retry(&format!("updating FeatureFlag {ns}/{name}"), || {
+    eventually(&format!("updating FeatureFlag {ns}/{name}"), || {
         api.patch(name, &params, &patch)
     })
     .await;
@@ -102,7 +82,7 @@ async fn set_variant(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
 async fn delete_flag(cp: &ControlPlane, ns: &str, name: &str) {
     let api = flags_api(cp, ns);
     let params = DeleteParams::default();
-    retry(&format!("deleting FeatureFlag {ns}/{name}"), || {
+    eventually(&format!("deleting FeatureFlag {ns}/{name}"), || {
         api.delete(name, &params)
     })
     .await;

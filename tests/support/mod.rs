@@ -16,6 +16,28 @@ use serde_json::Value;
 /// A generous bound for one expected event, guarding only against hangs.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(60);
 
+/// Calls `call` until it succeeds, printing each failure, for calls that may fail while a
+/// server settles (a fresh CRD, RBAC caches, a restarted API server); panics after
+/// [`EVENT_TIMEOUT`].
+pub async fn eventually<T, E, F, Fut>(what: &str, mut call: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    loop {
+        match call().await {
+            Ok(value) => return value,
+            Err(error) if tokio::time::Instant::now() < deadline => {
+                eprintln!("{what}: {error}; retrying");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(error) => panic!("{what}: {error}"),
+        }
+    }
+}
+
 /// A port that was free a moment ago on 127.0.0.1.
 pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
