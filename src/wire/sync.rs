@@ -132,11 +132,9 @@ impl SyncService {
         }
         let subscription = self.hub.subscribe(key)?;
         tracing::debug!(resource = %subscription.key(), protocol = protocol.label(), "stream opened");
-        let recheck = grant.map(|grant| Recheck {
-            at: tokio::time::Instant::now() + grant.authz.recheck_interval(),
-            key: subscription.key().clone(),
-            grant,
-        });
+        // Boxed, so a stream without authorization does not carry the size of a recheck.
+        let revoked = grant
+            .map(|grant| -> Revocation { Box::pin(revoked(grant, subscription.key().clone())) });
         let state = StreamState {
             subscription,
             shutdown: self.shutdown.clone(),
@@ -150,7 +148,7 @@ impl SyncService {
                     protocol: protocol.label(),
                 })
                 .clone(),
-            recheck,
+            revoked,
             done: false,
         };
         Ok(Box::pin(futures::stream::unfold(state, StreamState::step)))
@@ -222,33 +220,22 @@ struct Grant {
     identity: Identity,
 }
 
-struct Recheck {
-    grant: Grant,
-    key: ResourceKey,
-    at: tokio::time::Instant,
-}
+/// Resolves once the client behind a stream has lost access.
+type Revocation = Pin<Box<dyn Future<Output = RequestError> + Send>>;
 
-impl Recheck {
-    /// Checks again at every interval; returns once the client has lost access. Only a
-    /// definite "no" ends the stream: an unavailable API does not.
-    async fn revoked(&mut self) -> RequestError {
-        loop {
-            tokio::time::sleep_until(self.at).await;
-            self.at = tokio::time::Instant::now() + self.grant.authz.recheck_interval();
-            match self
-                .grant
-                .authz
-                .check(&self.grant.identity, &self.key)
-                .await
-            {
-                Ok(()) => {}
-                Err(error @ crate::authz::AuthzError::Unavailable(_)) => {
-                    tracing::warn!(resource = %self.key, %error, "authorization recheck failed; keeping the stream");
-                }
-                Err(error) => {
-                    tracing::info!(resource = %self.key, %error, "access revoked; ending the stream");
-                    return error.into();
-                }
+/// Checks `grant` again at every interval; returns once the client has lost access. Only a
+/// definite "no" ends the stream: an unavailable API does not.
+async fn revoked(grant: Grant, key: ResourceKey) -> RequestError {
+    loop {
+        tokio::time::sleep(grant.authz.recheck_interval()).await;
+        match grant.authz.check(&grant.identity, &key).await {
+            Ok(()) => {}
+            Err(error @ crate::authz::AuthzError::Unavailable(_)) => {
+                tracing::warn!(resource = %key, %error, "authorization recheck failed; keeping the stream");
+            }
+            Err(error) => {
+                tracing::info!(resource = %key, %error, "access revoked; ending the stream");
+                return error.into();
             }
         }
     }
@@ -262,8 +249,9 @@ struct StreamState {
     /// This protocol's `updates_sent` counter, looked up once per stream.
     updates_sent: prometheus_client::metrics::counter::Counter,
     _open: OpenStream,
-    /// Present when authorization is on: the stream ends once the client loses access.
-    recheck: Option<Recheck>,
+    /// Present when authorization is on: the stream ends once the client loses access. It
+    /// lives as long as the stream, so a check under way is not restarted by an update.
+    revoked: Option<Revocation>,
     done: bool,
 }
 
@@ -274,16 +262,16 @@ impl StreamState {
         if self.done {
             return None;
         }
-        let recheck = async {
-            match self.recheck.as_mut() {
-                Some(recheck) => recheck.revoked().await,
+        let revoked = async {
+            match self.revoked.as_mut() {
+                Some(revoked) => revoked.await,
                 None => futures::future::pending().await,
             }
         };
         let item = tokio::select! {
             biased;
             () = self.shutdown.cancelled() => Err(RequestError::ShuttingDown),
-            error = recheck => Err(error),
+            error = revoked => Err(error),
             next = self.subscription.next() => match next {
                 Ok(snapshot) => {
                     let frame = self.protocol.frame(&snapshot, self.subscription.key());
@@ -370,5 +358,41 @@ impl legacy::flag_sync_service_server::FlagSyncService for SyncService {
         Ok(Response::new(legacy::FetchAllFlagsResponse {
             flag_configuration,
         }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hub::HubOptions;
+    use crate::testing::FakeSource;
+
+    /// Every open stream holds its state and the future of its next step for as long as it
+    /// lives, so their size is paid once per subscriber. The authorization recheck (with the
+    /// API calls it may make) is boxed for that reason.
+    #[tokio::test]
+    async fn an_idle_stream_stays_small() {
+        let hub = Hub::new(
+            FakeSource::new(),
+            HubOptions::default(),
+            Arc::new(Metrics::new()),
+        );
+        let service = SyncService::new(hub, CancellationToken::new());
+        let key = ResourceKey::new("ns", "a");
+        let state = StreamState {
+            subscription: service.hub.subscribe(key).expect("subscribe"),
+            shutdown: service.shutdown.clone(),
+            protocol: Protocol::FlagdSyncV1,
+            metrics: service.metrics().clone(),
+            updates_sent: Default::default(),
+            _open: OpenStream::new(service.metrics().clone(), Protocol::FlagdSyncV1),
+            revoked: None,
+            done: false,
+        };
+        let stream = futures::stream::unfold(state, StreamState::step);
+        // `Unfold` holds either the state or the future of a step, whichever is larger.
+        let bytes = size_of_val(&stream);
+        eprintln!("an idle stream takes {bytes} bytes");
+        assert!(bytes <= 1024, "an idle stream takes {bytes} bytes");
     }
 }
