@@ -29,6 +29,12 @@ use tonic::{Request, Status};
 
 use flagd_proxy::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
 
+// The same control plane the integration tests use: etcd and kube-apiserver on loopback.
+#[path = "../tests/support/control_plane.rs"]
+mod control_plane;
+
+use control_plane::ControlPlane;
+
 const SYNC_PATH: &str = "/flagd.sync.v1.FlagSyncService/SyncFlags";
 /// Every version carries its sequence number as `"benchSeq":<n>` in a flag's metadata.
 const SEQ_MARKER: &[u8] = b"\"benchSeq\":";
@@ -56,6 +62,14 @@ struct Args {
     /// Resources the subscribers are spread over (comma-separated list: one scenario each).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     resources: Vec<usize>,
+
+    /// Where the flags come from (comma-separated list: one scenario each). `files`: this proxy
+    /// reads FeatureFlag manifests (`--manifests`), the Go proxy `file:` selectors; updates are
+    /// file renames. `kubernetes`: both read FeatureFlag resources from a kube-apiserver and
+    /// etcd started for the scenario (built by scripts/build-control-plane.sh); updates are
+    /// merge patches of the resource.
+    #[arg(long, value_delimiter = ',', default_value = "files")]
+    source: Vec<SourceKind>,
 
     /// Approximate size of the flag configuration document in bytes (comma-separated list: one
     /// scenario each).
@@ -199,6 +213,22 @@ fn main() -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------------------------
 // Proxies under test
 
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+enum SourceKind {
+    Files,
+    Kubernetes,
+}
+
+impl SourceKind {
+    fn label(self) -> &'static str {
+        match self {
+            SourceKind::Files => "files",
+            SourceKind::Kubernetes => "kubernetes",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Rust,
@@ -230,7 +260,15 @@ struct ProxyProcess {
 }
 
 impl ProxyProcess {
-    fn start(kind: Kind, bin: &Path, dir: &Path) -> anyhow::Result<Self> {
+    /// Starts `bin` on free loopback ports, reading the manifests in `dir` (this proxy) or the
+    /// `file:` selectors' files, or, with `cluster`, FeatureFlag resources on that API server
+    /// (this proxy through its `--kube-*` flags, the Go proxy through `KUBECONFIG`).
+    fn start(
+        kind: Kind,
+        bin: &Path,
+        dir: &Path,
+        cluster: Option<&ControlPlane>,
+    ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let management_port = free_port()?;
         let log = dir.join("proxy.log");
@@ -240,13 +278,21 @@ impl ProxyProcess {
             .arg("start")
             .args(["--port", &port.to_string()])
             .args(["--management-port", &management_port.to_string()]);
-        if kind == Kind::Rust {
-            command
-                .args(["--bind-address", "127.0.0.1", "--manifests"])
-                .arg(dir.join("manifests"))
+        match (kind, cluster) {
+            (Kind::Rust, source) => {
+                command.args(["--bind-address", "127.0.0.1"]);
+                match source {
+                    Some(cluster) => command.args(cluster.proxy_args(&[])),
+                    None => command.arg("--manifests").arg(dir.join("manifests")),
+                };
                 // Every subscriber connects from 127.0.0.1; lift the per-address cap (a
                 // production proxy sees one address per pod).
-                .args(["--max-connections-per-address", "0"]);
+                command.args(["--max-connections-per-address", "0"]);
+            }
+            (Kind::Go, Some(cluster)) => {
+                command.env("KUBECONFIG", cluster.proxy_kubeconfig());
+            }
+            (Kind::Go, None) => {}
         }
         command
             .stdin(Stdio::null())
@@ -440,82 +486,154 @@ fn flags(seq: u64, payload: usize) -> serde_json::Map<String, Value> {
     flags
 }
 
-/// Where one proxy's source files live and how subscribers name them.
+/// Where one proxy's flags live and how subscribers name them.
 struct Sources {
     kind: Kind,
-    /// Files the proxy reads, one per resource.
-    files: Vec<PathBuf>,
-    /// A directory on the same file system for writing the next version before renaming it.
-    staging: PathBuf,
     selectors: Vec<Arc<str>>,
     payload: usize,
+    backend: Backend,
 }
 
+enum Backend {
+    Files {
+        /// Files the proxy reads, one per resource.
+        files: Vec<PathBuf>,
+        /// A directory on the same file system for writing the next version before renaming
+        /// it.
+        staging: PathBuf,
+    },
+    Kubernetes {
+        api: Box<kube::Api<kube::api::DynamicObject>>,
+        names: Vec<String>,
+    },
+}
+
+/// The namespace of the benchmark's FeatureFlag resources and manifests.
+const NAMESPACE: &str = "bench";
+
 impl Sources {
-    fn new(kind: Kind, dir: &Path, resources: usize, payload: usize) -> anyhow::Result<Self> {
-        let staging = dir.join("staging");
-        std::fs::create_dir_all(&staging)?;
-        let (files, selectors) = match kind {
-            Kind::Rust => {
+    fn new(
+        kind: Kind,
+        dir: &Path,
+        resources: usize,
+        payload: usize,
+        cluster: Option<&ControlPlane>,
+    ) -> anyhow::Result<Self> {
+        let resource_selector =
+            |i: usize| Arc::from(format!("core.openfeature.dev/{NAMESPACE}/r{i}"));
+        let (backend, selectors) = match (kind, cluster) {
+            (_, Some(cluster)) => (
+                Backend::Kubernetes {
+                    api: Box::new(kube::Api::namespaced_with(
+                        cluster.admin_client(),
+                        NAMESPACE,
+                        &control_plane::feature_flag_resource(),
+                    )),
+                    names: (0..resources).map(|i| format!("r{i}")).collect(),
+                },
+                (0..resources).map(resource_selector).collect(),
+            ),
+            (Kind::Rust, None) => {
                 let manifests = dir.join("manifests");
                 std::fs::create_dir_all(&manifests)?;
-                (0..resources)
-                    .map(|i| {
-                        (
-                            manifests.join(format!("bench-r{i}.yaml")),
-                            Arc::from(format!("core.openfeature.dev/bench/r{i}")),
-                        )
-                    })
-                    .unzip()
+                let files = (0..resources)
+                    .map(|i| manifests.join(format!("bench-r{i}.yaml")))
+                    .collect();
+                (
+                    Backend::Files {
+                        files,
+                        staging: staging_dir(dir)?,
+                    },
+                    (0..resources).map(resource_selector).collect(),
+                )
             }
-            Kind::Go => {
+            (Kind::Go, None) => {
                 let flags = dir.join("flags");
                 std::fs::create_dir_all(&flags)?;
-                (0..resources)
+                let (files, selectors) = (0..resources)
                     .map(|i| {
                         let file = flags.join(format!("r{i}.json"));
                         let selector = Arc::from(format!("file:{}", file.display()));
                         (file, selector)
                     })
-                    .unzip()
+                    .unzip();
+                (
+                    Backend::Files {
+                        files,
+                        staging: staging_dir(dir)?,
+                    },
+                    selectors,
+                )
             }
         };
         Ok(Self {
             kind,
-            files,
-            staging,
             selectors,
             payload,
+            backend,
         })
     }
 
-    fn content(&self, resource: usize, seq: u64) -> anyhow::Result<String> {
-        let flags = flags(seq, self.payload);
+    /// A FeatureFlag object, as the operator's CRD defines it.
+    fn feature_flag(&self, resource: usize, seq: u64) -> Value {
+        json!({
+            "apiVersion": "core.openfeature.dev/v1beta1",
+            "kind": "FeatureFlag",
+            "metadata": {"name": format!("r{resource}"), "namespace": NAMESPACE},
+            "spec": {"flagSpec": {"flags": flags(seq, self.payload)}}
+        })
+    }
+
+    fn file_content(&self, resource: usize, seq: u64) -> anyhow::Result<String> {
         Ok(match self.kind {
-            // A FeatureFlag object, as the operator's CRD defines it.
-            Kind::Rust => serde_norway::to_string(&json!({
-                "apiVersion": "core.openfeature.dev/v1beta1",
-                "kind": "FeatureFlag",
-                "metadata": {"name": format!("r{resource}"), "namespace": "bench"},
-                "spec": {"flagSpec": {"flags": flags}}
-            }))?,
+            Kind::Rust => serde_norway::to_string(&self.feature_flag(resource, seq))?,
             // The flagd flag configuration the Go proxy's file sync reads.
-            Kind::Go => json!({"flags": flags}).to_string(),
+            Kind::Go => json!({"flags": flags(seq, self.payload)}).to_string(),
         })
     }
 
-    /// Writes version `seq` of every resource beside the proxy's files, then calls `visible`
-    /// (to take the time) and renames them into place.
-    fn write(&self, seq: u64, visible: impl FnOnce()) -> anyhow::Result<()> {
-        let mut staged = Vec::with_capacity(self.files.len());
-        for (i, file) in self.files.iter().enumerate() {
-            let tmp = self.staging.join(format!("r{i}.tmp"));
-            std::fs::write(&tmp, self.content(i, seq)?)?;
-            staged.push((tmp, file));
-        }
-        visible();
-        for (tmp, file) in staged {
-            std::fs::rename(&tmp, file)?;
+    /// Makes version `seq` of every resource visible to the proxy, calling `visible` (to take
+    /// the time) just before: files are written beside the proxy's files, then `visible`, then
+    /// renamed into place; resources are created (version 0) or, after `visible`, merge-patched
+    /// (only the sequence number changes; the API server sends the whole object).
+    async fn write(&self, seq: u64, visible: impl FnOnce()) -> anyhow::Result<()> {
+        match &self.backend {
+            Backend::Files { files, staging } => {
+                let mut staged = Vec::with_capacity(files.len());
+                for (i, file) in files.iter().enumerate() {
+                    let tmp = staging.join(format!("r{i}.tmp"));
+                    std::fs::write(&tmp, self.file_content(i, seq)?)?;
+                    staged.push((tmp, file));
+                }
+                visible();
+                for (tmp, file) in staged {
+                    std::fs::rename(&tmp, file)?;
+                }
+            }
+            Backend::Kubernetes { api, names } if seq == 0 => {
+                for (i, name) in names.iter().enumerate() {
+                    let object = serde_json::from_value(self.feature_flag(i, 0))?;
+                    api.create(&kube::api::PostParams::default(), &object)
+                        .await
+                        .with_context(|| format!("creating FeatureFlag {name}"))?;
+                }
+                visible();
+            }
+            Backend::Kubernetes { api, names } => {
+                let patch = kube::api::Patch::Merge(json!({
+                    "spec": {"flagSpec": {"flags": {SEQ_FLAG: {"metadata": {"benchSeq": seq}}}}}
+                }));
+                let params = kube::api::PatchParams::default();
+                visible();
+                let patches = names.iter().map(|name| api.patch(name, &params, &patch));
+                for (result, name) in futures::future::join_all(patches)
+                    .await
+                    .into_iter()
+                    .zip(names)
+                {
+                    result.with_context(|| format!("patching FeatureFlag {name}"))?;
+                }
+            }
         }
         Ok(())
     }
@@ -524,6 +642,12 @@ impl Sources {
     fn document_bytes(&self) -> usize {
         json!({"flags": flags(0, self.payload)}).to_string().len()
     }
+}
+
+fn staging_dir(dir: &Path) -> anyhow::Result<PathBuf> {
+    let staging = dir.join("staging");
+    std::fs::create_dir_all(&staging)?;
+    Ok(staging)
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -768,6 +892,7 @@ async fn subscriber(channel: Channel, selector: Arc<str>, slot: usize, tracker: 
 
 #[derive(Clone, Copy, Debug)]
 struct Scenario {
+    source: SourceKind,
     subscribers: usize,
     resources: usize,
     payload: usize,
@@ -868,16 +993,35 @@ async fn run_one(
     workdir: &Path,
 ) -> anyhow::Result<RunResult> {
     let dir = workdir.join(format!(
-        "{}-n{}-m{}-p{}",
+        "{}-{}-n{}-m{}-p{}",
         kind.key(),
+        scenario.source.label(),
         scenario.subscribers,
         scenario.resources,
         scenario.payload
     ));
     std::fs::create_dir_all(&dir)?;
-    let sources = Sources::new(kind, &dir, scenario.resources, scenario.payload)?;
-    sources.write(0, || {})?;
-    let mut proxy = ProxyProcess::start(kind, bin, &dir)?;
+    // A control plane of its own for each run, so no run sees another's watches or objects.
+    let cluster = match scenario.source {
+        SourceKind::Files => None,
+        SourceKind::Kubernetes => {
+            let cluster = ControlPlane::start().await.map_err(|error| {
+                anyhow::anyhow!("starting the test control plane: {error} (scripts/build-control-plane.sh builds it)")
+            })?;
+            cluster.grant_proxy_cluster_wide().await;
+            cluster.create_namespace(NAMESPACE).await;
+            Some(cluster)
+        }
+    };
+    let sources = Sources::new(
+        kind,
+        &dir,
+        scenario.resources,
+        scenario.payload,
+        cluster.as_ref(),
+    )?;
+    sources.write(0, || {}).await?;
+    let mut proxy = ProxyProcess::start(kind, bin, &dir, cluster.as_ref())?;
     let port = proxy.port;
     let pid = proxy.pid;
     let mut result = RunResult {
@@ -1017,7 +1161,7 @@ async fn run_one(
     let mut peak_rss = 0u64;
     for seq in 1..=args.updates {
         let mut written = 0;
-        sources.write(seq, || written = tracker.now())?;
+        sources.write(seq, || written = tracker.now()).await?;
         match tracker.wait_all(seq, args.update_timeout).await {
             Some(at) => propagation.push(ms(at - written)),
             None => {
@@ -1053,7 +1197,7 @@ async fn run_one(
     let final_seq = args.updates + args.burst;
     let mut burst_end = 0;
     for seq in args.updates + 1..=final_seq {
-        sources.write(seq, || burst_end = tracker.now())?;
+        sources.write(seq, || burst_end = tracker.now()).await?;
         if seq < final_seq {
             tokio::time::sleep(args.burst_gap).await;
         }
@@ -1075,6 +1219,7 @@ async fn run_one(
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
     drop(proxy);
+    drop(cluster);
     Ok(result)
 }
 
@@ -1127,8 +1272,11 @@ fn markdown_table(
     let go = results.get("go");
     let doc = rust.or(go).map(|r| r.document_bytes).unwrap_or_default();
     let mut out = format!(
-        "### {} subscribers, {} resource(s), {} B document\n\n",
-        scenario.subscribers, scenario.resources, doc
+        "### {} subscribers, {} resource(s), {} B document, {} source\n\n",
+        scenario.subscribers,
+        scenario.resources,
+        doc,
+        scenario.source.label()
     );
     out.push_str(&format!(
         "| metric | flagd-proxy (Rust) | {go_label} | Go / Rust |\n|---|---:|---:|---:|\n"
@@ -1236,7 +1384,8 @@ fn markdown_table(
 /// The targets, checked against the Rust proxy's runs with at least 10,000 subscribers on one
 /// resource and a document of about 1 KiB.
 fn targets(runs: &[(Scenario, BTreeMap<&'static str, RunResult>)]) -> String {
-    let mut out = String::from("### Targets\n\n| target | measured | met |\n|---|---|---|\n");
+    let mut out =
+        String::from("### Targets\n\n| target | source | measured | met |\n|---|---|---|---|\n");
     let mut any = false;
     for (scenario, results) in runs {
         if scenario.subscribers < 10_000 || scenario.resources != 1 || scenario.payload > 2048 {
@@ -1248,7 +1397,11 @@ fn targets(runs: &[(Scenario, BTreeMap<&'static str, RunResult>)]) -> String {
         any = true;
         let yes = |ok: bool| if ok { "yes" } else { "**no**" };
         let mut row = |name: &str, measured: String, ok: bool| {
-            out.push_str(&format!("| {name} | {measured} | {} |\n", yes(ok)));
+            out.push_str(&format!(
+                "| {name} | {} | {measured} | {} |\n",
+                scenario.source.label(),
+                yes(ok)
+            ));
         };
         let p99 = r.propagation.p99_ms;
         row(
@@ -1312,7 +1465,7 @@ fn targets(runs: &[(Scenario, BTreeMap<&'static str, RunResult>)]) -> String {
         }
     }
     if !any {
-        out.push_str("| (no run with ≥ 10,000 subscribers, 1 resource, 1 KiB) | | |\n");
+        out.push_str("| (no run with ≥ 10,000 subscribers, 1 resource, 1 KiB) | | | |\n");
     }
     out.push('\n');
     out
@@ -1373,13 +1526,21 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     let started = Instant::now();
     let mut runs = Vec::new();
     let mut ok = true;
-    for &payload in &args.payload_bytes {
-        for &resources in &args.resources {
-            let scenario = Scenario {
-                subscribers: args.subscribers,
-                resources,
-                payload,
-            };
+    let mut scenarios = Vec::new();
+    for &source in &args.source {
+        for &payload in &args.payload_bytes {
+            for &resources in &args.resources {
+                scenarios.push(Scenario {
+                    source,
+                    subscribers: args.subscribers,
+                    resources,
+                    payload,
+                });
+            }
+        }
+    }
+    for scenario in scenarios {
+        {
             let mut results = BTreeMap::new();
             for (kind, bin) in &kinds {
                 let label = match kind {
@@ -1387,8 +1548,11 @@ async fn run(args: Args) -> anyhow::Result<bool> {
                     Kind::Go => args.go_label.as_str(),
                 };
                 eprintln!(
-                    "{label}: {} subscribers, {} resource(s), {} B payload",
-                    scenario.subscribers, resources, payload
+                    "{label}: {} subscribers, {} resource(s), {} B payload, {} source",
+                    scenario.subscribers,
+                    scenario.resources,
+                    scenario.payload,
+                    scenario.source.label()
                 );
                 match run_one(*kind, bin, scenario, &args, &workdir).await {
                     Ok(result) => {
@@ -1454,6 +1618,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             .iter()
             .map(|(s, results)| {
                 json!({
+                    "source": s.source,
                     "subscribers": s.subscribers,
                     "resources": s.resources,
                     "payload_bytes": s.payload,
