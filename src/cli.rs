@@ -1,10 +1,23 @@
 //! The command line. Every flag has an environment variable; `docs/cli.md` is generated from
 //! these definitions (`flagd-proxy generate-cli-docs`) and checked by a test.
+//!
+//! `--config FILE` supplies values for the flags of `start` from a YAML or JSON file, as the Go
+//! flagd-proxy's `--config` does: a flag given on the command line or through its environment
+//! variable takes precedence over the file, and the file over the default. The file's values
+//! go through the same parser as the command line ([`parse_from`]).
+use std::ffi::OsString;
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::error::ErrorKind;
+use clap::{
+    ArgAction, ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum,
+};
+
+mod config_file;
+
+pub use config_file::ConfigFileError;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -16,6 +29,14 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
                   (one watch per resource, shared by all clients) and streams every change."
 )]
 pub struct Cli {
+    /// Read values for the flags of `start` from this YAML or JSON file (JSON when the name ends
+    /// in .json): a mapping from long flag names to values, such as `port: 8015`,
+    /// `log-format: json` or `manifests: [a, b]`. A flag given on the command line or through its
+    /// environment variable takes precedence over the file. Only this file is read; no default
+    /// location is searched.
+    #[arg(long, global = true, value_name = "FILE", env = "FLAGD_PROXY_CONFIG")]
+    pub config: Option<PathBuf>,
+
     #[command(subcommand)]
     pub command: Command,
 }
@@ -42,9 +63,11 @@ pub struct StartArgs {
     pub port: u16,
 
     /// Port of the management service: /healthz, /readyz, /metrics, /status and gRPC health.
+    /// `--metrics-port`, the Go proxy's deprecated name for this flag, is accepted too.
     #[arg(
         short = 'm',
         long,
+        alias = "metrics-port",
         env = "FLAGD_PROXY_MANAGEMENT_PORT",
         default_value_t = 8016
     )]
@@ -213,6 +236,31 @@ pub struct StartArgs {
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_KEEPALIVE_TIMEOUT", default_value = "20s", value_parser = humantime::parse_duration)]
     pub keepalive_timeout: Duration,
 
+    /// Accepted for compatibility with the Go flagd-proxy, where it is the shortest interval
+    /// between client keepalive pings that the sync server permits (more frequent pings are
+    /// answered with GOAWAY ENHANCE_YOUR_CALM). It has no effect here: this proxy never refuses
+    /// client pings, at any rate, with or without an active stream, so every client the Go proxy
+    /// accepts is accepted.
+    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_KEEP_ALIVE_MIN_TIME", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub keep_alive_min_time: Duration,
+
+    /// Accepted for compatibility with the Go flagd-proxy, where `false` refuses client keepalive
+    /// pings on connections without an active stream. It has no effect here: this proxy never
+    /// refuses client pings, at any rate, with or without an active stream. The bare flag means
+    /// `true`; `=false` is accepted, as with a Go boolean flag.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        env = "FLAGD_PROXY_KEEP_ALIVE_PERMIT_WITHOUT_STREAM",
+        num_args = 0..=1,
+        require_equals = true,
+        default_value = "true",
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub keep_alive_permit_without_stream: bool,
+
     /// The most concurrent streams one client connection may open.
     #[arg(
         long,
@@ -263,9 +311,88 @@ pub struct StartArgs {
     pub max_connection_age_grace: Duration,
 }
 
+/// Why the command line (with its config file) gives no [`Cli`].
+#[derive(Debug, thiserror::Error)]
+pub enum CliError {
+    /// Refused by the command-line parser, or a request for help or the version (see
+    /// [`clap::Error::use_stderr`]).
+    #[error(transparent)]
+    Clap(#[from] clap::Error),
+    #[error(transparent)]
+    ConfigFile(#[from] ConfigFileError),
+}
+
+/// Parses the command line, applying the file given with `--config` (or `FLAGD_PROXY_CONFIG`)
+/// to the flags of `start` that are set neither on the command line nor through their
+/// environment variables.
+///
+/// Each value in the file becomes `--<flag>=<value>` after the given arguments (one per element
+/// of a list for repeatable flags), so the command-line parser validates it as usual.
+pub fn parse_from<I, T>(args: I) -> Result<Cli, CliError>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<OsString>,
+{
+    let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+    let command = Cli::command();
+    let (matches, incomplete) = match command.clone().try_get_matches_from(&args) {
+        Ok(matches) => (matches, None),
+        // A flag on the command line may require another that the file gives (--server-cert-path
+        // needs --server-key-path): find the file from what was given, then decide.
+        Err(error) if error.kind() == ErrorKind::MissingRequiredArgument => {
+            match command
+                .clone()
+                .ignore_errors(true)
+                .try_get_matches_from(&args)
+            {
+                Ok(matches) if config_for_start(&matches).is_some() => (matches, Some(error)),
+                _ => return Err(error.into()),
+            }
+        }
+        Err(error) => return Err(error.into()),
+    };
+    let Some((start, path)) = config_for_start(&matches) else {
+        return Ok(Cli::from_arg_matches(&matches)?);
+    };
+    let start_command = command
+        .find_subcommand("start")
+        .expect("the start subcommand exists");
+    let settings = config_file::read(&path, start_command, start)?;
+    if settings.is_empty() {
+        return match incomplete {
+            Some(error) => Err(error.into()),
+            None => Ok(Cli::from_arg_matches(&matches)?),
+        };
+    }
+
+    // Before a `--` terminator, if any, so that the values are still read as flags.
+    let at = args.iter().position(|a| a == "--").unwrap_or(args.len());
+    let mut full = args[..at].to_vec();
+    full.extend(settings.iter().flat_map(|s| s.arguments.iter().cloned()));
+    full.extend_from_slice(&args[at..]);
+    match command.try_get_matches_from(full) {
+        Ok(matches) => Ok(Cli::from_arg_matches(&matches)?),
+        // Still missing what the command line lacked: not the file's doing.
+        Err(error)
+            if incomplete.is_some() && error.kind() == ErrorKind::MissingRequiredArgument =>
+        {
+            Err(error.into())
+        }
+        Err(source) => Err(config_file::rejected(path, source, &settings).into()),
+    }
+}
+
+/// The matches of `start` and the config file, when `start` runs with one.
+fn config_for_start(matches: &ArgMatches) -> Option<(&ArgMatches, PathBuf)> {
+    let start = matches.subcommand_matches("start")?;
+    let path = start
+        .get_one::<PathBuf>("config")
+        .or_else(|| matches.get_one::<PathBuf>("config"))?;
+    Some((start, path.clone()))
+}
+
 /// The command-line reference as Markdown.
 pub fn markdown() -> String {
-    use clap::CommandFactory;
     let root = Cli::command();
     let mut out = String::from(
         "# Command-line reference\n\n<!-- Generated by `flagd-proxy generate-cli-docs`; a test keeps it in sync. -->\n\n",
@@ -275,72 +402,500 @@ pub fn markdown() -> String {
         root.get_name(),
         root.get_about().map(|a| a.to_string()).unwrap_or_default()
     ));
+    out.push_str("## Global flags\n\nAccepted before or after the subcommand.\n\n");
+    markdown_table(&mut out, &root);
     for sub in root.get_subcommands().filter(|s| !s.is_hide_set()) {
         out.push_str(&format!(
             "## `flagd-proxy {}`\n\n{}\n\n",
             sub.get_name(),
             sub.get_about().map(|a| a.to_string()).unwrap_or_default()
         ));
-        out.push_str(
-            "| Flag | Environment variable | Default | Description |\n|---|---|---|---|\n",
-        );
-        for arg in sub.get_arguments() {
-            let Some(long) = arg.get_long() else { continue };
-            if long == "help" || long == "version" {
-                continue;
-            }
-            let flag = match arg.get_short() {
-                Some(short) => format!("`-{short}`, `--{long}`"),
-                None => format!("`--{long}`"),
-            };
-            let env = arg
-                .get_env()
-                .map(|e| format!("`{}`", e.to_string_lossy()))
-                .unwrap_or_default();
-            let defaults: Vec<String> = arg
-                .get_default_values()
-                .iter()
-                .map(|v| v.to_string_lossy().into_owned())
-                .collect();
-            let default = if defaults.is_empty() {
-                String::new()
-            } else {
-                format!("`{}`", defaults.join(","))
-            };
-            let mut help = arg
-                .get_long_help()
-                .or(arg.get_help())
-                .map(|h| h.to_string())
-                .unwrap_or_default();
-            let values: Vec<String> = arg
-                .get_possible_values()
-                .iter()
-                .map(|v| format!("`{}`", v.get_name()))
-                .collect();
-            if !values.is_empty()
-                && !arg.is_positional()
-                && arg.get_num_args().is_none_or(|n| n.takes_values())
-                && !values.iter().any(|v| v == "`true`")
-            {
-                help.push_str(&format!(" One of {}.", values.join(", ")));
-            }
-            out.push_str(&format!(
-                "| {flag} | {env} | {default} | {} |\n",
-                help.replace('\n', " ").replace('|', "\\|")
-            ));
-        }
-        out.push('\n');
+        markdown_table(&mut out, sub);
     }
     out
 }
 
+/// The table of a command's own flags (not those it inherits).
+fn markdown_table(out: &mut String, command: &clap::Command) {
+    out.push_str("| Flag | Environment variable | Default | Description |\n|---|---|---|---|\n");
+    for arg in command.get_arguments() {
+        let Some(long) = arg.get_long() else { continue };
+        if long == "help" || long == "version" {
+            continue;
+        }
+        let mut flag = match arg.get_short() {
+            Some(short) => format!("`-{short}`, `--{long}`"),
+            None => format!("`--{long}`"),
+        };
+        if let Some(aliases) = arg.get_all_aliases() {
+            let aliases: Vec<String> = aliases.iter().map(|a| format!("`--{a}`")).collect();
+            flag.push_str(&format!(" (alias {})", aliases.join(", ")));
+        }
+        let env = arg
+            .get_env()
+            .map(|e| format!("`{}`", e.to_string_lossy()))
+            .unwrap_or_default();
+        let defaults: Vec<String> = arg
+            .get_default_values()
+            .iter()
+            .map(|v| v.to_string_lossy().into_owned())
+            .collect();
+        let default = if defaults.is_empty() {
+            String::new()
+        } else {
+            format!("`{}`", defaults.join(","))
+        };
+        let mut help = arg
+            .get_long_help()
+            .or(arg.get_help())
+            .map(|h| h.to_string())
+            .unwrap_or_default();
+        let values: Vec<String> = arg
+            .get_possible_values()
+            .iter()
+            .map(|v| format!("`{}`", v.get_name()))
+            .collect();
+        if !values.is_empty()
+            && !arg.is_positional()
+            && arg.get_num_args().is_none_or(|n| n.takes_values())
+            && !values.iter().any(|v| v == "`true`")
+        {
+            help.push_str(&format!(" One of {}.", values.join(", ")));
+        }
+        out.push_str(&format!(
+            "| {flag} | {env} | {default} | {} |\n",
+            help.replace('\n', " ").replace('|', "\\|")
+        ));
+    }
+    out.push('\n');
+}
+
 #[cfg(test)]
 mod tests {
+    use std::ffi::OsStr;
+
     use super::*;
+
+    /// A config file with the given extension and text, removed when dropped.
+    fn config_file(extension: &str, text: &str) -> tempfile::NamedTempFile {
+        let mut file = tempfile::Builder::new()
+            .suffix(&format!(".{extension}"))
+            .tempfile()
+            .expect("create a temporary file");
+        std::io::Write::write_all(&mut file, text.as_bytes()).expect("write the config file");
+        file
+    }
+
+    fn parse(args: &[&OsStr]) -> Result<Cli, CliError> {
+        parse_from(std::iter::once(OsStr::new("flagd-proxy")).chain(args.iter().copied()))
+    }
+
+    fn start_args(cli: Cli) -> StartArgs {
+        let Command::Start(args) = cli.command else {
+            panic!("expected start")
+        };
+        *args
+    }
+
+    /// `start --config <file> <extra...>` with a file holding `text`.
+    fn start_with_config(extension: &str, text: &str, extra: &[&str]) -> Result<StartArgs, String> {
+        let file = config_file(extension, text);
+        let mut args = vec![
+            OsStr::new("start"),
+            OsStr::new("--config"),
+            file.path().as_os_str(),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        parse(&args).map(start_args).map_err(|error| {
+            let message = error.to_string();
+            assert!(
+                message.contains(&file.path().display().to_string()),
+                "the message names the file: {message}"
+            );
+            message
+        })
+    }
+
+    #[test]
+    fn go_proxy_compatibility_flags_parse() {
+        let args = |line: &[&str]| {
+            start_args(
+                Cli::try_parse_from(std::iter::once("flagd-proxy").chain(line.iter().copied()))
+                    .expect("parses"),
+            )
+        };
+        assert_eq!(
+            args(&["start", "--metrics-port", "9100"]).management_port,
+            9100
+        );
+        assert_eq!(
+            args(&["start", "--metrics-port=9100"]).management_port,
+            9100
+        );
+        let given = args(&[
+            "start",
+            "--keep-alive-min-time",
+            "10s",
+            "--keep-alive-permit-without-stream=false",
+        ]);
+        assert_eq!(
+            (
+                given.keep_alive_min_time,
+                given.keep_alive_permit_without_stream
+            ),
+            (Duration::from_secs(10), false)
+        );
+        let bare = args(&["start", "--keep-alive-permit-without-stream", "-p", "9000"]);
+        assert!(bare.keep_alive_permit_without_stream);
+        assert_eq!(bare.port, 9000);
+        let defaults = args(&["start"]);
+        assert_eq!(
+            (
+                defaults.keep_alive_min_time,
+                defaults.keep_alive_permit_without_stream
+            ),
+            (Duration::from_secs(30), true)
+        );
+        // As with a Go boolean flag, a value needs `=`.
+        assert!(
+            Cli::try_parse_from([
+                "flagd-proxy",
+                "start",
+                "--keep-alive-permit-without-stream",
+                "false"
+            ])
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn config_flag_is_accepted_before_and_after_start() {
+        let file = config_file("yaml", "port: 9000\n");
+        let path = file.path().as_os_str();
+        for line in [
+            vec![OsStr::new("--config"), path, OsStr::new("start")],
+            vec![OsStr::new("start"), OsStr::new("--config"), path],
+            vec![
+                OsStr::new("start"),
+                OsStr::new("--config"),
+                path,
+                OsStr::new("--"),
+            ],
+        ] {
+            let cli = parse(&line).expect("parses");
+            assert_eq!(cli.config.as_deref(), Some(file.path()), "{line:?}");
+            assert_eq!(start_args(cli).port, 9000, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn config_file_values_apply() {
+        let args = start_with_config(
+            "yaml",
+            "# flagd-proxy\n\
+             port: 9000\n\
+             management-port: 9001\n\
+             log-format: json\n\
+             debug: true\n\
+             manifests: [a, b]\n\
+             keepalive-interval: 10s\n\
+             max-watches: 5\n\
+             keep-alive-min-time: 1m\n\
+             keep-alive-permit-without-stream: false\n",
+            &[],
+        )
+        .expect("parses");
+        assert_eq!(
+            (args.port, args.management_port, args.log_format, args.debug),
+            (9000, 9001, LogFormat::Json, true)
+        );
+        assert_eq!(args.manifests, [PathBuf::from("a"), PathBuf::from("b")]);
+        assert_eq!(args.keepalive_interval, Duration::from_secs(10));
+        assert_eq!(args.max_watches, 5);
+        assert_eq!(args.keep_alive_min_time, Duration::from_secs(60));
+        assert!(!args.keep_alive_permit_without_stream);
+    }
+
+    #[test]
+    fn json_config_file_values_apply() {
+        let args = start_with_config(
+            "json",
+            r#"{"port": 9000, "metrics-port": 9100, "manifests": ["a", "b"], "upstream-tls": false}"#,
+            &[],
+        )
+        .expect("parses");
+        assert_eq!((args.port, args.management_port), (9000, 9100));
+        assert_eq!(args.manifests, [PathBuf::from("a"), PathBuf::from("b")]);
+        assert!(!args.upstream_tls);
+    }
+
+    #[test]
+    fn config_file_details() {
+        // Keys are case-insensitive; a single value for a repeatable flag; an empty file.
+        let args = start_with_config("yml", "Port: 9000\nmanifests: a\n", &[]).expect("parses");
+        assert_eq!(args.port, 9000);
+        assert_eq!(args.manifests, [PathBuf::from("a")]);
+        let args = start_with_config("yaml", "# nothing yet\n", &[]).expect("parses");
+        assert_eq!((args.port, args.management_port), (8015, 8016));
+        // A file without an extension is YAML.
+        let args = start_with_config("", "port: 9000\n", &[]).expect("parses");
+        assert_eq!(args.port, 9000);
+    }
+
+    #[test]
+    fn command_line_beats_config_file() {
+        let text = "port: 9000\nmanagement-port: 9001\nmanifests: [a, b]\nlog-format: json\n";
+        let args =
+            start_with_config("yaml", text, &["-p", "7000", "--manifests", "c"]).expect("parses");
+        assert_eq!((args.port, args.management_port), (7000, 9001));
+        assert_eq!(args.manifests, [PathBuf::from("c")]);
+        assert_eq!(args.log_format, LogFormat::Json);
+        // The Go name counts as the command line too.
+        let args = start_with_config("yaml", text, &["--metrics-port", "7001"]).expect("parses");
+        assert_eq!((args.port, args.management_port), (9000, 7001));
+    }
+
+    /// Runs in a child process of the test binary, so that no test changes the environment of
+    /// the process the other tests run in.
+    #[test]
+    fn environment_beats_config_file() {
+        const CHILD: &str = "FLAGD_PROXY_TEST_ENVIRONMENT_CHILD";
+        if std::env::var_os(CHILD).is_some() {
+            // The config file comes through FLAGD_PROXY_CONFIG, the port through FLAGD_PROXY_PORT.
+            let args = start_args(parse(&[OsStr::new("start")]).expect("parses"));
+            assert_eq!((args.port, args.management_port), (7000, 9001));
+            let args = start_args(
+                parse(&[OsStr::new("start"), OsStr::new("-p"), OsStr::new("6000")])
+                    .expect("parses"),
+            );
+            assert_eq!((args.port, args.management_port), (6000, 9001));
+            return;
+        }
+        let file = config_file("yaml", "port: 9000\nmanagement-port: 9001\n");
+        let name = module_path!()
+            .split_once("::")
+            .map_or(module_path!(), |(_, path)| path);
+        let output = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args([
+                &format!("{name}::environment_beats_config_file"),
+                "--exact",
+                "--test-threads=1",
+            ])
+            .env(CHILD, "1")
+            .env("FLAGD_PROXY_CONFIG", file.path())
+            .env("FLAGD_PROXY_PORT", "7000")
+            .output()
+            .expect("run the test binary");
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(
+            output.status.success() && stdout.contains("1 passed"),
+            "child test failed:\n{stdout}\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    #[test]
+    fn config_file_completes_what_the_command_line_requires() {
+        let args = start_with_config(
+            "yaml",
+            "server-key-path: key.pem\n",
+            &["--server-cert-path", "cert.pem"],
+        )
+        .expect("parses");
+        assert_eq!(args.server_key_path, Some(PathBuf::from("key.pem")));
+        // Without it, the parser's own error, not one about the file.
+        let error = parse_from(["flagd-proxy", "start", "--server-cert-path", "cert.pem"])
+            .expect_err("refused");
+        assert!(
+            matches!(error, CliError::Clap(ref e) if e.kind() == ErrorKind::MissingRequiredArgument)
+        );
+        let file = config_file("yaml", "port: 9000\n");
+        let error = parse(&[
+            OsStr::new("start"),
+            OsStr::new("--config"),
+            file.path().as_os_str(),
+            OsStr::new("--server-cert-path"),
+            OsStr::new("cert.pem"),
+        ])
+        .expect_err("refused");
+        assert!(
+            matches!(error, CliError::Clap(ref e) if e.kind() == ErrorKind::MissingRequiredArgument)
+        );
+    }
+
+    #[test]
+    fn config_file_is_only_read_for_start() {
+        let missing = OsStr::new("/nonexistent/flagd-proxy.yaml");
+        let cli = parse(&[
+            OsStr::new("--config"),
+            missing,
+            OsStr::new("generate-cli-docs"),
+        ])
+        .expect("parses");
+        assert!(matches!(cli.command, Command::GenerateCliDocs));
+        // Help comes before the file.
+        let error = parse(&[
+            OsStr::new("start"),
+            OsStr::new("--help"),
+            OsStr::new("--config"),
+            missing,
+        ])
+        .expect_err("help");
+        assert!(matches!(error, CliError::Clap(ref e) if !e.use_stderr()));
+    }
+
+    #[test]
+    fn config_file_errors_name_the_file_and_key() {
+        let error = |extension: &str, text: &str, extra: &[&str]| {
+            start_with_config(extension, text, extra).expect_err("refused")
+        };
+        let cases: &[(&str, &str, &[&str], &[&str])] = &[
+            (
+                "yaml",
+                "- port\n- 9000\n",
+                &[],
+                &["expected a mapping", "found a list"],
+            ),
+            (
+                "yaml",
+                "9000\n",
+                &[],
+                &["expected a mapping", "found a number"],
+            ),
+            (
+                "yaml",
+                "prot: 9000\n",
+                &[],
+                &[
+                    "key `prot` is not a flag of `flagd-proxy start`",
+                    "did you mean `port`?",
+                ],
+            ),
+            (
+                "yaml",
+                "management_port: 9000\n",
+                &[],
+                &["key `management_port`", "did you mean `management-port`?"],
+            ),
+            (
+                "yaml",
+                "nothing-like-it: 1\n",
+                &[],
+                &["key `nothing-like-it` is not a flag"],
+            ),
+            (
+                "yaml",
+                "config: other.yaml\n",
+                &[],
+                &["key `config` cannot be set"],
+            ),
+            ("yaml", "help: true\n", &[], &["key `help` cannot be set"]),
+            (
+                "yaml",
+                "version: 1\n",
+                &[],
+                &["key `version` cannot be set"],
+            ),
+            (
+                "yaml",
+                "port:\n  value: 9000\n",
+                &[],
+                &["key `port`", "found a nested mapping"],
+            ),
+            (
+                "yaml",
+                "manifests: [a, {b: c}]\n",
+                &[],
+                &["key `manifests`", "found a nested mapping"],
+            ),
+            (
+                "yaml",
+                "port: [9000, 9001]\n",
+                &[],
+                &["key `port`", "--port takes a single value, not a list"],
+            ),
+            ("yaml", "port:\n", &[], &["key `port`", "no value"]),
+            (
+                "yaml",
+                "debug: 1\n",
+                &[],
+                &["key `debug`", "expected true or false"],
+            ),
+            (
+                "yaml",
+                "management-port: 1\nmetrics-port: 2\n",
+                &[],
+                &["keys `management-port` and `metrics-port` both set --management-port"],
+            ),
+            (
+                "yaml",
+                "port: 9000\n  bad: indentation\n",
+                &[],
+                &["not valid YAML"],
+            ),
+            ("json", "{\"port\": 9000,}", &[], &["not valid JSON"]),
+            (
+                "toml",
+                "port = 9000\n",
+                &[],
+                &["unsupported format `.toml`"],
+            ),
+            (
+                "yaml",
+                "port: abc\n",
+                &[],
+                &["key `port`: invalid value 'abc' for '--port <PORT>'"],
+            ),
+            (
+                "yaml",
+                "port: 70000\n",
+                &[],
+                &["key `port`: invalid value '70000' for '--port <PORT>'"],
+            ),
+            (
+                "yaml",
+                "log-format: xml\n",
+                &[],
+                &["key `log-format`: invalid value 'xml'"],
+            ),
+            (
+                "yaml",
+                "keep-alive-min-time: 10\n",
+                &[],
+                &["key `keep-alive-min-time`: invalid value '10'"],
+            ),
+            (
+                "yaml",
+                "upstream: proxy:8015\n",
+                &["--manifests", "d"],
+                &["key `upstream`:", "cannot be used with"],
+            ),
+        ];
+        for (extension, text, extra, expected) in cases {
+            let message = error(extension, text, extra);
+            for part in *expected {
+                assert!(
+                    message.contains(part),
+                    "{text:?}: {message:?} lacks {part:?}"
+                );
+            }
+            assert!(!message.contains('\n'), "one line: {message:?}");
+        }
+        let missing = parse(&[
+            OsStr::new("start"),
+            OsStr::new("--config"),
+            OsStr::new("/nonexistent/flagd-proxy.yaml"),
+        ])
+        .expect_err("refused")
+        .to_string();
+        assert!(
+            missing.starts_with("config file /nonexistent/flagd-proxy.yaml: cannot read it"),
+            "{missing}"
+        );
+    }
 
     #[test]
     fn definitions_are_consistent() {
-        use clap::CommandFactory;
         Cli::command().debug_assert();
     }
 

@@ -1,9 +1,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
 use flagd_proxy::app;
-use flagd_proxy::cli::{Cli, Command, LogFormat, StartArgs};
+use flagd_proxy::cli::{CliError, Command, LogFormat, StartArgs};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -11,15 +10,19 @@ use tracing_subscriber::EnvFilter;
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let cli = match flagd_proxy::cli::parse_from(std::env::args_os()) {
         Ok(cli) => cli,
-        Err(error) if error.use_stderr() => {
+        Err(CliError::Clap(error)) if error.use_stderr() => {
             let _ = error.print();
             return ExitCode::from(EXIT_CONFIG);
         }
-        Err(help) => {
+        Err(CliError::Clap(help)) => {
             let _ = help.print();
             return ExitCode::SUCCESS;
+        }
+        Err(error) => {
+            eprintln!("flagd-proxy: {error}");
+            return ExitCode::from(EXIT_CONFIG);
         }
     };
     match cli.command {
