@@ -12,7 +12,10 @@
 //     content through the multiplexer (create/write: send; remove: re-add the watch, send);
 //   - a new subscriber on a watched selector gets the current file by a re-read sent on its own
 //     channel (blocking); the first subscriber gets the watch's initial push through the
-//     non-blocking fan-out.
+//     non-blocking fan-out;
+//   - core.openfeature.dev/<namespace>/<name> selectors read FeatureFlag resources through the
+//     Kubernetes API (KUBECONFIG, else in-cluster); see kubernetes.go for what that path
+//     reproduces and what it leaves out.
 //
 // Usage: go-fanout-model start --port P --management-port M
 package main
@@ -28,6 +31,7 @@ import (
 	"os"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/fsnotify/fsnotify"
 	"google.golang.org/grpc"
@@ -87,28 +91,51 @@ func response(data string) []byte {
 	return append(out, data...)
 }
 
+// subscriber is one stream's pair of unbuffered channels: flag configurations and a terminal
+// error (only the Kubernetes path sends errors).
+type subscriber struct {
+	data chan string
+	errs chan error
+}
+
 type multiplexer struct {
 	mu       sync.RWMutex
-	subs     map[*int]chan string
+	subs     map[*int]subscriber
 	dataSync chan string
 	path     string
-	started  bool
+	// kube is the selector's Kubernetes sync once it is built and initialised (nil before,
+	// and always nil for file: selectors).
+	kube atomic.Pointer[kubeSync]
 }
 
 func (m *multiplexer) broadcast(data string) {
 	m.mu.RLock()
 	defer m.mu.RUnlock()
-	for k, ch := range m.subs {
+	for k, sub := range m.subs {
 		select {
-		case ch <- data:
+		case sub.data <- data:
 		default:
 			log.Printf("unable to write data to channel for key %p", k)
 		}
 	}
 }
 
+func (m *multiplexer) broadcastError(err error) {
+	m.mu.RLock()
+	defer m.mu.RUnlock()
+	for k, sub := range m.subs {
+		select {
+		case sub.errs <- err:
+		default:
+			log.Printf("unable to write error to channel for key %p", k)
+		}
+	}
+}
+
 type manager struct {
-	mu   sync.Mutex
+	// mu guards muxs. The file: path only locks it exclusively; the Kubernetes path also
+	// read-locks it while a new subscriber's resync runs.
+	mu   sync.RWMutex
 	muxs map[string]*multiplexer
 }
 
@@ -162,21 +189,25 @@ func (m *multiplexer) watch() {
 	}
 }
 
-func (s *manager) register(target string, key *int, ch chan string) (func(), error) {
+func (s *manager) register(target string, key *int, sub subscriber) (func(), error) {
+	if strings.HasPrefix(target, kubePrefix) {
+		return s.registerKube(target, key, sub), nil
+	}
 	path, ok := strings.CutPrefix(target, "file:")
 	if !ok {
-		return nil, status.Error(codes.Unknown, "only file: selectors are modelled")
+		return nil, status.Error(codes.Unknown, "only file: and core.openfeature.dev/ selectors are modelled")
 	}
+	ch := sub.data
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	m, ok := s.muxs[target]
 	if !ok {
-		m = &multiplexer{subs: map[*int]chan string{key: ch}, dataSync: make(chan string), path: path}
+		m = &multiplexer{subs: map[*int]subscriber{key: sub}, dataSync: make(chan string), path: path}
 		s.muxs[target] = m
 		go m.watch()
 	} else {
 		m.mu.Lock()
-		m.subs[key] = ch
+		m.subs[key] = sub
 		m.mu.Unlock()
 		go func() { ch <- readFile(path) }()
 	}
@@ -204,15 +235,17 @@ func main() {
 			return err
 		}
 		key := new(int)
-		ch := make(chan string)
-		unregister, err := mgr.register(field2(req), key, ch)
+		sub := subscriber{data: make(chan string), errs: make(chan error)}
+		unregister, err := mgr.register(field2(req), key, sub)
 		if err != nil {
 			return err
 		}
 		defer unregister()
 		for {
 			select {
-			case d := <-ch:
+			case err := <-sub.errs:
+				return err
+			case d := <-sub.data:
 				msg := response(d)
 				if err := stream.SendMsg(&msg); err != nil {
 					return err
