@@ -42,6 +42,9 @@ const SEQ_MARKER: &[u8] = b"\"benchSeq\":";
 const SEQ_FLAG: &str = "aaa-bench-seq";
 /// A message whose sequence number could not be found.
 const NO_SEQ: u64 = u64::MAX;
+/// A phase (first-snapshot samples, paced updates) stops after this many failures in a row, so a
+/// proxy that has stopped serving does not hold the run for every timeout.
+const GIVE_UP_AFTER: u64 = 3;
 const RLIMIT_NOFILE: i32 = 7;
 const SC_CLK_TCK: i32 = 2;
 
@@ -962,6 +965,8 @@ struct RunResult {
     stream_errors: u64,
     unparsed_messages: u64,
     last_error: Option<String>,
+    /// Phases cut short because the proxy kept failing them, and how.
+    gave_up: Vec<String>,
 }
 
 impl RunResult {
@@ -1137,7 +1142,16 @@ async fn run_one(
 
     // Time to first snapshot for a new subscriber, on a new connection.
     let mut first_snapshot = Vec::with_capacity(args.first_snapshot_samples);
+    let mut failed_in_a_row = 0;
     for i in 0..args.first_snapshot_samples {
+        if failed_in_a_row == GIVE_UP_AFTER {
+            let left = args.first_snapshot_samples - i;
+            result.first_snapshot_failures += left;
+            result.gave_up.push(format!(
+                "time to first snapshot: {GIVE_UP_AFTER} samples in a row failed; the other {left} were not tried and count as failures"
+            ));
+            break;
+        }
         let selector = sources.selectors[i % scenario.resources].clone();
         let begin = Instant::now();
         let sample = async {
@@ -1146,8 +1160,14 @@ async fn run_one(
             stream.message().await?.context("stream ended")
         };
         match tokio::time::timeout(Duration::from_secs(10), sample).await {
-            Ok(Ok(_)) => first_snapshot.push(begin.elapsed().as_secs_f64() * 1e3),
-            _ => result.first_snapshot_failures += 1,
+            Ok(Ok(_)) => {
+                failed_in_a_row = 0;
+                first_snapshot.push(begin.elapsed().as_secs_f64() * 1e3);
+            }
+            _ => {
+                failed_in_a_row += 1;
+                result.first_snapshot_failures += 1;
+            }
         }
     }
     result.first_snapshot = Stats::of(first_snapshot);
@@ -1159,12 +1179,27 @@ async fn run_one(
     let mut propagation = Vec::new();
     let mut first_receiver = Vec::new();
     let mut peak_rss = 0u64;
+    let mut applied = 0;
+    let mut incomplete_in_a_row = 0;
     for seq in 1..=args.updates {
+        if incomplete_in_a_row == GIVE_UP_AFTER {
+            let left = args.updates - seq + 1;
+            result.updates_incomplete += left;
+            result.gave_up.push(format!(
+                "paced updates: {GIVE_UP_AFTER} in a row did not reach every subscriber; the other {left} were not written and count as not delivered"
+            ));
+            break;
+        }
         let mut written = 0;
         sources.write(seq, || written = tracker.now()).await?;
+        applied += 1;
         match tracker.wait_all(seq, args.update_timeout).await {
-            Some(at) => propagation.push(ms(at - written)),
+            Some(at) => {
+                incomplete_in_a_row = 0;
+                propagation.push(ms(at - written));
+            }
             None => {
+                incomplete_in_a_row += 1;
                 result.updates_incomplete += 1;
                 let reached = tracker.reached[seq as usize].load(Ordering::Relaxed) as u64;
                 result.subscriber_versions_missed +=
@@ -1180,14 +1215,14 @@ async fn run_one(
     let after = proc_sample(pid);
     result.propagation = Stats::of(propagation);
     result.first_receiver = Stats::of(first_receiver);
-    if args.updates > 0 {
-        result.cpu_seconds_per_update = (after.cpu_seconds - cpu_before) / args.updates as f64;
+    if applied > 0 {
+        result.cpu_seconds_per_update = (after.cpu_seconds - cpu_before) / applied as f64;
         result.load_generator_cpu_seconds_per_update =
-            (proc_sample(std::process::id()).cpu_seconds - own_cpu_before) / args.updates as f64;
+            (proc_sample(std::process::id()).cpu_seconds - own_cpu_before) / applied as f64;
         if result.subscribers_connected > 0 {
             result.messages_per_subscriber_per_update = (tracker.messages.load(Ordering::Relaxed)
                 - messages_before) as f64
-                / (args.updates as f64 * result.subscribers_connected as f64);
+                / (applied as f64 * result.subscribers_connected as f64);
         }
     }
     result.rss_after_updates_mib = mib(after.rss_kib.max(peak_rss));
@@ -1375,6 +1410,9 @@ fn markdown_table(
     for (key, run) in results {
         if let Some(error) = &run.last_error {
             out.push_str(&format!("\n{key}: last stream error: {error}\n"));
+        }
+        for note in &run.gave_up {
+            out.push_str(&format!("\n{key}: {note}\n"));
         }
     }
     out.push('\n');
