@@ -14,7 +14,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use kube::api::{Api, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::discovery::{self, Scope};
 use serde::Deserialize;
@@ -1154,32 +1153,6 @@ async fn dry_run_pod(cp: &ControlPlane, ns: &str, pod: &DynamicObject) -> Result
     .map(|_| ())
 }
 
-/// Asks RBAC whether `user` may `verb` `resource` (in `group`) in `ns`.
-async fn allowed(
-    cp: &ControlPlane,
-    user: &str,
-    verb: &str,
-    group: &str,
-    resource: &str,
-    ns: &str,
-) -> bool {
-    let review: SubjectAccessReview = serde_json::from_value(json!({
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SubjectAccessReview",
-        "spec": {
-            "user": user,
-            "groups": ["system:serviceaccounts", "system:authenticated"],
-            "resourceAttributes": {"verb": verb, "group": group, "resource": resource, "namespace": ns},
-        },
-    }))
-    .expect("SubjectAccessReview");
-    let answer = Api::<SubjectAccessReview>::all(cp.admin_client())
-        .create(&PostParams::default(), &review)
-        .await
-        .expect("SubjectAccessReview");
-    answer.status.is_some_and(|s| s.allowed)
-}
-
 async fn apply_case(cp: &ControlPlane, case: &Case, objects: &[Value]) {
     let ns = case.ns();
     let what = case.name;
@@ -1239,7 +1212,10 @@ async fn apply_case(cp: &ControlPlane, case: &Case, objects: &[Value]) {
         for verb in ["get", "list", "watch"] {
             for resource in ["featureflags", "featureflagsources"] {
                 eventually(&format!("{what}: {sa} may {verb} {resource}"), || async {
-                    if allowed(cp, &sa, verb, group, resource, "some-app").await {
+                    if cp
+                        .service_account_may(&ns, "flagd-proxy", verb, group, resource, "some-app")
+                        .await
+                    {
                         Ok(())
                     } else {
                         Err("not yet allowed".to_owned())
@@ -1256,16 +1232,24 @@ async fn apply_case(cp: &ControlPlane, case: &Case, objects: &[Value]) {
             ("list", "", "pods"),
         ] {
             assert!(
-                !allowed(cp, &sa, verb, group, resource, "some-app").await,
+                !cp.service_account_may(&ns, "flagd-proxy", verb, group, resource, "some-app")
+                    .await,
                 "{what}: {sa} may {verb} {resource}"
             );
         }
     }
     if case.node() {
-        let sa = format!("system:serviceaccount:{ns}:flagd-proxy-node");
         for resource in ["featureflags", "featureflagsources"] {
             assert!(
-                !allowed(cp, &sa, "get", "core.openfeature.dev", resource, "some-app").await,
+                !cp.service_account_may(
+                    &ns,
+                    "flagd-proxy-node",
+                    "get",
+                    "core.openfeature.dev",
+                    resource,
+                    "some-app"
+                )
+                .await,
                 "{what}: the node tier may read {resource}"
             );
         }

@@ -13,7 +13,6 @@ use std::time::{Duration, Instant};
 
 use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
 use futures::StreamExt;
-use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use kube::api::{
     Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
@@ -684,33 +683,6 @@ async fn create_strictly(cp: &ControlPlane, namespace: &str, object: &mut Value)
     format!("{kind}/{name}")
 }
 
-/// Asks the API server whether the deployed service account may do `verb` on `resource`.
-async fn may(
-    cp: &ControlPlane,
-    user_ns: &str,
-    verb: &str,
-    group: &str,
-    resource: &str,
-    ns: &str,
-) -> bool {
-    let review: SubjectAccessReview = serde_json::from_value(json!({
-        "apiVersion": "authorization.k8s.io/v1",
-        "kind": "SubjectAccessReview",
-        "spec": {
-            "user": format!("system:serviceaccount:{user_ns}:flagd-proxy"),
-            "groups": ["system:serviceaccounts", format!("system:serviceaccounts:{user_ns}"), "system:authenticated"],
-            "resourceAttributes": {"group": group, "resource": resource, "verb": verb, "namespace": ns},
-        },
-    }))
-    .expect("a SubjectAccessReview");
-    Api::<SubjectAccessReview>::all(cp.admin_client())
-        .create(&PostParams::default(), &review)
-        .await
-        .expect("SubjectAccessReview")
-        .status
-        .is_some_and(|s| s.allowed)
-}
-
 /// The deploy/ manifests are accepted by a real API server and give the proxy's service account
 /// read access to the OpenFeature resources and nothing else.
 #[tokio::test]
@@ -763,7 +735,17 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
     // Wait until RBAC has seen the binding, then ask about everything else.
     let group = control_plane::GROUP;
     let deadline = Instant::now() + EVENT_TIMEOUT;
-    while !may(&cp, &namespace, "watch", group, "featureflags", "some-app").await {
+    while !cp
+        .service_account_may(
+            &namespace,
+            "flagd-proxy",
+            "watch",
+            group,
+            "featureflags",
+            "some-app",
+        )
+        .await
+    {
         assert!(
             Instant::now() < deadline,
             "the ClusterRoleBinding never took effect"
@@ -776,7 +758,18 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
             for ns in ["some-app", &namespace, ""] {
                 answers.insert(
                     format!("{verb} {resource} in {ns:?}"),
-                    (may(&cp, &namespace, verb, group, resource, ns).await, true),
+                    (
+                        cp.service_account_may(
+                            &namespace,
+                            "flagd-proxy",
+                            verb,
+                            group,
+                            resource,
+                            ns,
+                        )
+                        .await,
+                        true,
+                    ),
                 );
             }
         }
@@ -784,7 +777,15 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
             answers.insert(
                 format!("{verb} {resource} in \"some-app\""),
                 (
-                    may(&cp, &namespace, verb, group, resource, "some-app").await,
+                    cp.service_account_may(
+                        &namespace,
+                        "flagd-proxy",
+                        verb,
+                        group,
+                        resource,
+                        "some-app",
+                    )
+                    .await,
                     false,
                 ),
             );
@@ -799,7 +800,11 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
     ] {
         answers.insert(
             format!("{verb} {group}/{resource} in {ns:?}"),
-            (may(&cp, &namespace, verb, group, resource, ns).await, false),
+            (
+                cp.service_account_may(&namespace, "flagd-proxy", verb, group, resource, ns)
+                    .await,
+                false,
+            ),
         );
     }
     let wrong: Vec<_> = answers

@@ -673,6 +673,40 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Asks the API server (SubjectAccessReview) whether the ServiceAccount `name` of namespace
+    /// `sa_ns` may `verb` `resource` (of API group `group`, "" for the core group) in namespace
+    /// `ns`, with the groups a token of that ServiceAccount carries.
+    pub async fn service_account_may(
+        &self,
+        sa_ns: &str,
+        name: &str,
+        verb: &str,
+        group: &str,
+        resource: &str,
+        ns: &str,
+    ) -> bool {
+        let review: SubjectAccessReview = serde_json::from_value(json!({
+            "apiVersion": "authorization.k8s.io/v1",
+            "kind": "SubjectAccessReview",
+            "spec": {
+                "user": format!("system:serviceaccount:{sa_ns}:{name}"),
+                "groups": [
+                    "system:serviceaccounts",
+                    format!("system:serviceaccounts:{sa_ns}"),
+                    "system:authenticated",
+                ],
+                "resourceAttributes": {"group": group, "resource": resource, "verb": verb, "namespace": ns},
+            },
+        }))
+        .expect("building a SubjectAccessReview");
+        Api::<SubjectAccessReview>::all(self.admin_client.clone())
+            .create(&PostParams::default(), &review)
+            .await
+            .expect("SubjectAccessReview")
+            .status
+            .is_some_and(|s| s.allowed)
+    }
+
     /// Asks the apiserver (SubjectAccessReview) whether the proxy identity may list featureflags
     /// in `ns` (or cluster-wide) until `done(allowed, reason)` holds.
     async fn wait_for_access(
