@@ -733,19 +733,12 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
     assert_eq!(service["spec"]["ports"][0]["port"], 8015);
 
     // Wait until RBAC has seen the binding, then ask about everything else.
+    let may = |verb, group, resource, ns| {
+        cp.service_account_may(&namespace, "flagd-proxy", verb, group, resource, ns)
+    };
     let group = control_plane::GROUP;
     let deadline = Instant::now() + EVENT_TIMEOUT;
-    while !cp
-        .service_account_may(
-            &namespace,
-            "flagd-proxy",
-            "watch",
-            group,
-            "featureflags",
-            "some-app",
-        )
-        .await
-    {
+    while !may("watch", group, "featureflags", "some-app").await {
         assert!(
             Instant::now() < deadline,
             "the ClusterRoleBinding never took effect"
@@ -758,36 +751,14 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
             for ns in ["some-app", &namespace, ""] {
                 answers.insert(
                     format!("{verb} {resource} in {ns:?}"),
-                    (
-                        cp.service_account_may(
-                            &namespace,
-                            "flagd-proxy",
-                            verb,
-                            group,
-                            resource,
-                            ns,
-                        )
-                        .await,
-                        true,
-                    ),
+                    (may(verb, group, resource, ns).await, true),
                 );
             }
         }
         for verb in ["create", "update", "patch", "delete"] {
             answers.insert(
                 format!("{verb} {resource} in \"some-app\""),
-                (
-                    cp.service_account_may(
-                        &namespace,
-                        "flagd-proxy",
-                        verb,
-                        group,
-                        resource,
-                        "some-app",
-                    )
-                    .await,
-                    false,
-                ),
+                (may(verb, group, resource, "some-app").await, false),
             );
         }
     }
@@ -800,11 +771,7 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
     ] {
         answers.insert(
             format!("{verb} {group}/{resource} in {ns:?}"),
-            (
-                cp.service_account_may(&namespace, "flagd-proxy", verb, group, resource, ns)
-                    .await,
-                false,
-            ),
+            (may(verb, group, resource, ns).await, false),
         );
     }
     let wrong: Vec<_> = answers
