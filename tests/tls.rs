@@ -64,8 +64,8 @@ fn args(dir: &tempfile::TempDir, extra: &[String]) -> Vec<String> {
     args
 }
 
-/// A TLS proxy (certificate from `ca`) serving `default/demo` with `color` = red.
-async fn tls_proxy(ca: &TestCa, extra: &[&str]) -> (tempfile::TempDir, Proxy) {
+/// A manifests directory with `default/demo`, whose flag `color` is red.
+fn demo_manifests() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
     write_manifest(
         dir.path(),
@@ -73,6 +73,12 @@ async fn tls_proxy(ca: &TestCa, extra: &[&str]) -> (tempfile::TempDir, Proxy) {
         "demo",
         string_flag("color", "red", &["red", "blue"]),
     );
+    dir
+}
+
+/// A TLS proxy (certificate from `ca`) serving `default/demo` with `color` = red.
+async fn tls_proxy(ca: &TestCa, extra: &[&str]) -> (tempfile::TempDir, Proxy) {
+    let dir = demo_manifests();
     let mut all = ca.proxy_args();
     all.extend(extra.iter().map(|s| (*s).to_owned()));
     let args = args(&dir, &all);
@@ -90,13 +96,7 @@ async fn open(channel: Channel) -> tonic::Streaming<v1::SyncFlagsResponse> {
 
 #[tokio::test]
 async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "red", &["red", "blue"]),
-    );
+    let dir = demo_manifests();
     let first_ca = TestCa::new();
     let args = args(&dir, &first_ca.proxy_args());
     let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
