@@ -1,6 +1,5 @@
 //! Test helpers shared by the unit tests.
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,13 +10,6 @@ use tokio::sync::Notify;
 use crate::hub::Publisher;
 use crate::selector::ResourceKey;
 use crate::source::Source;
-
-/// The `shared/` folder beside the repository (schemas, CRDs).
-pub fn shared_dir() -> PathBuf {
-    std::env::var_os("FLAGD_PROXY_SHARED_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared"))
-}
 
 /// A `FeatureFlag` with one string flag `f` whose default variant is `variant`.
 pub fn flag_resource(variant: &str) -> Value {

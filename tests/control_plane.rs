@@ -54,7 +54,10 @@ fn missing_binaries_are_reported_with_the_build_script() {
     let empty = tempfile::tempdir().expect("creating an empty directory");
     let err =
         control_plane::find_binaries(empty.path()).expect_err("an empty directory has no binaries");
-    assert!(err.is_binaries_missing(), "unexpected error: {err}");
+    assert!(
+        matches!(err, ControlPlaneError::BinariesMissing { .. }),
+        "unexpected error: {err}"
+    );
     let message = err.to_string();
     assert!(
         message.contains("scripts/build-control-plane.sh"),

@@ -3,9 +3,11 @@
 //!
 //! The binaries are built by `scripts/build-control-plane.sh` into
 //! `${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}/bin` (or the directory named by
-//! `FLAGD_PROXY_KUBE_BIN_DIR`). When they are absent, [`ControlPlane::start`] returns
-//! [`ControlPlaneError::BinariesMissing`]; [`start_or_skip`] turns that into a skip notice outside CI
-//! and a failure inside it.
+//! `FLAGD_PROXY_KUBE_BIN_DIR`); the CRDs come from the operator module that
+//! `scripts/fetch-test-data.sh` downloads ([`test_data`]). When either is absent,
+//! [`ControlPlane::start`] returns [`ControlPlaneError::BinariesMissing`] or
+//! [`ControlPlaneError::TestDataMissing`]; [`start_or_skip`] turns that into a skip notice outside
+//! CI and a failure inside it.
 //!
 //! Two identities authenticate with bearer tokens (`--token-auth-file`):
 //! - an administrator in `system:masters` ([`ControlPlane::admin_client`]);
@@ -63,6 +65,8 @@ pub const PROXY_CLUSTER_ROLE: &str = "flagd-proxy";
 /// Name of the (Cluster)RoleBindings that the grant methods create.
 pub const PROXY_BINDING: &str = "flagd-proxy";
 
+/// The operator's CRDs, under [`test_data`].
+pub const OPERATOR_CRDS: &str = "open-feature-operator/config/crd/bases";
 const CRD_FILES: [&str; 2] = [
     "core.openfeature.dev_featureflags.yaml",
     "core.openfeature.dev_featureflagsources.yaml",
@@ -104,13 +108,20 @@ pub enum ControlPlaneError {
         bin_dir: PathBuf,
         missing: Vec<PathBuf>,
     },
+    /// Downloaded test data (the CRDs) is not in the cache; see [`test_data`].
+    TestDataMissing(TestDataMissing),
     /// Everything else: a process that exited or never became ready, a bad CRD file, ...
     Startup(anyhow::Error),
 }
 
 impl ControlPlaneError {
-    pub fn is_binaries_missing(&self) -> bool {
-        matches!(self, ControlPlaneError::BinariesMissing { .. })
+    /// True when something the tests install is missing (binaries or test data), as opposed to
+    /// a failure of what is installed.
+    pub fn is_missing_dependency(&self) -> bool {
+        matches!(
+            self,
+            ControlPlaneError::BinariesMissing { .. } | ControlPlaneError::TestDataMissing(_)
+        )
     }
 }
 
@@ -129,6 +140,7 @@ impl fmt::Display for ControlPlaneError {
                     bin_dir.display()
                 )
             }
+            ControlPlaneError::TestDataMissing(missing) => missing.fmt(f),
             ControlPlaneError::Startup(err) => write!(f, "control plane failed to start: {err:#}"),
         }
     }
@@ -152,17 +164,71 @@ pub struct Binaries {
 /// The directory the binaries are taken from: `FLAGD_PROXY_KUBE_BIN_DIR`, else
 /// `${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}/bin`.
 pub fn bin_dir() -> PathBuf {
-    if let Some(dir) = non_empty_env("FLAGD_PROXY_KUBE_BIN_DIR") {
-        return PathBuf::from(dir);
+    match non_empty_env("FLAGD_PROXY_KUBE_BIN_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => cache_dir().join("bin"),
     }
-    let cache = match non_empty_env("FLAGD_PROXY_CACHE") {
+}
+
+/// Where the test installers keep what they build and fetch:
+/// `${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}`.
+pub fn cache_dir() -> PathBuf {
+    match non_empty_env("FLAGD_PROXY_CACHE") {
         Some(dir) => PathBuf::from(dir),
         None => {
             let home = non_empty_env("HOME").unwrap_or_else(|| "/root".to_owned());
             Path::new(&home).join(".cache").join("flagd-proxy")
         }
+    }
+}
+
+/// Public data a test reads that is not kept in the repository and is not in the cache.
+#[derive(Debug)]
+pub struct TestDataMissing {
+    pub path: PathBuf,
+}
+
+impl fmt::Display for TestDataMissing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "test data {} is missing; run scripts/fetch-test-data.sh (it downloads the modules \
+             listed in tests/data/modules.txt with `go mod download` and links them under \
+             ${{FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}}/test-data)",
+            self.path.display()
+        )
+    }
+}
+
+impl std::error::Error for TestDataMissing {}
+
+/// The one place that resolves downloaded test data: `relative` under the folder
+/// `scripts/fetch-test-data.sh` fills (`$FLAGD_PROXY_TEST_DATA`, else `<cache>/test-data`), e.g.
+/// `flagd-schemas/json/test/flags` or `open-feature-operator/config/crd/bases`.
+pub fn test_data(relative: &str) -> Result<PathBuf, TestDataMissing> {
+    let root = match non_empty_env("FLAGD_PROXY_TEST_DATA") {
+        Some(dir) => PathBuf::from(dir),
+        None => cache_dir().join("test-data"),
     };
-    cache.join("bin")
+    let path = root.join(relative);
+    if path.exists() {
+        Ok(path)
+    } else {
+        Err(TestDataMissing { path })
+    }
+}
+
+/// [`test_data`] for a test that cannot run without it: panics under `CI`, else prints a skip
+/// notice and returns `None`.
+pub fn test_data_or_skip(relative: &str) -> Option<PathBuf> {
+    match test_data(relative) {
+        Ok(path) => Some(path),
+        Err(missing) if std::env::var_os("CI").is_some() => panic!("{missing}"),
+        Err(missing) => {
+            eprintln!("SKIPPED (no test data): {missing}");
+            None
+        }
+    }
 }
 
 /// Looks for `kube-apiserver` and `etcd` in `dir`.
@@ -187,16 +253,6 @@ pub fn find_binaries(dir: &Path) -> Result<Binaries, ControlPlaneError> {
     }
 }
 
-/// The folder with the project's shared test data: `FLAGD_PROXY_SHARED_DIR`, else `../shared` next
-/// to the crate.
-pub fn shared_dir() -> PathBuf {
-    match non_empty_env("FLAGD_PROXY_SHARED_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("..")
-            .join("shared"),
-    }
-}
 
 /// Starts a control plane, or decides that the calling test is skipped: when the binaries are
 /// missing this panics if `CI` is set and otherwise prints a notice and returns `None`. Any other
@@ -204,7 +260,7 @@ pub fn shared_dir() -> PathBuf {
 pub async fn start_or_skip() -> Option<ControlPlane> {
     match ControlPlane::start().await {
         Ok(cp) => Some(cp),
-        Err(err @ ControlPlaneError::BinariesMissing { .. }) => {
+        Err(err) if err.is_missing_dependency() => {
             if std::env::var_os("CI").is_some() {
                 panic!("{err}");
             }
@@ -244,7 +300,9 @@ impl ControlPlane {
     /// restricted identity's ClusterRole without binding it.
     pub async fn start() -> Result<ControlPlane, ControlPlaneError> {
         let binaries = find_binaries(&bin_dir())?;
-        let crds = load_crds(&shared_dir().join("k8s"))?;
+        let crds = load_crds(
+            &test_data(OPERATOR_CRDS).map_err(ControlPlaneError::TestDataMissing)?,
+        )?;
         let mut failures = Vec::new();
         for _ in 0..START_ATTEMPTS {
             match Self::start_once(&binaries).await {
@@ -1023,12 +1081,8 @@ fn load_crds(dir: &Path) -> anyhow::Result<Vec<CustomResourceDefinition>> {
         .iter()
         .map(|file| {
             let path = dir.join(file);
-            let text = fs::read_to_string(&path).with_context(|| {
-                format!(
-                    "reading {} (set FLAGD_PROXY_SHARED_DIR to the shared folder)",
-                    path.display()
-                )
-            })?;
+            let text = fs::read_to_string(&path)
+                .with_context(|| format!("reading {}", path.display()))?;
             serde_norway::from_str(&text).with_context(|| {
                 format!("parsing {} as a CustomResourceDefinition", path.display())
             })
