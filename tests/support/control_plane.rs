@@ -253,7 +253,6 @@ pub fn find_binaries(dir: &Path) -> Result<Binaries, ControlPlaneError> {
     }
 }
 
-
 /// Starts a control plane, or decides that the calling test is skipped: when the binaries are
 /// missing this panics if `CI` is set and otherwise prints a notice and returns `None`. Any other
 /// start failure panics.
@@ -300,9 +299,8 @@ impl ControlPlane {
     /// restricted identity's ClusterRole without binding it.
     pub async fn start() -> Result<ControlPlane, ControlPlaneError> {
         let binaries = find_binaries(&bin_dir())?;
-        let crds = load_crds(
-            &test_data(OPERATOR_CRDS).map_err(ControlPlaneError::TestDataMissing)?,
-        )?;
+        let crds =
+            load_crds(&test_data(OPERATOR_CRDS).map_err(ControlPlaneError::TestDataMissing)?)?;
         let mut failures = Vec::new();
         for _ in 0..START_ATTEMPTS {
             match Self::start_once(&binaries).await {
@@ -1081,8 +1079,8 @@ fn load_crds(dir: &Path) -> anyhow::Result<Vec<CustomResourceDefinition>> {
         .iter()
         .map(|file| {
             let path = dir.join(file);
-            let text = fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let text =
+                fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
             serde_norway::from_str(&text).with_context(|| {
                 format!("parsing {} as a CustomResourceDefinition", path.display())
             })
