@@ -1118,8 +1118,8 @@ impl Feature {
     fn not_applicable(self, kind: Kind) -> Option<&'static str> {
         match (self, kind) {
             (Feature::ContextValue, Kind::Flagd) => Some(
-                "not tried: the in-process providers are the clients that merge `sync_context` \
-                 into evaluations",
+                "the in-process providers are the clients that merge `sync_context` into their \
+                 evaluations; flagd is not asked",
             ),
             (Feature::UnixSocket, Kind::Python) => Some(
                 "its in-process sync dials `host:port` only (its `socket_path` option serves the \
