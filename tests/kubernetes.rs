@@ -1146,6 +1146,14 @@ async fn missing_events_permission_is_logged_and_flags_still_flow() {
     }
     fix_flag(&cp, "no-events", "demo", "blue").await;
     wait_for_variant(&mut stream, "blue").await;
+    // The Normal Event is refused too: logged at debug level, the clear line stays one.
+    wait_for_log_line(&proxy, &["cannot record an event"]).await;
+    let lines = proxy.log_text();
+    assert_eq!(
+        lines.matches("cannot record Events").count(),
+        1,
+        "one line about the permission:\n{lines}"
+    );
     set_variant(&cp, "no-events", "demo", "green").await;
     wait_for_variant(&mut stream, "green").await;
     assert!(
