@@ -312,8 +312,8 @@ pub struct StartArgs {
 
     /// An entry for every message's sync_context and for GetMetadata, as flagd's
     /// --context-value: providers merge it into their evaluation context, so targeting rules can
-    /// use it (for example region=eu). Repeatable; in the config file a list of key=value or a
-    /// mapping. The keys proxy, proxyVersion and selector are the proxy's own.
+    /// use it (for example region=eu). Repeatable or comma-separated; in the config file a list
+    /// of key=value or a mapping. The keys proxy, proxyVersion and selector are the proxy's own.
     #[arg(long = "context-value", value_name = "KEY=VALUE", env = "FLAGD_PROXY_CONTEXT_VALUES", value_delimiter = ',', value_parser = crate::context::parse_entry)]
     pub context_values: Vec<(String, String)>,
 
@@ -338,7 +338,8 @@ pub struct StartArgs {
 
     /// Record Kubernetes Events on FeatureFlag resources that are served: a Warning when a new
     /// version is rejected, a Normal one when it is valid again. Needs create and patch on
-    /// events (events.k8s.io). `--events=false` turns it off.
+    /// events (events.k8s.io); the reporting instance is the POD_NAME environment variable (the
+    /// pod name, from the downward API). `--events=false` turns it off.
     #[arg(
         long,
         value_name = "BOOL",
