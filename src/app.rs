@@ -159,15 +159,7 @@ impl Prepared {
         let sync = if self.args.sync_socket_only {
             None
         } else {
-            Some(
-                TcpListener::bind(sync_addr)
-                    .await
-                    .map_err(|source| RunError::Bind {
-                        addr: sync_addr,
-                        flag: "--port",
-                        source,
-                    })?,
-            )
+            Some(bind_tcp(sync_addr, "--port").await?)
         };
         let socket = match &self.args.sync_socket_path {
             Some(path) => {
@@ -176,14 +168,7 @@ impl Prepared {
             None => None,
         };
         let management_addr = SocketAddr::new(self.args.bind_address, self.args.management_port);
-        let management =
-            TcpListener::bind(management_addr)
-                .await
-                .map_err(|source| RunError::Bind {
-                    addr: management_addr,
-                    flag: "--management-port",
-                    source,
-                })?;
+        let management = bind_tcp(management_addr, "--management-port").await?;
         Ok(Bound {
             prepared: self,
             sync,
@@ -191,6 +176,12 @@ impl Prepared {
             management,
         })
     }
+}
+
+async fn bind_tcp(addr: SocketAddr, flag: &'static str) -> Result<TcpListener, RunError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| RunError::Bind { addr, flag, source })
 }
 
 impl Bound {
