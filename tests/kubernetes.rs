@@ -1046,6 +1046,17 @@ async fn rejected_versions_are_told_with_events_on_the_resource() {
         .await
         .expect("stream");
     assert_eq!(next_variant(&mut stream).await, "red");
+    // A second replica with Events turned off serves the same resource.
+    let quiet_args = cp.proxy_args(&["--events=false"]);
+    let quiet_args: Vec<&str> = quiet_args.iter().map(String::as_str).collect();
+    let quiet = Proxy::start_with_env(&quiet_args, &[("POD_NAME", "quiet-pod")]).await;
+    let mut quiet_client = FlagSyncServiceClient::connect(quiet.endpoint())
+        .await
+        .expect("connecting to the quiet replica");
+    let mut quiet_stream = open(&mut quiet_client, &selector("events", "demo"))
+        .await
+        .expect("stream");
+    assert_eq!(next_variant(&mut quiet_stream).await, "red");
     let uid = flags_api(&cp, "events")
         .get("demo")
         .await
@@ -1080,6 +1091,18 @@ async fn rejected_versions_are_told_with_events_on_the_resource() {
     let note = normal.note.clone().unwrap_or_default();
     assert!(note.contains("is valid; clients receive it"), "{note}");
     assert_eq!(normal.reason.as_deref(), Some("FlagConfigurationValid"));
+    // The quiet replica saw the rejected version before the fix and wrote nothing; the Normal
+    // Event above comes at least 5 s after the Warning, so a write of its own would be there.
+    wait_for_variant(&mut quiet_stream, "blue").await;
+    let quiet_events: Vec<_> = events_about(&cp, "events", "demo")
+        .await
+        .into_iter()
+        .filter(|e| e.reporting_instance.as_deref() == Some("quiet-pod"))
+        .collect();
+    assert!(
+        quiet_events.is_empty(),
+        "--events=false wrote {quiet_events:#?}"
+    );
 
     // 100 rapid invalid edits, each with a different problem, then a fix.
     let before = events_about(&cp, "events", "demo").await.len();
