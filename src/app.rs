@@ -9,10 +9,12 @@ use tokio_util::sync::CancellationToken;
 use crate::authz::{Authorizer, AuthzConfigError, AuthzSettings};
 use crate::cli::StartArgs;
 use crate::hub::{Hub, HubOptions};
+use crate::listener::{SocketError, SyncListener, UnixSocket};
 use crate::management::{self, Readiness};
 use crate::metrics::Metrics;
 use crate::server::{self, ServerOptions};
 use crate::source::Source;
+use crate::source::events::EventRecorder;
 use crate::source::kubernetes::{KubeError, KubeSettings, KubernetesSource};
 use crate::source::manifests::{ManifestError, ManifestSource};
 use crate::source::upstream::{UpstreamError, UpstreamSettings, UpstreamSource};
@@ -34,6 +36,10 @@ pub enum ConfigError {
     Upstream(#[source] UpstreamError),
     #[error("{0}")]
     Authz(#[source] AuthzConfigError),
+    #[error(
+        "--sync-socket-path cannot be combined with --client-ca-path: the unix socket carries no TLS, so its clients present no certificate"
+    )]
+    SocketWithoutClientCertificates,
 }
 
 /// A failure while running.
@@ -45,6 +51,8 @@ pub enum RunError {
         flag: &'static str,
         source: std::io::Error,
     },
+    #[error("cannot listen on the unix socket (--sync-socket-path): {0}")]
+    Socket(#[source] SocketError),
     #[error(transparent)]
     Server(#[from] server::ServerError),
     #[error("the management server failed: {0}")]
@@ -58,6 +66,7 @@ pub struct Prepared {
     source: Arc<dyn Source>,
     tls: Option<Arc<ReloadingTls>>,
     authz: Arc<Authorizer>,
+    events: Option<EventRecorder>,
 }
 
 /// Checks the arguments and loads what they point at.
@@ -65,6 +74,10 @@ pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
     if args.port == args.management_port && args.port != 0 {
         return Err(ConfigError::SamePort(args.port));
     }
+    if args.sync_socket_path.is_some() && args.client_ca_path.is_some() {
+        return Err(ConfigError::SocketWithoutClientCertificates);
+    }
+    crate::context::install(&args.context_values);
     let metrics = Arc::new(Metrics::new());
     let tls = match (&args.server_cert_path, &args.server_key_path) {
         (Some(cert), Some(key)) => Some(
@@ -102,6 +115,15 @@ pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
         kube_client = Some(kubernetes.client());
         Arc::new(kubernetes)
     };
+    let events = match &kube_client {
+        Some(client) if args.events => Some(EventRecorder::new(
+            client.clone(),
+            std::env::var("POD_NAME")
+                .ok()
+                .filter(|name| !name.is_empty()),
+        )),
+        _ => None,
+    };
     let authz = Authorizer::new(
         AuthzSettings {
             mode: args.authz,
@@ -119,46 +141,57 @@ pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
         source,
         tls,
         authz: Arc::new(authz),
+        events,
     })
 }
 
 /// The listeners, bound.
 pub struct Bound {
     prepared: Prepared,
-    sync: TcpListener,
+    sync: Option<TcpListener>,
+    socket: Option<UnixSocket>,
     management: TcpListener,
 }
 
 impl Prepared {
     pub async fn bind(self) -> Result<Bound, RunError> {
         let sync_addr = SocketAddr::new(self.args.bind_address, self.args.port);
-        let sync = TcpListener::bind(sync_addr)
-            .await
-            .map_err(|source| RunError::Bind {
-                addr: sync_addr,
-                flag: "--port",
-                source,
-            })?;
+        let sync = if self.args.sync_socket_only {
+            None
+        } else {
+            Some(bind_tcp(sync_addr, "--port").await?)
+        };
+        let socket = match &self.args.sync_socket_path {
+            Some(path) => {
+                Some(UnixSocket::bind(path, self.args.sync_socket_mode).map_err(RunError::Socket)?)
+            }
+            None => None,
+        };
         let management_addr = SocketAddr::new(self.args.bind_address, self.args.management_port);
-        let management =
-            TcpListener::bind(management_addr)
-                .await
-                .map_err(|source| RunError::Bind {
-                    addr: management_addr,
-                    flag: "--management-port",
-                    source,
-                })?;
+        let management = bind_tcp(management_addr, "--management-port").await?;
         Ok(Bound {
             prepared: self,
             sync,
+            socket,
             management,
         })
     }
 }
 
+async fn bind_tcp(addr: SocketAddr, flag: &'static str) -> Result<TcpListener, RunError> {
+    TcpListener::bind(addr)
+        .await
+        .map_err(|source| RunError::Bind { addr, flag, source })
+}
+
 impl Bound {
     pub fn sync_addr(&self) -> std::io::Result<SocketAddr> {
-        self.sync.local_addr()
+        match &self.sync {
+            Some(sync) => sync.local_addr(),
+            None => Err(std::io::Error::other(
+                "the sync port is off (--sync-socket-only)",
+            )),
+        }
     }
 
     pub fn management_addr(&self) -> std::io::Result<SocketAddr> {
@@ -171,6 +204,7 @@ impl Bound {
         let Bound {
             prepared,
             sync,
+            socket,
             management,
         } = self;
         let Prepared {
@@ -179,6 +213,7 @@ impl Bound {
             source,
             tls,
             authz,
+            events,
         } = prepared;
         let hub = Hub::new(
             source.clone(),
@@ -190,6 +225,9 @@ impl Bound {
             },
             metrics,
         );
+        if let Some(events) = events {
+            hub.record_events(events);
+        }
         let readiness = Readiness::default();
         let (health, health_service) = tonic_health::server::health_reporter();
         let streams_end = CancellationToken::new();
@@ -197,7 +235,13 @@ impl Bound {
         if let Some(tls) = &tls {
             tls.spawn_reloader(streams_end.clone());
         }
-        let sync_addr = sync.local_addr().ok();
+        let sync_addr = sync.as_ref().and_then(|sync| sync.local_addr().ok());
+        let sync_socket = socket.as_ref().map(|socket| socket.path().to_owned());
+        let listeners: Vec<SyncListener> = sync
+            .map(SyncListener::Tcp)
+            .into_iter()
+            .chain(socket.map(SyncListener::Unix))
+            .collect();
         let management_addr = management.local_addr().ok();
         let management_done = CancellationToken::new();
         let router = management::router(
@@ -220,7 +264,7 @@ impl Bound {
                 .map(|age| (age, args.max_connection_age_grace)),
         };
         let mut sync_task = tokio::spawn(server::run(
-            sync,
+            listeners,
             tls.clone(),
             service,
             health_service,
@@ -246,6 +290,7 @@ impl Bound {
         readiness.set(true);
         tracing::info!(
             sync = ?sync_addr,
+            ?sync_socket,
             management = ?management_addr,
             tls = tls.is_some(),
             source = source.name(),

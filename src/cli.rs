@@ -309,6 +309,49 @@ pub struct StartArgs {
     /// How long streams on a connection past --max-connection-age may continue before it is closed.
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_MAX_CONNECTION_AGE_GRACE", default_value = "10s", value_parser = humantime::parse_duration, requires = "max_connection_age")]
     pub max_connection_age_grace: Duration,
+
+    /// An entry for every message's sync_context and for GetMetadata, as flagd's
+    /// --context-value: providers merge it into their evaluation context, so targeting rules can
+    /// use it (for example region=eu). Repeatable or comma-separated; in the config file a list
+    /// of key=value or a mapping. The keys proxy, proxyVersion and selector are the proxy's own.
+    #[arg(long = "context-value", value_name = "KEY=VALUE", env = "FLAGD_PROXY_CONTEXT_VALUES", value_delimiter = ',', value_parser = crate::context::parse_entry)]
+    pub context_values: Vec<(String, String)>,
+
+    /// Also serve both sync protocols and gRPC health on a unix domain socket at this path
+    /// (flagd's --sync-socket-path). A stale socket file left by a crash is replaced; the file is
+    /// removed on shutdown.
+    #[arg(long, value_name = "PATH", env = "FLAGD_PROXY_SYNC_SOCKET_PATH")]
+    pub sync_socket_path: Option<PathBuf>,
+
+    /// Permission bits of the unix socket file, in octal (who may connect).
+    #[arg(long, value_name = "MODE", env = "FLAGD_PROXY_SYNC_SOCKET_MODE", default_value = "0660", value_parser = crate::listener::parse_mode, requires = "sync_socket_path")]
+    pub sync_socket_mode: u32,
+
+    /// Serve the sync protocols on the unix socket only, not on --port (the management port
+    /// still listens).
+    #[arg(
+        long,
+        env = "FLAGD_PROXY_SYNC_SOCKET_ONLY",
+        requires = "sync_socket_path"
+    )]
+    pub sync_socket_only: bool,
+
+    /// Record Kubernetes Events on FeatureFlag resources that are served: a Warning when a new
+    /// version is rejected, a Normal one when it is valid again. Needs create and patch on
+    /// events (events.k8s.io); the reporting instance is the POD_NAME environment variable (the
+    /// pod name, from the downward API). `--events=false` turns it off.
+    #[arg(
+        long,
+        value_name = "BOOL",
+        env = "FLAGD_PROXY_EVENTS",
+        num_args = 0..=1,
+        require_equals = true,
+        default_value = "true",
+        default_missing_value = "true",
+        action = ArgAction::Set,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub events: bool,
 }
 
 /// Why the command line (with its config file) gives no [`Cli`].

@@ -26,6 +26,7 @@ use crate::document;
 use crate::metrics::{Metrics, ResourceLabels};
 use crate::selector::ResourceKey;
 use crate::source::Source;
+use crate::source::events::{EventRecorder, ResourceEvents};
 
 /// Hub settings.
 #[derive(Clone, Debug)]
@@ -137,6 +138,8 @@ struct Inner {
     upstreams: Mutex<HashMap<ResourceKey, StateSender>>,
     /// Resources waited on that do not exist yet, over all watches.
     waiting: Arc<AtomicUsize>,
+    /// Kubernetes Events about rejected and recovered resources, when recorded.
+    events: OnceLock<EventRecorder>,
 }
 
 impl Hub {
@@ -148,8 +151,15 @@ impl Hub {
                 metrics,
                 upstreams: Mutex::new(HashMap::new()),
                 waiting: Arc::new(AtomicUsize::new(0)),
+                events: OnceLock::new(),
             }),
         }
+    }
+
+    /// Records Kubernetes Events for the resources watched from now on (see
+    /// [`crate::source::events`]). Only the first recorder given is used.
+    pub fn record_events(&self, recorder: EventRecorder) {
+        let _ = self.inner.events.set(recorder);
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -221,6 +231,10 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
         max_document_bytes: inner.options.max_document_bytes,
         next_version: Arc::new(AtomicU64::new(1)),
         waiting: waiting.clone(),
+        events: inner
+            .events
+            .get()
+            .map(|recorder| Arc::new(recorder.watch(key.clone()))),
     };
     let mut watch = inner.source.watch(key.clone(), publisher.clone());
     let why = loop {
@@ -324,6 +338,7 @@ pub struct Publisher {
     max_document_bytes: usize,
     next_version: Arc<AtomicU64>,
     waiting: Arc<WaitingPlace>,
+    events: Option<Arc<ResourceEvents>>,
 }
 
 impl Publisher {
@@ -336,6 +351,17 @@ impl Publisher {
         match document::from_resource(resource) {
             Ok(document) => self.accept(document, changed_at),
             Err(error) => self.invalid(error.to_string()),
+        }
+        if let Some(events) = &self.events {
+            let state = self.tx.borrow();
+            match &state.availability {
+                Availability::Present => events.accepted(resource),
+                // Only resources that are served: someone is waiting for this version.
+                Availability::Invalid(reason) if self.tx.receiver_count() > 0 => {
+                    events.rejected(resource, reason);
+                }
+                _ => {}
+            }
         }
     }
 

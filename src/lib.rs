@@ -6,8 +6,10 @@
 pub mod app;
 pub mod authz;
 pub mod cli;
+pub mod context;
 pub mod document;
 pub mod hub;
+pub mod listener;
 pub mod management;
 pub mod metrics;
 pub mod selector;

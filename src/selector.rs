@@ -1,8 +1,14 @@
 //! Selectors: which resource a client asks for.
 //!
-//! The only form accepted is `core.openfeature.dev/<namespace>/<name>`, the form the OpenFeature
-//! Operator writes into injected sidecars. Anything else (including flagd's `file:` sources) is
-//! refused, so a client cannot make the proxy read arbitrary files.
+//! A selector names one `FeatureFlag` resource: `core.openfeature.dev/<namespace>/<name>` (the
+//! form the OpenFeature Operator writes into injected sidecars), or the same with flagd's
+//! `source=` key (`source=core.openfeature.dev/<namespace>/<name>`, flagd v0.13 and later: one
+//! `key=value` pair, a bare value meaning `source=`). Anything else (including flagd's `file:`
+//! sources) is refused, so a client cannot make the proxy read arbitrary files.
+//!
+//! `flagSetId=<id>` is refused: a flag set is named inside documents, so serving it would mean
+//! reading every resource that might hold a flag of that set (listing FeatureFlags across
+//! namespaces), which the proxy neither may nor should do on a client's request.
 use std::fmt;
 
 /// The API group of `FeatureFlag` resources, the prefix of every selector.
@@ -10,6 +16,15 @@ pub const GROUP: &str = "core.openfeature.dev";
 
 /// The accepted form, shown in every rejection.
 pub const ACCEPTED_FORM: &str = "core.openfeature.dev/<namespace>/<name>";
+
+/// The forms that work, shown when a selector uses a key this proxy does not serve.
+pub const WORKING_FORMS: &str = "\"core.openfeature.dev/<namespace>/<name>\" or \"source=core.openfeature.dev/<namespace>/<name>\"";
+
+/// flagd's selector key that names a source.
+pub const SOURCE_KEY: &str = "source";
+
+/// flagd's selector key that names a flag set (refused here, see the module documentation).
+pub const FLAG_SET_KEY: &str = "flagSetId";
 
 /// One `FeatureFlag` resource, by namespace and name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -46,14 +61,46 @@ pub enum SelectorError {
         selector: String,
         reason: &'static str,
     },
+    #[error(
+        "selector {selector}: flag sets are not served, because a flag set can draw on resources the proxy may not list; name one resource as {WORKING_FORMS}"
+    )]
+    FlagSet { selector: String },
+    #[error(
+        "selector {selector}: unknown key {key}; the accepted keys are `{SOURCE_KEY}` (and `{FLAG_SET_KEY}`, which this proxy refuses); use {WORKING_FORMS}"
+    )]
+    UnknownKey { selector: String, key: String },
 }
 
-/// Parses a selector into the resource it names.
+/// Parses a selector into the resource it names: a bare resource selector or flagd's
+/// `key=value` form.
 pub fn parse(selector: &str) -> Result<ResourceKey, SelectorError> {
     let selector = selector.trim();
     if selector.is_empty() {
         return Err(SelectorError::Missing);
     }
+    let Some((key, value)) = selector.split_once('=') else {
+        return parse_resource(selector);
+    };
+    match key.trim() {
+        SOURCE_KEY => {
+            let value = value.trim();
+            if value.is_empty() {
+                return Err(SelectorError::Missing);
+            }
+            parse_resource(value)
+        }
+        FLAG_SET_KEY => Err(SelectorError::FlagSet {
+            selector: truncate(selector),
+        }),
+        other => Err(SelectorError::UnknownKey {
+            selector: truncate(selector),
+            key: truncate(other),
+        }),
+    }
+}
+
+/// Parses `core.openfeature.dev/<namespace>/<name>`.
+fn parse_resource(selector: &str) -> Result<ResourceKey, SelectorError> {
     let shown = || truncate(selector);
     let Some(rest) = selector
         .strip_prefix(GROUP)
@@ -136,8 +183,9 @@ mod tests {
     fn rejects_other_forms_with_the_accepted_one() {
         for bad in [
             "file:/etc/passwd",
-            "flagSetId=abc",
             "source=x",
+            "source=file:/etc/passwd",
+            "source=core.openfeature.dev/ns/name/extra",
             "core.openfeature.dev",
             "core.openfeature.dev/",
             "core.openfeature.dev/ns",
@@ -151,8 +199,50 @@ mod tests {
         ] {
             let err = parse(bad).expect_err(bad);
             assert!(err.to_string().contains(ACCEPTED_FORM), "{bad}: {err}");
+            assert!(matches!(
+                err,
+                SelectorError::Unsupported { .. } | SelectorError::Invalid { .. }
+            ));
         }
         assert_eq!(parse("  "), Err(SelectorError::Missing));
+    }
+
+    #[test]
+    fn accepts_flagds_source_key() {
+        for form in [
+            "source=core.openfeature.dev/default/demo",
+            " source = core.openfeature.dev/default/demo ",
+        ] {
+            assert_eq!(
+                parse(form),
+                Ok(ResourceKey::new("default", "demo")),
+                "{form}"
+            );
+        }
+        assert_eq!(parse("source="), Err(SelectorError::Missing));
+    }
+
+    #[test]
+    fn refuses_flag_sets_naming_the_working_forms() {
+        for selector in ["flagSetId=abc", "flagSetId="] {
+            let err = parse(selector).expect_err(selector);
+            assert!(matches!(err, SelectorError::FlagSet { .. }), "{err:?}");
+            let message = err.to_string();
+            assert!(message.contains(WORKING_FORMS), "{message}");
+        }
+    }
+
+    #[test]
+    fn unknown_keys_name_the_accepted_ones() {
+        for selector in ["file=/etc/passwd", "Source=core.openfeature.dev/a/b", "=x"] {
+            let err = parse(selector).expect_err(selector);
+            assert!(matches!(err, SelectorError::UnknownKey { .. }), "{err:?}");
+            let message = err.to_string();
+            assert!(
+                message.contains("`source`") && message.contains("`flagSetId`"),
+                "{message}"
+            );
+        }
     }
 
     #[test]

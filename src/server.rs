@@ -13,13 +13,14 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixStream};
 use tokio::sync::mpsc;
 use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
+use crate::listener::{SyncListener, UnixSocket};
 use crate::metrics::Metrics;
 use crate::tls::ReloadingTls;
 use crate::wire::SyncService;
@@ -71,11 +72,11 @@ pub enum ServerError {
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves the sync protocols on `listener` until `shutdown` is cancelled and every stream has
+/// Serves the sync protocols on `listeners` until `shutdown` is cancelled and every stream has
 /// ended. Streams end with `UNAVAILABLE` as soon as `shutdown` is cancelled (the services see
 /// the same token).
 pub async fn run(
-    listener: TcpListener,
+    listeners: Vec<SyncListener>,
     tls: Option<Arc<ReloadingTls>>,
     service: SyncService,
     health: tonic_health::pb::health_server::HealthServer<
@@ -87,7 +88,18 @@ pub async fn run(
     let metrics = service.metrics().clone();
     let (tx, rx) = mpsc::channel(128);
     let per_address = AddressLimit::new(options.max_connections_per_address, metrics.clone());
-    tokio::spawn(accept(listener, tls, tx, per_address, shutdown.clone()));
+    for listener in listeners {
+        match listener {
+            SyncListener::Tcp(listener) => {
+                let (tls, tx, per_address) = (tls.clone(), tx.clone(), per_address.clone());
+                tokio::spawn(accept(listener, tls, tx, per_address, shutdown.clone()));
+            }
+            SyncListener::Unix(socket) => {
+                tokio::spawn(accept_unix(socket, tx.clone(), shutdown.clone()));
+            }
+        }
+    }
+    drop(tx);
     let mut builder = tonic::transport::Server::builder()
         .http2_keepalive_interval(Some(options.keepalive_interval))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))
@@ -188,6 +200,35 @@ async fn accept(
     }
 }
 
+/// Accepts unix socket connections (plain: the socket file's mode is the gate). The socket file
+/// is removed when this ends.
+async fn accept_unix(
+    socket: UnixSocket,
+    tx: mpsc::Sender<io::Result<Connection>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = socket.listener().accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, path = %socket.path().display(), "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let connection = Connection {
+            stream: Stream::Unix(stream),
+            _slot: AddressSlot(None),
+        };
+        if tx.send(Ok(connection)).await.is_err() {
+            return;
+        }
+    }
+}
+
 /// A client connection, plain or TLS.
 pub struct Connection {
     stream: Stream,
@@ -198,6 +239,7 @@ pub struct Connection {
 enum Stream {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
+    Unix(UnixStream),
 }
 
 /// Open connections per client IP address, bounded by `max_connections_per_address`.
@@ -376,6 +418,10 @@ impl Connected for Connection {
                 remote_addr: tcp.peer_addr().ok(),
                 peer_certificates: None,
             },
+            Stream::Unix(_) => ConnectionInfo {
+                remote_addr: None,
+                peer_certificates: None,
+            },
             Stream::Tls(tls) => {
                 let (tcp, session) = tls.get_ref();
                 ConnectionInfo {
@@ -396,6 +442,7 @@ impl AsyncRead for Connection {
         match &mut self.get_mut().stream {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -409,6 +456,7 @@ impl AsyncWrite for Connection {
         match &mut self.get_mut().stream {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
+            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -420,6 +468,7 @@ impl AsyncWrite for Connection {
         match &mut self.get_mut().stream {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
+            Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
         }
     }
 
@@ -427,6 +476,7 @@ impl AsyncWrite for Connection {
         match &self.stream {
             Stream::Plain(s) => s.is_write_vectored(),
             Stream::Tls(s) => s.is_write_vectored(),
+            Stream::Unix(s) => s.is_write_vectored(),
         }
     }
 
@@ -434,6 +484,7 @@ impl AsyncWrite for Connection {
         match &mut self.get_mut().stream {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
+            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -441,6 +492,7 @@ impl AsyncWrite for Connection {
         match &mut self.get_mut().stream {
             Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
+            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }

@@ -4,6 +4,8 @@
 //! Rows: flagd itself as the sidecar (v0.16.x, `flagd.sync.v1`), an old flagd that speaks only
 //! the legacy `sync.v1`, and the in-process providers for JS, Python, Rust, Java and Go.
 //! Columns: plain, TLS, header selector, body selector, update, reconnect (see [`Column`]).
+//! A second table covers what current flagd speaks besides (see [`Feature`]): flagd's
+//! `source=` selector, the proxy's unix socket, and `--context-value` entries in evaluations.
 //!
 //! The JS, Python and Rust clients (under `interop/`) come from `scripts/install-interop.sh`;
 //! flagd, the old flagd, Java and Go from `scripts/install-compat.sh`.
@@ -47,6 +49,11 @@ const NAMESPACE: &str = "default";
 const NAME: &str = "demo";
 const DECOY: &str = "decoy";
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
+/// The same resource in flagd's `key=value` selector grammar (flagd v0.13 and later).
+const SOURCE_SELECTOR: &str = "source=core.openfeature.dev/default/demo";
+/// The `--context-value` entry the targeting rule of the context-value run looks at.
+const CONTEXT_KEY: &str = "region";
+const CONTEXT_VALUE: &str = "eu-west";
 const FLAG_KEY: &str = "color";
 const INITIAL: &str = "red";
 const UPDATED: &str = "blue";
@@ -568,15 +575,41 @@ struct Session {
     log: Log,
 }
 
+/// What a client is pointed at besides the proxy's port.
+struct Target {
+    selector: &'static str,
+    /// The proxy's unix socket, used instead of its port.
+    socket: Option<PathBuf>,
+}
+
+impl Default for Target {
+    fn default() -> Self {
+        Target {
+            selector: SELECTOR,
+            socket: None,
+        }
+    }
+}
+
 impl Session {
     fn spawn(kind: Kind, launch: &Launch, proxy_port: u16, ca: Option<&Path>) -> Session {
+        Self::spawn_to(kind, launch, proxy_port, ca, &Target::default())
+    }
+
+    fn spawn_to(
+        kind: Kind,
+        launch: &Launch,
+        proxy_port: u16,
+        ca: Option<&Path>,
+        target: &Target,
+    ) -> Session {
         let log: Log = Arc::new(Mutex::new(VecDeque::new()));
         match launch {
             Launch::Stdout(cmd) => {
                 let mut cmd = Command::from(clone_command(cmd));
                 cmd.env("FLAGD_HOST", "127.0.0.1")
                     .env("FLAGD_PORT", proxy_port.to_string())
-                    .env("FLAGD_SOURCE_SELECTOR", SELECTOR)
+                    .env("FLAGD_SOURCE_SELECTOR", target.selector)
                     .env("INTEROP_FLAG_KEY", FLAG_KEY)
                     // The clients configure their provider explicitly; keep stray variables
                     // from steering a provider elsewhere through its own environment lookup.
@@ -589,6 +622,10 @@ impl Session {
                     .stdout(Stdio::piped())
                     .stderr(Stdio::piped())
                     .kill_on_drop(true);
+                match &target.socket {
+                    Some(socket) => cmd.env("INTEROP_SOCKET_PATH", socket),
+                    None => cmd.env_remove("INTEROP_SOCKET_PATH"),
+                };
                 match ca {
                     Some(ca) => cmd
                         .env("FLAGD_TLS", "true")
@@ -624,7 +661,12 @@ impl Session {
                 // relayed to the proxy's loopback port.
                 let relay_socket = dir.path().join("proxy.sock");
                 let relay = Relay::start(&relay_socket, proxy_port);
-                let relay_uri = format!("unix://{}", relay_socket.display());
+                // A unix socket of the proxy's own is reached directly (sockets are files, not
+                // part of the network namespace).
+                let relay_uri = match &target.socket {
+                    Some(socket) => format!("unix://{}", socket.display()),
+                    None => format!("unix://{}", relay_socket.display()),
+                };
                 let mut cmd = Command::new("unshare");
                 cmd.arg("--net").arg(bin);
                 cmd.arg("start").arg("--socket-path").arg(&socket);
@@ -652,7 +694,7 @@ impl Session {
                     let mut source = json!({
                         "uri": relay_uri,
                         "provider": "grpc",
-                        "selector": SELECTOR,
+                        "selector": target.selector,
                     });
                     if let Some(ca) = ca {
                         source["tls"] = json!(true);
@@ -1023,6 +1065,131 @@ async fn reconnect_run(kind: Kind, launch: Launch) -> Cells {
     vec![(Column::Reconnect, Cell::from_result(result))]
 }
 
+/// What current flagd speaks besides the columns of the main table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Feature {
+    SourceSelector,
+    UnixSocket,
+    ContextValue,
+}
+
+const FEATURES: [Feature; 3] = [
+    Feature::SourceSelector,
+    Feature::UnixSocket,
+    Feature::ContextValue,
+];
+
+/// The clients the features are tried with: flagd as the sidecar and two in-process providers.
+const FEATURE_KINDS: [Kind; 3] = [Kind::Flagd, Kind::Js, Kind::Python];
+
+impl Feature {
+    fn title(self) -> &'static str {
+        match self {
+            Feature::SourceSelector => "`source=` selector",
+            Feature::UnixSocket => "unix socket",
+            Feature::ContextValue => "context values",
+        }
+    }
+
+    fn description(self) -> String {
+        match self {
+            Feature::SourceSelector => format!(
+                "the client is given the selector `{SOURCE_SELECTOR}` (flagd v0.13's grammar: \
+                 one `key=value` pair, a bare value meaning `source=`); it must evaluate \
+                 `{INITIAL}`, then `{UPDATED}` after the manifest changes."
+            ),
+            Feature::UnixSocket => format!(
+                "the proxy serves the sync protocols only on a unix socket \
+                 (`--sync-socket-path`, `--sync-socket-only`) and the client connects to that \
+                 (flagd: `\"uri\":\"unix://<path>\"`; JS: `socketPath`); it must evaluate \
+                 `{INITIAL}`, then `{UPDATED}` after the manifest changes."
+            ),
+            Feature::ContextValue => format!(
+                "the proxy runs with `--context-value {CONTEXT_KEY}={CONTEXT_VALUE}`; the flag's \
+                 default variant is `{INITIAL}` and its targeting rule answers `{UPDATED}` when \
+                 `{CONTEXT_KEY}` is `{CONTEXT_VALUE}`. The client evaluates with an empty \
+                 context, so it evaluates `{UPDATED}` only if it merged the proxy's \
+                 `sync_context` into its evaluation context."
+            ),
+        }
+    }
+
+    /// Why a client cannot take part, if it cannot.
+    fn not_applicable(self, kind: Kind) -> Option<&'static str> {
+        match (self, kind) {
+            (Feature::ContextValue, Kind::Flagd) => Some(
+                "the in-process providers are the clients that merge `sync_context` into their \
+                 evaluations; flagd is not asked",
+            ),
+            (Feature::UnixSocket, Kind::Python) => Some(
+                "its in-process sync dials `host:port` only (its `socket_path` option serves the \
+                 RPC resolver)",
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// The flags of the context-value run: `color` answers `UPDATED` for the context value.
+fn targeted_flags() -> Value {
+    let mut flags = color_flags(INITIAL);
+    flags[FLAG_KEY]["targeting"] = json!({
+        "if": [{"==": [{"var": CONTEXT_KEY}, CONTEXT_VALUE]}, UPDATED, INITIAL]
+    });
+    flags
+}
+
+/// One client with one feature.
+async fn feature_run(kind: Kind, launch: Launch, feature: Feature) -> Cell {
+    let setup = Setup::new(false);
+    let socket_dir = tempfile::tempdir().expect("socket directory");
+    let socket = socket_dir.path().join("proxy.sock");
+    let mut args: Vec<String> = setup.args.clone();
+    let mut target = Target::default();
+    match feature {
+        Feature::SourceSelector => target.selector = SOURCE_SELECTOR,
+        Feature::UnixSocket => {
+            args.extend([
+                "--sync-socket-path".to_owned(),
+                socket.display().to_string(),
+                "--sync-socket-only".to_owned(),
+            ]);
+            target.socket = Some(socket.clone());
+        }
+        Feature::ContextValue => {
+            support::write_manifest(setup.manifests.path(), NAMESPACE, NAME, targeted_flags());
+            args.extend([
+                "--context-value".to_owned(),
+                format!("{CONTEXT_KEY}={CONTEXT_VALUE}"),
+            ]);
+        }
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = Proxy::start(&args).await;
+    let mut client = Session::spawn_to(kind, &launch, proxy.port, None, &target);
+    let result = async {
+        client.ready().await?;
+        if feature == Feature::ContextValue {
+            return client.expect_value(UPDATED, false, EVENT_TIMEOUT).await;
+        }
+        client.expect_value(INITIAL, true, EVENT_TIMEOUT).await?;
+        setup.change_to(UPDATED);
+        client.expect_value(UPDATED, true, EVENT_TIMEOUT).await
+    }
+    .await;
+    if let Err(why) = &result {
+        eprintln!(
+            "{}",
+            client
+                .report(&format!("{}: {why}", feature.title()), &proxy)
+                .await
+        );
+    }
+    Cell::from_result(result)
+}
+
+type FeatureMatrix = BTreeMap<Feature, BTreeMap<Kind, Cell>>;
+
 #[derive(Clone, Copy, Debug)]
 enum Run {
     Plain,
@@ -1071,7 +1238,11 @@ fn derive_cells(kind: Kind, row: &mut BTreeMap<Column, Cell>) {
 // The document
 // ---------------------------------------------------------------------------------------------
 
-fn render_doc(matrix: &BTreeMap<Kind, BTreeMap<Column, Cell>>, versions: &Versions) -> String {
+fn render_doc(
+    matrix: &BTreeMap<Kind, BTreeMap<Column, Cell>>,
+    features: &FeatureMatrix,
+    versions: &Versions,
+) -> String {
     let mut doc = String::new();
     let w = &mut doc;
     let _ = writeln!(w, "# Client compatibility");
@@ -1170,6 +1341,36 @@ fn render_doc(matrix: &BTreeMap<Kind, BTreeMap<Column, Cell>>, versions: &Versio
          client>`; `not installable: <the exact error>` when the client cannot be installed \
          here."
     );
+    let _ = writeln!(w);
+    let _ = writeln!(
+        w,
+        "## Current flagd: `source=` selector, unix socket, context values"
+    );
+    let _ = writeln!(w);
+    let mut header = "| feature |".to_owned();
+    let mut rule = "|---|".to_owned();
+    for kind in FEATURE_KINDS {
+        header.push_str(&format!(" {} |", kind.name()));
+        rule.push_str("---|");
+    }
+    let _ = writeln!(w, "{header}");
+    let _ = writeln!(w, "{rule}");
+    for feature in FEATURES {
+        let mut line = format!("| {} |", feature.title());
+        for kind in FEATURE_KINDS {
+            let cell = features
+                .get(&feature)
+                .and_then(|row| row.get(&kind))
+                .cloned()
+                .unwrap_or(Cell::Fail("not run".into()));
+            line.push_str(&format!(" {} |", cell.markdown()));
+        }
+        let _ = writeln!(w, "{line}");
+    }
+    let _ = writeln!(w);
+    for feature in FEATURES {
+        let _ = writeln!(w, "- **{}**: {}", feature.title(), feature.description());
+    }
     let _ = writeln!(w);
     let _ = writeln!(w, "## Clients");
     let _ = writeln!(w);
@@ -1317,6 +1518,34 @@ async fn client_compatibility_matrix() {
             }
         }
     }
+    let mut features: FeatureMatrix = BTreeMap::new();
+    let mut feature_tasks = Vec::new();
+    for kind in FEATURE_KINDS {
+        let launch = kind.launch(&versions);
+        for feature in FEATURES {
+            let row = features.entry(feature).or_default();
+            if let Some(why) = feature.not_applicable(kind) {
+                row.insert(kind, Cell::NotApplicable(why.into()));
+                continue;
+            }
+            match &launch {
+                Ok(launch) => {
+                    let launch = launch.clone();
+                    let semaphore = semaphore.clone();
+                    feature_tasks.push(tokio::spawn(async move {
+                        let _permit = semaphore.acquire_owned().await.expect("semaphore");
+                        (feature, kind, feature_run(kind, launch, feature).await)
+                    }));
+                }
+                Err(Missing::NotInstallable(_)) => {
+                    row.insert(kind, Cell::NotInstallable("see the main table".into()));
+                }
+                Err(Missing::NotInstalled(_)) => {
+                    row.insert(kind, Cell::NotInstalled("see the main table".into()));
+                }
+            }
+        }
+    }
     if in_ci && !not_installed.is_empty() {
         panic!(
             "clients are not installed (CI is set):\n  {}",
@@ -1328,6 +1557,10 @@ async fn client_compatibility_matrix() {
         let (kind, cells) = task.await.expect("a client run panicked");
         matrix.entry(kind).or_default().extend(cells);
     }
+    for task in feature_tasks {
+        let (feature, kind, cell) = task.await.expect("a feature run panicked");
+        features.entry(feature).or_default().insert(kind, cell);
+    }
     for (kind, row) in matrix.iter_mut() {
         if !row
             .values()
@@ -1337,7 +1570,7 @@ async fn client_compatibility_matrix() {
         }
     }
 
-    let doc = render_doc(&matrix, &versions);
+    let doc = render_doc(&matrix, &features, &versions);
     eprintln!("{doc}");
 
     let failures: Vec<String> = matrix
@@ -1348,6 +1581,12 @@ async fn client_compatibility_matrix() {
                 _ => None,
             })
         })
+        .chain(features.iter().flat_map(|(feature, row)| {
+            row.iter().filter_map(move |(kind, cell)| match cell {
+                Cell::Fail(why) => Some(format!("{} / {}: {why}", kind.name(), feature.title())),
+                _ => None,
+            })
+        }))
         .collect();
     assert!(
         failures.is_empty(),

@@ -279,6 +279,7 @@ fn cases() -> Vec<Case> {
                 ("central.replicas", "3"),
                 ("central.maxConnectionAge", "30m"),
                 ("central.maxConnectionAgeGrace", "15s"),
+                ("central.events.enabled", "false"),
                 ("logFormat", "json"),
             ],
         ),
@@ -732,18 +733,35 @@ fn check_central(case: &Case, objects: &[Value]) {
             );
         }
 
-        // Least privilege: read FeatureFlags and FeatureFlagSources, nothing else.
+        // Least privilege: read FeatureFlags and FeatureFlagSources, write Events, nothing else.
         let sa = pod["serviceAccountName"]
             .as_str()
             .expect("serviceAccountName");
         find(objects, "ServiceAccount", sa);
         assert_eq!(cluster_roles.len(), 1, "{what}: ClusterRoles");
+        let mut rules = vec![json!({"apiGroups": ["core.openfeature.dev"],
+                "resources": ["featureflags", "featureflagsources"],
+                "verbs": ["get", "list", "watch"]})];
+        let events = case.value("central.events.enabled") != Some("false");
+        if events {
+            rules.push(json!({"apiGroups": ["events.k8s.io"],
+                "resources": ["events"],
+                "verbs": ["create", "patch"]}));
+        }
         assert_eq!(
             cluster_roles[0]["rules"],
-            json!([{"apiGroups": ["core.openfeature.dev"],
-                    "resources": ["featureflags", "featureflagsources"],
-                    "verbs": ["get", "list", "watch"]}]),
+            json!(rules),
             "{what}: ClusterRole rules"
+        );
+        assert_eq!(
+            args.iter().any(|a| a == "--events=false"),
+            !events,
+            "{what}: --events"
+        );
+        assert_eq!(
+            container(deployment)["env"],
+            json!([{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
+            "{what}: the pod name for Events"
         );
         assert_eq!(bindings.len(), 1, "{what}: ClusterRoleBindings");
         assert_eq!(
@@ -1017,6 +1035,57 @@ fn chart_lints_and_renders_in_every_mode() {
     }
 }
 
+/// The node tier's unix socket is an opt-in: a hostPath directory mounted at the same path, the
+/// socket flags, and nothing of it by default.
+#[test]
+fn node_socket_is_an_opt_in_hostpath() {
+    let Some(helm) = Helm::find_or_skip() else {
+        return;
+    };
+    let daemonset = |case: &Case| {
+        let objects = helm.template(case);
+        one_of(&objects, "DaemonSet").clone()
+    };
+    let plain = daemonset(&Case::new(
+        "node",
+        "node",
+        &[("node.upstream.address", CENTRAL_UPSTREAM)],
+    ));
+    assert!(!args(&plain).iter().any(|a| a.starts_with("--sync-socket")));
+    assert!(plain["spec"]["template"]["spec"]["volumes"].is_null());
+
+    let case = Case::new(
+        "node-socket",
+        "node",
+        &[
+            ("node.upstream.address", CENTRAL_UPSTREAM),
+            ("node.socket.enabled", "true"),
+            ("node.socket.hostPath", "/run/flags/"),
+            ("node.socket.mode", "0666"),
+            ("node.socket.only", "true"),
+        ],
+    );
+    helm.lint(&case);
+    let ds = daemonset(&case);
+    let args = args(&ds);
+    assert_eq!(
+        arg_value(&args, "--sync-socket-path"),
+        Some("/run/flags/sync.sock")
+    );
+    assert_eq!(arg_value(&args, "--sync-socket-mode"), Some("0666"));
+    assert!(args.iter().any(|a| a == "--sync-socket-only"));
+    let pod = &ds["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["volumes"],
+        json!([{"name": "sync-socket",
+                "hostPath": {"path": "/run/flags", "type": "DirectoryOrCreate"}}])
+    );
+    assert_eq!(
+        container(&ds)["volumeMounts"],
+        json!([{"name": "sync-socket", "mountPath": "/run/flags"}])
+    );
+}
+
 #[test]
 fn invalid_values_are_refused_with_a_message() {
     let Some(helm) = Helm::find_or_skip() else {
@@ -1224,9 +1293,29 @@ async fn apply_case(cp: &ControlPlane, case: &Case, objects: &[Value]) {
                 .await;
             }
         }
+        let events = case.value("central.events.enabled") != Some("false");
+        for verb in ["create", "patch"] {
+            assert_eq!(
+                cp.service_account_may(
+                    &ns,
+                    "flagd-proxy",
+                    verb,
+                    "events.k8s.io",
+                    "events",
+                    "some-app"
+                )
+                .await,
+                events,
+                "{what}: {sa} may {verb} events"
+            );
+        }
         for (verb, group, resource) in [
             ("update", group, "featureflags"),
             ("delete", group, "featureflags"),
+            ("get", "events.k8s.io", "events"),
+            ("list", "events.k8s.io", "events"),
+            ("delete", "events.k8s.io", "events"),
+            ("create", "", "events"),
             ("get", "", "secrets"),
             ("list", "", "configmaps"),
             ("list", "", "pods"),

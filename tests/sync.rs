@@ -272,6 +272,284 @@ async fn invalid_selectors_get_invalid_argument_with_the_accepted_form() {
     );
 }
 
+/// Writes `default/demo` with flag `color` (variants red and blue) defaulting to `variant`.
+fn write_demo(dir: &std::path::Path, variant: &str) {
+    write_manifest(
+        dir,
+        "default",
+        "demo",
+        string_flag("color", variant, &["red", "blue"]),
+    );
+}
+
+#[tokio::test]
+async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refused() {
+    let (_dir, proxy) = manifests_proxy().await;
+    let mut client = client(&proxy).await;
+    let source = format!("source={SELECTOR}");
+    let mut stream = client
+        .sync_flags(with_header(v1::SyncFlagsRequest::default(), &source))
+        .await
+        .expect("source= in the header")
+        .into_inner();
+    assert_eq!(
+        default_variant(&next(&mut stream).await.flag_configuration, "color"),
+        "red"
+    );
+    let mut stream = client
+        .sync_flags(v1::SyncFlagsRequest {
+            provider_id: String::new(),
+            selector: source.clone(),
+        })
+        .await
+        .expect("source= in the body")
+        .into_inner();
+    let first = next(&mut stream).await;
+    assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
+    let fetched = client
+        .fetch_all_flags(with_header(v1::FetchAllFlagsRequest::default(), &source))
+        .await
+        .expect("fetch with source=")
+        .into_inner();
+    assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
+
+    let status = client
+        .sync_flags(with_header(
+            v1::SyncFlagsRequest::default(),
+            "flagSetId=demo",
+        ))
+        .await
+        .expect_err("flag sets are refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status
+            .message()
+            .contains("\"source=core.openfeature.dev/<namespace>/<name>\""),
+        "the message names the forms that work: {status:?}"
+    );
+    let status = client
+        .sync_flags(with_header(
+            v1::SyncFlagsRequest::default(),
+            "file=/etc/passwd",
+        ))
+        .await
+        .expect_err("unknown keys are refused");
+    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("the accepted keys are `source`"),
+        "{status:?}"
+    );
+}
+
+#[tokio::test]
+async fn context_values_are_in_every_sync_context_and_in_get_metadata() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_demo(dir.path(), "red");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "context-value:\n  tier: gold\n").expect("config file");
+    let proxy = Proxy::start(&[
+        "--manifests",
+        dir.path().to_str().expect("utf-8"),
+        "--context-value",
+        "region=eu-west",
+        "--context-value=cluster=prod-1",
+        "--config",
+        config.to_str().expect("utf-8"),
+    ])
+    .await;
+    let string = |s: &str| Some(prost_types::value::Kind::StringValue(s.into()));
+    let mut client = client(&proxy).await;
+    let mut stream = client
+        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
+        .await
+        .expect("stream")
+        .into_inner();
+    for variant in ["red", "blue"] {
+        if variant == "blue" {
+            write_demo(dir.path(), "blue");
+        }
+        let message = next(&mut stream).await;
+        assert_eq!(
+            default_variant(&message.flag_configuration, "color"),
+            variant
+        );
+        let context = message.sync_context.expect("sync_context");
+        // The command line's entries; the file's key is overridden by the command line's.
+        assert_eq!(context.fields["region"].kind, string("eu-west"));
+        assert_eq!(context.fields["cluster"].kind, string("prod-1"));
+        assert!(!context.fields.contains_key("tier"), "{context:?}");
+        assert_eq!(context.fields["selector"].kind, string(SELECTOR));
+        assert_eq!(context.fields["proxy"].kind, string("flagd-proxy"));
+    }
+    let metadata = client
+        .get_metadata(v1::GetMetadataRequest {})
+        .await
+        .expect("metadata")
+        .into_inner()
+        .metadata
+        .expect("metadata is set");
+    assert_eq!(metadata.fields["region"].kind, string("eu-west"));
+    assert_eq!(metadata.fields["cluster"].kind, string("prod-1"));
+}
+
+#[tokio::test]
+async fn context_values_from_the_config_file() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_demo(dir.path(), "red");
+    let config = dir.path().join("config.yaml");
+    std::fs::write(&config, "context-value:\n  tier: gold\n  zone: a\n").expect("config file");
+    let proxy = Proxy::start(&[
+        "--manifests",
+        dir.path().to_str().expect("utf-8"),
+        "--config",
+        config.to_str().expect("utf-8"),
+    ])
+    .await;
+    let metadata = client(&proxy)
+        .await
+        .get_metadata(v1::GetMetadataRequest {})
+        .await
+        .expect("metadata")
+        .into_inner()
+        .metadata
+        .expect("metadata is set");
+    let string = |s: &str| Some(prost_types::value::Kind::StringValue(s.into()));
+    assert_eq!(metadata.fields["tier"].kind, string("gold"));
+    assert_eq!(metadata.fields["zone"].kind, string("a"));
+}
+
+/// A channel to the proxy's unix socket.
+async fn unix_channel(path: &std::path::Path) -> Channel {
+    let path = path.to_owned();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_| {
+            let path = path.clone();
+            async move {
+                let stream = tokio::net::UnixStream::connect(path).await?;
+                Ok::<_, std::io::Error>(hyper_util::rt::TokioIo::new(stream))
+            }
+        }))
+        .await
+        .expect("connecting to the unix socket")
+}
+
+#[tokio::test]
+async fn unix_socket_serves_both_protocols_and_health_and_is_removed_on_shutdown() {
+    use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+    use tonic_health::pb::health_client::HealthClient;
+    use tonic_health::pb::{HealthCheckRequest, health_check_response::ServingStatus};
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_demo(dir.path(), "red");
+    let socket = dir.path().join("sync.sock");
+    // A socket file left behind by a crash does not stop the start.
+    drop(std::os::unix::net::UnixListener::bind(&socket).expect("a stale socket"));
+    let mut proxy = Proxy::start(&[
+        "--manifests",
+        dir.path().to_str().expect("utf-8"),
+        "--sync-socket-path",
+        socket.to_str().expect("utf-8"),
+        "--sync-socket-mode",
+        "0600",
+        "--sync-socket-only",
+    ])
+    .await;
+    let meta = std::fs::symlink_metadata(&socket).expect("the socket exists");
+    assert!(meta.file_type().is_socket());
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    // Instead of TCP: nothing listens on the sync port.
+    assert!(
+        tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+            .await
+            .is_err(),
+        "the sync port is off with --sync-socket-only"
+    );
+
+    let channel = unix_channel(&socket).await;
+    let mut v1_client = FlagSyncServiceClient::new(channel.clone());
+    let mut stream = v1_client
+        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
+        .await
+        .expect("flagd.sync.v1 over the socket")
+        .into_inner();
+    assert_eq!(
+        default_variant(&next(&mut stream).await.flag_configuration, "color"),
+        "red"
+    );
+    let mut legacy_client =
+        legacy::flag_sync_service_client::FlagSyncServiceClient::new(channel.clone());
+    let mut legacy_stream = legacy_client
+        .sync_flags(legacy::SyncFlagsRequest {
+            provider_id: String::new(),
+            selector: SELECTOR.into(),
+        })
+        .await
+        .expect("sync.v1 over the socket")
+        .into_inner();
+    let first = next(&mut legacy_stream).await;
+    assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
+    let mut health = HealthClient::new(channel);
+    let response = health
+        .check(HealthCheckRequest {
+            service: "flagd.sync.v1.FlagSyncService".into(),
+        })
+        .await
+        .expect("health over the socket")
+        .into_inner();
+    assert_eq!(response.status, ServingStatus::Serving as i32);
+
+    write_demo(dir.path(), "blue");
+    assert_eq!(
+        default_variant(&next(&mut stream).await.flag_configuration, "color"),
+        "blue"
+    );
+    let exit = proxy.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    assert!(!socket.exists(), "the socket file is removed on shutdown");
+}
+
+#[tokio::test]
+async fn a_file_in_the_sockets_place_is_never_removed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let socket = dir.path().join("sync.sock");
+    std::fs::write(&socket, "not a socket").expect("write");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+        .args(["start", "--manifests", dir.path().to_str().expect("utf-8")])
+        .args([
+            "--bind-address",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--management-port",
+            "0",
+        ])
+        .args(["--sync-socket-path", socket.to_str().expect("utf-8")])
+        .output()
+        .expect("run flagd-proxy");
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--sync-socket-path") && stderr.contains("not a socket"),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&socket).expect("still there"),
+        "not a socket"
+    );
+
+    // Client certificates cannot be required of socket clients: refused before anything listens.
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+        .args(["start", "--manifests", dir.path().to_str().expect("utf-8")])
+        .args(["--sync-socket-path", "/nonexistent/sync.sock"])
+        .args(["--server-cert-path", "c.pem", "--server-key-path", "k.pem"])
+        .args(["--client-ca-path", "ca.pem"])
+        .output()
+        .expect("run flagd-proxy");
+    assert_eq!(output.status.code(), Some(64));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--client-ca-path"), "{stderr}");
+}
+
 #[tokio::test]
 async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_version() {
     let dir = tempfile::tempdir().expect("tempdir");

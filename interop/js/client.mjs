@@ -4,6 +4,7 @@
 // Environment:
 //   FLAGD_HOST, FLAGD_PORT, FLAGD_SOURCE_SELECTOR, FLAGD_TLS (true/false),
 //   FLAGD_SERVER_CERT_PATH (CA file, TLS only), INTEROP_FLAG_KEY (a string flag),
+//   INTEROP_SOCKET_PATH (a unix socket to sync from instead of FLAGD_HOST:FLAGD_PORT),
 //   INTEROP_DEBUG (any value: provider debug logging on stderr).
 //
 // Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each
@@ -56,6 +57,7 @@ const selector = process.env.FLAGD_SOURCE_SELECTOR || '';
 const tls = (process.env.FLAGD_TLS || 'false').toLowerCase() === 'true';
 const certPath = process.env.FLAGD_SERVER_CERT_PATH || undefined;
 const flagKey = required('INTEROP_FLAG_KEY');
+const socketPath = process.env.INTEROP_SOCKET_PATH || undefined;
 
 // The provider silently falls back to the system roots when certPath does not exist;
 // refuse that here so a wrong path is not mistaken for a server problem.
@@ -85,6 +87,7 @@ const provider = new FlagdProvider(
     resolverType: 'in-process',
     host,
     port,
+    socketPath,
     selector,
     tls,
     certPath: tls ? certPath : undefined,

@@ -187,6 +187,24 @@ pub(super) fn read(
                         "expected a list of plain values, found {found} in it"
                     ))
                 })?,
+            // `context-value: {region: eu}`, the natural spelling of `key=value` entries.
+            (ArgAction::Append, serde_norway::Value::Mapping(entries))
+                if KEY_VALUE_FLAGS.contains(&flag.as_str()) =>
+            {
+                entries
+                    .iter()
+                    .map(|(name, item)| {
+                        let name = scalar(name)?;
+                        let item = scalar(item)?;
+                        Ok(format!("--{flag}={name}={item}").into())
+                    })
+                    .collect::<Result<_, &'static str>>()
+                    .map_err(|found| {
+                        bad_value(format!(
+                            "expected a mapping of plain keys to plain values, found {found} in it"
+                        ))
+                    })?
+            }
             (_, serde_norway::Value::Sequence(_)) => {
                 return Err(bad_value(format!(
                     "--{flag} takes a single value, not a list"
@@ -211,6 +229,9 @@ pub(super) fn read(
     settings.retain(|setting| !setting.arguments.is_empty());
     Ok(settings)
 }
+
+/// Repeatable flags of `key=value` entries, which the file may also give as a mapping.
+const KEY_VALUE_FLAGS: &[&str] = &["context-value"];
 
 /// A scalar as the command line would spell it, or what it is instead.
 fn scalar(value: &serde_norway::Value) -> Result<String, &'static str> {

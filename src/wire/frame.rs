@@ -82,15 +82,20 @@ impl Protocol {
     }
 }
 
-/// The proxy's identity, as reported by `GetMetadata` and in every `sync_context`.
+/// The proxy's identity and the `--context-value` entries, as reported by `GetMetadata` and in
+/// every `sync_context`.
 pub fn proxy_identity() -> Struct {
     let mut fields = std::collections::BTreeMap::new();
+    for (key, value) in crate::context::values() {
+        fields.insert(key, string(&value));
+    }
     fields.insert("proxy".to_owned(), string("flagd-proxy"));
     fields.insert("proxyVersion".to_owned(), string(env!("CARGO_PKG_VERSION")));
     Struct { fields }
 }
 
-/// The flag set's own scalar metadata, then the proxy's identity and the selector.
+/// The flag set's own scalar metadata, then the context values, the proxy's identity and the
+/// selector.
 fn sync_context(flag_configuration: &str, key: &ResourceKey) -> Struct {
     let mut context = Struct::default();
     if let Ok(Value::Object(document)) = serde_json::from_str::<Value>(flag_configuration)

@@ -1,0 +1,345 @@
+//! Kubernetes Events on served `FeatureFlag` resources: what the person who edits one sees.
+//!
+//! A rejected version (invalid, or too large for clients) gets a `Warning` Event on the object
+//! that names what is wrong (the flag, for a flag's error) and which version clients keep; the
+//! first valid version after that gets a `Normal` one. `kubectl describe featureflag NAME` and
+//! `kubectl get events` show them.
+//!
+//! Events are written with kube's [`Recorder`] (events.k8s.io/v1; an Event that recurs is
+//! counted in its series instead of written again, as Kubernetes' own recorders do). In front of
+//! it, per watched resource:
+//!
+//! - only changes are reported: the same problem again (another edit that is just as broken)
+//!   writes nothing, and a `Normal` Event follows only a `Warning`;
+//! - writes are spaced by at least [`MIN_INTERVAL`]; while one waits, a newer outcome replaces
+//!   the older one, so a burst of edits ends with the newest outcome written, not a queue.
+//!
+//! So a resource causes at most `1 + elapsed / MIN_INTERVAL` Event writes, however fast it is
+//! edited. Writing happens off the watch path: a missing permission or a slow API server never
+//! delays flags; a refused write is logged once, naming the missing permission.
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::Client;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use serde_json::Value;
+use tokio::sync::watch;
+
+use crate::selector::ResourceKey;
+
+/// The shortest time between two Event writes for one resource.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
+
+/// The `reportingController` of the Events.
+pub const CONTROLLER: &str = "flagd-proxy";
+
+/// Reason of the Warning Event.
+pub const REASON_REJECTED: &str = "FlagConfigurationRejected";
+/// Reason of the Normal Event.
+pub const REASON_VALID: &str = "FlagConfigurationValid";
+
+/// Distinct problems a watch keeps a recorder (and so a series) for; older ones are forgotten.
+const MAX_SERIES: usize = 32;
+
+/// Records Events for every watched resource. Cheap to clone.
+#[derive(Clone)]
+pub struct EventRecorder {
+    inner: Arc<Shared>,
+}
+
+struct Shared {
+    client: Client,
+    reporter: Reporter,
+    /// A refused write has been logged (logged again after a write has worked).
+    refusal_logged: AtomicBool,
+}
+
+impl EventRecorder {
+    /// `instance` is the reporting instance (the pod name).
+    pub fn new(client: Client, instance: Option<String>) -> Self {
+        Self {
+            inner: Arc::new(Shared {
+                client,
+                reporter: Reporter {
+                    controller: CONTROLLER.to_owned(),
+                    instance,
+                },
+                refusal_logged: AtomicBool::new(false),
+            }),
+        }
+    }
+
+    /// Starts recording for one watched resource; writing stops when the handle is dropped.
+    pub fn watch(&self, key: ResourceKey) -> ResourceEvents {
+        let (tx, rx) = watch::channel(None);
+        tokio::spawn(write_events(self.inner.clone(), key, rx));
+        ResourceEvents {
+            tx,
+            kept: std::sync::Mutex::new(None),
+        }
+    }
+}
+
+/// What the newest version of a resource came to.
+#[derive(Clone, Debug)]
+struct Outcome {
+    type_: EventType,
+    /// What is wrong (for a Warning); outcomes with the same type and problem are one.
+    problem: Option<String>,
+    note: String,
+    regarding: ObjectReference,
+}
+
+impl Outcome {
+    fn same(&self, other: &Outcome) -> bool {
+        self.type_ == other.type_ && self.problem == other.problem
+    }
+}
+
+/// One watched resource's Event reporting.
+pub struct ResourceEvents {
+    tx: watch::Sender<Option<Outcome>>,
+    /// The version clients have: the last one accepted.
+    kept: std::sync::Mutex<Option<String>>,
+}
+
+impl ResourceEvents {
+    /// The version in `resource` was accepted and is what clients get.
+    pub fn accepted(&self, resource: &Value) {
+        let version = version_of(resource);
+        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(version.clone());
+        let Some(regarding) = reference(resource) else {
+            return;
+        };
+        self.tx.send_if_modified(|current| {
+            // A Normal Event only says that a problem is over.
+            let after_warning = current
+                .as_ref()
+                .is_some_and(|c| c.type_ == EventType::Warning);
+            if !after_warning {
+                return false;
+            }
+            *current = Some(Outcome {
+                type_: EventType::Normal,
+                problem: None,
+                note: format!("{version} is valid; clients receive it"),
+                regarding,
+            });
+            true
+        });
+    }
+
+    /// The version in `resource` was rejected for `problem`; clients keep the last accepted one.
+    pub fn rejected(&self, resource: &Value, problem: &str) {
+        let Some(regarding) = reference(resource) else {
+            return;
+        };
+        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let kept = match kept {
+            Some(version) => format!("clients keep {version}, the last valid version"),
+            None => "clients have no version of this resource yet".to_owned(),
+        };
+        let outcome = Outcome {
+            type_: EventType::Warning,
+            problem: Some(problem.to_owned()),
+            note: truncate(&format!(
+                "{} is not served: {problem}; {kept}",
+                version_of(resource)
+            )),
+            regarding,
+        };
+        self.tx.send_if_modified(|current| {
+            if current.as_ref().is_some_and(|c| c.same(&outcome)) {
+                return false;
+            }
+            *current = Some(outcome);
+            true
+        });
+    }
+}
+
+/// Writes the newest outcome of one resource, at most once per [`MIN_INTERVAL`], until the
+/// sender is dropped.
+async fn write_events(
+    shared: Arc<Shared>,
+    key: ResourceKey,
+    mut rx: watch::Receiver<Option<Outcome>>,
+) {
+    // One recorder per problem, so that a recurring problem continues its series and a different
+    // problem gets an Event of its own (a series keeps the note of its first Event). Each Normal
+    // Event is new: it names the version that is valid.
+    let mut recorders: HashMap<String, Recorder> = HashMap::new();
+    while rx.changed().await.is_ok() {
+        let Some(outcome) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        let fresh = || Recorder::new(shared.client.clone(), shared.reporter.clone());
+        let recorder = match &outcome.problem {
+            Some(problem) => {
+                if recorders.len() >= MAX_SERIES && !recorders.contains_key(problem) {
+                    recorders.clear();
+                }
+                recorders
+                    .entry(problem.clone())
+                    .or_insert_with(fresh)
+                    .clone()
+            }
+            None => fresh(),
+        };
+        let (reason, action) = match outcome.type_ {
+            EventType::Warning => (REASON_REJECTED, "Reject"),
+            EventType::Normal => (REASON_VALID, "Serve"),
+        };
+        let event = Event {
+            type_: outcome.type_,
+            reason: reason.to_owned(),
+            note: Some(outcome.note.clone()),
+            action: action.to_owned(),
+            secondary: None,
+        };
+        match recorder.publish(&event, &outcome.regarding).await {
+            Ok(()) => {
+                shared.refusal_logged.store(false, Ordering::Relaxed);
+                tracing::debug!(resource = %key, reason, "event recorded");
+            }
+            Err(error) => report_failure(&shared, &key, &error),
+        }
+        tokio::time::sleep(MIN_INTERVAL).await;
+    }
+}
+
+fn report_failure(shared: &Shared, key: &ResourceKey, error: &kube::Error) {
+    let forbidden = matches!(error, kube::Error::Api(status) if status.code == 403);
+    if forbidden {
+        if !shared.refusal_logged.swap(true, Ordering::Relaxed) {
+            tracing::error!(
+                resource = %key,
+                %error,
+                "cannot record Events: the proxy's service account needs create and patch on events (events.k8s.io) in namespace {}; flags are served as usual (--events=false turns Events off)",
+                key.namespace
+            );
+        } else {
+            tracing::debug!(resource = %key, %error, "cannot record an event");
+        }
+    } else {
+        tracing::warn!(resource = %key, %error, "cannot record an event");
+    }
+}
+
+/// The object an Event is about, without the resourceVersion (so a recurring Event matches).
+fn reference(resource: &Value) -> Option<ObjectReference> {
+    let metadata = resource.get("metadata")?;
+    let text = |value: Option<&Value>| value.and_then(Value::as_str).map(str::to_owned);
+    Some(ObjectReference {
+        api_version: text(resource.get("apiVersion")),
+        kind: text(resource.get("kind")),
+        name: Some(text(metadata.get("name"))?),
+        namespace: Some(text(metadata.get("namespace"))?),
+        uid: text(metadata.get("uid")),
+        ..ObjectReference::default()
+    })
+}
+
+/// How people see a version: its generation (what `kubectl get -o yaml` shows) and
+/// resourceVersion.
+fn version_of(resource: &Value) -> String {
+    let metadata = resource.get("metadata");
+    let generation = metadata
+        .and_then(|m| m.get("generation"))
+        .and_then(Value::as_i64);
+    let resource_version = metadata
+        .and_then(|m| m.get("resourceVersion"))
+        .and_then(Value::as_str);
+    match (generation, resource_version) {
+        (Some(generation), Some(rv)) => format!("generation {generation} (resourceVersion {rv})"),
+        (Some(generation), None) => format!("generation {generation}"),
+        (None, Some(rv)) => format!("resourceVersion {rv}"),
+        (None, None) => "the current version".to_owned(),
+    }
+}
+
+/// Event notes are limited to 1 KiB by the API server.
+fn truncate(note: &str) -> String {
+    const MAX: usize = 1000;
+    if note.len() <= MAX {
+        return note.to_owned();
+    }
+    let mut end = MAX;
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…", &note[..end])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resource(generation: i64) -> Value {
+        serde_json::json!({
+            "apiVersion": "core.openfeature.dev/v1beta1",
+            "kind": "FeatureFlag",
+            "metadata": {"name": "demo", "namespace": "ns", "uid": "u-1",
+                         "generation": generation, "resourceVersion": format!("{}", 100 + generation)},
+        })
+    }
+
+    fn events() -> (ResourceEvents, watch::Receiver<Option<Outcome>>) {
+        let (tx, rx) = watch::channel(None);
+        (
+            ResourceEvents {
+                tx,
+                kept: std::sync::Mutex::new(None),
+            },
+            rx,
+        )
+    }
+
+    #[test]
+    fn only_changes_are_reported() {
+        let (events, mut rx) = events();
+        events.accepted(&resource(1));
+        assert!(
+            !rx.has_changed().expect("open"),
+            "no Normal without a Warning"
+        );
+        events.rejected(&resource(2), "flag \"x\": no variants");
+        let outcome = rx.borrow_and_update().clone().expect("warning");
+        assert_eq!(outcome.type_, EventType::Warning);
+        assert!(outcome.note.contains("flag \"x\""), "{}", outcome.note);
+        assert!(
+            outcome
+                .note
+                .contains("generation 2 (resourceVersion 102) is not served"),
+            "{}",
+            outcome.note
+        );
+        assert!(
+            outcome.note.contains("clients keep generation 1"),
+            "{}",
+            outcome.note
+        );
+        assert_eq!(outcome.regarding.uid.as_deref(), Some("u-1"));
+        assert_eq!(outcome.regarding.resource_version, None);
+        // The same problem in another edit is not news.
+        events.rejected(&resource(3), "flag \"x\": no variants");
+        assert!(!rx.has_changed().expect("open"));
+        events.rejected(&resource(4), "flag \"y\": no variants");
+        assert!(rx.has_changed().expect("open"));
+        rx.borrow_and_update();
+        events.accepted(&resource(5));
+        let outcome = rx.borrow_and_update().clone().expect("normal");
+        assert_eq!(outcome.type_, EventType::Normal);
+        assert!(outcome.note.contains("generation 5"), "{}", outcome.note);
+    }
+
+    #[test]
+    fn notes_are_bounded() {
+        let (events, rx) = events();
+        events.rejected(&resource(1), &"x".repeat(10_000));
+        assert!(rx.borrow().as_ref().expect("warning").note.len() < 1_100);
+    }
+}
