@@ -1238,13 +1238,24 @@ fn random_token() -> String {
         .collect()
 }
 
-/// A port on 127.0.0.1 that was free a moment ago.
-fn free_port() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind(("127.0.0.1", 0)).context("binding 127.0.0.1:0")?;
-    Ok(listener
-        .local_addr()
-        .context("reading the bound port")?
-        .port())
+/// A port on 127.0.0.1 that was free a moment ago and that this process has not handed out
+/// before (the kernel may offer a just-released port again, which two servers of one test would
+/// then both try to bind).
+pub fn free_port() -> anyhow::Result<u16> {
+    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    for _ in 0..100 {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).context("binding 127.0.0.1:0")?;
+        let port = listener
+            .local_addr()
+            .context("reading the bound port")?
+            .port();
+        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
+        if !handed_out.contains(&port) {
+            handed_out.push(port);
+            return Ok(port);
+        }
+    }
+    anyhow::bail!("127.0.0.1 kept offering ports this process already handed out")
 }
 
 fn log_mentions_port_clash(log: &Path) -> bool {

@@ -5,7 +5,6 @@
 pub mod control_plane;
 
 use std::io::{BufRead, BufReader};
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
@@ -38,13 +37,9 @@ where
     }
 }
 
-/// A port that was free a moment ago on 127.0.0.1.
+/// A port that was free a moment ago on 127.0.0.1 and not handed out before in this process.
 pub fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .expect("bind a free port")
-        .local_addr()
-        .expect("local addr")
-        .port()
+    control_plane::free_port().expect("a free loopback port")
 }
 
 /// Writes (atomically, via rename) a FeatureFlag manifest `<dir>/<namespace>-<name>.yaml`.
