@@ -3,7 +3,9 @@
 //!
 //! Limits that protect the proxy from hostile or broken clients: connections per client
 //! address (counted at accept, released when the connection is dropped), the request header
-//! size, the request message size, and the HTTP/2 streams per connection.
+//! size, the request message size, and the HTTP/2 streams per connection; the budgets in
+//! [`limits`] (connections in total, deadlines for a connection's first bytes and a request's
+//! message, stalled writers) and the HTTP/2 layer's own reset limits.
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -21,13 +23,19 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
 use crate::metrics::Metrics;
+use crate::server::limits::{RequestDeadline, TotalLimit, TotalSlot, WriteStall};
 use crate::tls::ReloadingTls;
 use crate::wire::SyncService;
 use crate::wire::direct::DirectSync;
 use crate::wire::frame::Protocol;
 
-/// A TLS handshake that takes longer than this is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) mod limits;
+
+/// Streams a connection may make the server reset (flow-control and protocol errors the client
+/// causes, the "MadeYouReset" pattern) before it is sent GOAWAY. tonic leaves hyper's limit off.
+const MAX_LOCAL_ERROR_RESETS: usize = 256;
+/// Streams a client may open and reset at once before it is sent GOAWAY (rapid reset).
+const MAX_PENDING_ACCEPT_RESETS: usize = 20;
 
 /// Transport settings of the sync port.
 #[derive(Clone, Debug)]
@@ -49,6 +57,13 @@ pub struct ServerOptions {
     /// Close connections after this age, then after a grace period for their streams, so
     /// streams spread over replicas again.
     pub max_connection_age: Option<(Duration, Duration)>,
+    /// The most open connections in total; 0 means no limit.
+    pub max_connections: usize,
+    /// How long a new connection may take to complete its TLS handshake and send the HTTP/2
+    /// preface.
+    pub handshake_timeout: Duration,
+    /// How long a stream's request message may take to arrive.
+    pub request_timeout: Duration,
 }
 
 impl Default for ServerOptions {
@@ -61,6 +76,9 @@ impl Default for ServerOptions {
             max_request_bytes: 64 * 1024,
             max_connections_per_address: 256,
             max_connection_age: None,
+            max_connections: 16_384,
+            handshake_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -86,9 +104,21 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let metrics = service.metrics().clone();
     let (tx, rx) = mpsc::channel(128);
-    let per_address = AddressLimit::new(options.max_connections_per_address, metrics.clone());
-    tokio::spawn(accept(listener, tls, tx, per_address, shutdown.clone()));
+    let admission = Admission {
+        per_address: AddressLimit::new(options.max_connections_per_address, metrics.clone()),
+        total: TotalLimit::new(
+            options.max_connections,
+            "sync",
+            "max_connections",
+            metrics.clone(),
+        ),
+        handshake_timeout: options.handshake_timeout,
+        write_stall: options.keepalive_interval + options.keepalive_timeout,
+    };
+    tokio::spawn(accept(listener, tls, tx, admission, shutdown.clone()));
     let mut builder = tonic::transport::Server::builder()
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
         .http2_keepalive_interval(Some(options.keepalive_interval))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))
         .max_concurrent_streams(options.max_concurrent_streams)
@@ -102,6 +132,7 @@ pub async fn run(
     }
     let max_request = options.max_request_bytes;
     builder
+        .layer(RequestDeadline(options.request_timeout))
         .layer(RequestLimits {
             max_header_bytes: options.max_header_list_size as usize,
             metrics,
@@ -135,9 +166,10 @@ async fn accept(
     listener: TcpListener,
     tls: Option<Arc<ReloadingTls>>,
     tx: mpsc::Sender<io::Result<Connection>>,
-    per_address: AddressLimit,
+    admission: Admission,
     shutdown: CancellationToken,
 ) {
+    let per_address = &admission.per_address;
     loop {
         let (tcp, peer) = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -156,26 +188,41 @@ async fn accept(
             drop(tcp);
             continue;
         };
+        let Some(total) = admission.total.admit() else {
+            tracing::debug!(%peer, "connection closed: --max-connections reached");
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
+        let deadline = admission.handshake_timeout;
+        let write_stall = WriteStall::new(admission.write_stall);
         match &tls {
             None => {
-                let connection = Connection {
-                    stream: Stream::Plain(tcp),
-                    _slot: slot,
-                };
-                if tx.send(Ok(connection)).await.is_err() {
-                    return;
-                }
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    if !limits::first_bytes(&tcp, false, deadline).await {
+                        tracing::debug!(%peer, "connection closed: no HTTP/2 preface in time");
+                        return;
+                    }
+                    let connection = Connection {
+                        stream: Stream::Plain(tcp),
+                        write_stall,
+                        _slot: slot,
+                        _total: total,
+                    };
+                    let _ = tx.send(Ok(connection)).await;
+                });
             }
             Some(tls) => {
                 let acceptor = tls.acceptor();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
                             let connection = Connection {
                                 stream: Stream::Tls(Box::new(stream)),
+                                write_stall,
                                 _slot: slot,
+                                _total: total,
                             };
                             let _ = tx.send(Ok(connection)).await;
                         }
@@ -188,11 +235,22 @@ async fn accept(
     }
 }
 
+/// What a new connection must pass before it is served.
+struct Admission {
+    per_address: AddressLimit,
+    total: TotalLimit,
+    handshake_timeout: Duration,
+    /// How long writes may make no progress before the connection is closed.
+    write_stall: Duration,
+}
+
 /// A client connection, plain or TLS.
 pub struct Connection {
     stream: Stream,
+    write_stall: WriteStall,
     /// This connection's place in its address's count, given back when the connection drops.
     _slot: AddressSlot,
+    _total: TotalSlot,
 }
 
 enum Stream {
@@ -202,25 +260,32 @@ enum Stream {
 
 /// Open connections per client IP address, bounded by `max_connections_per_address`.
 #[derive(Clone)]
-struct AddressLimit {
+pub(crate) struct AddressLimit {
     limit: usize,
     open: OpenPerAddress,
     metrics: Arc<Metrics>,
+    reason: &'static str,
 }
 
 type OpenPerAddress = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
 impl AddressLimit {
-    fn new(limit: usize, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(limit: usize, metrics: Arc<Metrics>) -> Self {
         Self {
             limit,
             open: Arc::default(),
             metrics,
+            reason: "max_connections_per_address",
         }
     }
 
+    /// The same limit, counted under another reason in the rejection metric.
+    pub(crate) fn with_reason(self, reason: &'static str) -> Self {
+        Self { reason, ..self }
+    }
+
     /// A place for one more connection from `ip`, or `None` (counted) when it has the most.
-    fn admit(&self, ip: IpAddr) -> Option<AddressSlot> {
+    pub(crate) fn admit(&self, ip: IpAddr) -> Option<AddressSlot> {
         if self.limit == 0 {
             return Some(AddressSlot(None));
         }
@@ -229,7 +294,7 @@ impl AddressLimit {
         let count = open.entry(ip).or_insert(0);
         if *count >= self.limit {
             drop(open);
-            self.metrics.reject("max_connections_per_address");
+            self.metrics.reject(self.reason);
             return None;
         }
         *count += 1;
@@ -245,7 +310,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// One connection's place in [`AddressLimit`]; dropping it gives the place back.
-struct AddressSlot(Option<(OpenPerAddress, IpAddr)>);
+pub(crate) struct AddressSlot(Option<(OpenPerAddress, IpAddr)>);
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
@@ -406,10 +471,12 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let result = match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-        }
+        };
+        this.write_stall.check(cx, result)
     }
 
     fn poll_write_vectored(
@@ -417,10 +484,12 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let result = match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-        }
+        };
+        this.write_stall.check(cx, result)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -431,10 +500,12 @@ impl AsyncWrite for Connection {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let result = match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-        }
+        };
+        this.write_stall.check(cx, result)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod control_plane;
+pub mod raw_h2;
 
 use std::io::{BufRead, BufReader};
 use std::net::TcpListener;
@@ -191,6 +192,51 @@ impl Proxy {
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+    }
+
+    /// The process id, while it runs.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Sends a signal (`HUP`, `QUIT`, ...) without waiting.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().expect("try_wait").is_none())
+    }
+
+    /// Waits for the process to exit on its own (after a signal) and returns its status.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        tokio::time::timeout(
+            EVENT_TIMEOUT,
+            tokio::task::spawn_blocking(move || child.wait().expect("wait")),
+        )
+        .await
+        .expect("the proxy exits")
+        .expect("join")
+    }
+
+    /// The resident memory of the process in bytes (VmRSS in /proc/<pid>/status).
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/<pid>/status");
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kib * 1024
     }
 
     /// Sends SIGTERM and waits for the exit status.
