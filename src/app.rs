@@ -237,6 +237,7 @@ impl Bound {
             max_connections: args.max_connections,
             handshake_timeout: args.handshake_timeout,
             request_timeout: args.request_timeout,
+            max_pending_requests_per_address: args.max_pending_requests_per_address,
         };
         let mut sync_task = tokio::spawn(server::run(
             sync,

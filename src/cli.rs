@@ -322,6 +322,17 @@ pub struct StartArgs {
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub request_timeout: Duration,
 
+    /// The most sync requests from one client IP address whose request message has not arrived
+    /// yet (each holds memory until it does, or until --request-timeout); further ones get
+    /// RESOURCE_EXHAUSTED at once. 0 means no limit.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "FLAGD_PROXY_MAX_PENDING_REQUESTS_PER_ADDRESS",
+        default_value_t = 1_000
+    )]
+    pub max_pending_requests_per_address: usize,
+
     /// The most open connections to the management port in total; further ones are closed at
     /// once. 0 means no limit.
     #[arg(

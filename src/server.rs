@@ -36,6 +36,11 @@ pub(crate) mod limits;
 const MAX_LOCAL_ERROR_RESETS: usize = 256;
 /// Streams a client may open and reset at once before it is sent GOAWAY (rapid reset).
 const MAX_PENDING_ACCEPT_RESETS: usize = 20;
+/// HTTP/2 receive windows: how much request data a client may send ahead of what the server has
+/// read, per stream and per connection. Requests are small; responses are bounded by the
+/// client's windows, not these.
+const STREAM_WINDOW: u32 = 64 * 1024;
+const CONNECTION_WINDOW: u32 = 128 * 1024;
 
 /// Transport settings of the sync port.
 #[derive(Clone, Debug)]
@@ -64,6 +69,9 @@ pub struct ServerOptions {
     pub handshake_timeout: Duration,
     /// How long a stream's request message may take to arrive.
     pub request_timeout: Duration,
+    /// The most requests from one client IP address whose message has not arrived yet; 0
+    /// means no limit.
+    pub max_pending_requests_per_address: usize,
 }
 
 impl Default for ServerOptions {
@@ -79,6 +87,7 @@ impl Default for ServerOptions {
             max_connections: 16_384,
             handshake_timeout: Duration::from_secs(10),
             request_timeout: Duration::from_secs(10),
+            max_pending_requests_per_address: 1_000,
         }
     }
 }
@@ -119,6 +128,8 @@ pub async fn run(
     let mut builder = tonic::transport::Server::builder()
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .http2_keepalive_interval(Some(options.keepalive_interval))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))
         .max_concurrent_streams(options.max_concurrent_streams)
@@ -132,7 +143,11 @@ pub async fn run(
     }
     let max_request = options.max_request_bytes;
     builder
-        .layer(RequestDeadline(options.request_timeout))
+        .layer(RequestDeadline {
+            limit: options.request_timeout,
+            pending: AddressLimit::new(options.max_pending_requests_per_address, metrics.clone())
+                .with_reason("max_pending_requests_per_address"),
+        })
         .layer(RequestLimits {
             max_header_bytes: options.max_header_list_size as usize,
             metrics,

@@ -142,6 +142,28 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     assert_eq!(next(&mut fresh).await, "blue");
 }
 
+/// An expired or not yet valid certificate is still served (the files may be fixed at any
+/// moment) but logged as an error, at start and at rotation; its expiry is a metric.
+#[tokio::test]
+async fn expired_certificates_are_reported_and_expiry_is_a_metric() {
+    const EXPIRY: &str = "flagd_proxy_tls_certificate_expiry_timestamp_seconds";
+    let mut ca = TestCa::new();
+    ca.issue_server_valid("expired", Some(((2019, 1, 1), (2020, 1, 1))));
+    let (_dir, proxy) = tls_proxy(&ca, &[]).await;
+    proxy
+        .wait_for_log("the serving certificate has expired")
+        .await;
+    // 2020-01-01T00:00:00Z
+    assert_eq!(proxy.metric(EXPIRY).await, 1_577_836_800.0);
+
+    ca.issue_server_valid("future", Some(((2090, 1, 1), (2091, 1, 1))));
+    proxy
+        .wait_for_log("the serving certificate is not valid yet")
+        .await;
+    // 2091-01-01T00:00:00Z
+    proxy.wait_for_metric(EXPIRY, 3_818_448_000.0).await;
+}
+
 #[tokio::test]
 async fn broken_certificate_files_keep_the_previous_certificate() {
     let ca = TestCa::new();

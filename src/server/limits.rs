@@ -13,6 +13,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpStream;
 
 use crate::metrics::{Metrics, PortLabels};
+use crate::server::{AddressLimit, AddressSlot, ConnectionInfo};
 
 /// The HTTP/2 connection preface every client sends first.
 pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -109,18 +110,21 @@ pub(crate) async fn first_bytes(tcp: &TcpStream, http1: bool, deadline: Duration
 /// A request body that fails with `DEADLINE_EXCEEDED` unless it ends within its deadline, so a
 /// stream whose request never completes cannot hold its memory for longer. Reading may stop
 /// before the end (the sync streams read one message); the deadline then no longer matters.
+/// While it is unfinished it holds a place among its client address's pending requests.
 pub(crate) struct DeadlineBody<B> {
     inner: B,
     deadline: Pin<Box<tokio::time::Sleep>>,
     limit: Duration,
+    place: Option<AddressSlot>,
 }
 
 impl<B> DeadlineBody<B> {
-    pub(crate) fn new(inner: B, limit: Duration) -> Self {
+    pub(crate) fn new(inner: B, limit: Duration, place: Option<AddressSlot>) -> Self {
         Self {
             inner,
             deadline: Box::pin(tokio::time::sleep(limit)),
             limit,
+            place,
         }
     }
 }
@@ -137,9 +141,13 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
         if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
+            if !matches!(frame, Some(Ok(_))) || self.inner.is_end_stream() {
+                self.place = None;
+            }
             return Poll::Ready(frame);
         }
         if self.deadline.as_mut().poll(cx).is_ready() {
+            self.place = None;
             let limit = self.limit;
             return Poll::Ready(Some(Err(tonic::Status::deadline_exceeded(format!(
                 "the request message did not arrive within {} (--request-timeout)",
@@ -245,9 +253,13 @@ impl<P: Unpin> tokio::io::AsyncWrite for GuardedTcp<P> {
     }
 }
 
-/// Gives every request body a deadline (see [`DeadlineBody`]).
-#[derive(Clone, Copy)]
-pub(crate) struct RequestDeadline(pub(crate) Duration);
+/// Gives every request body a deadline (see [`DeadlineBody`]), and refuses a request with
+/// `RESOURCE_EXHAUSTED` while its client address has the most unfinished requests already.
+#[derive(Clone)]
+pub(crate) struct RequestDeadline {
+    pub(crate) limit: Duration,
+    pub(crate) pending: AddressLimit,
+}
 
 impl<S> tower::Layer<S> for RequestDeadline {
     type Service = RequestDeadlineService<S>;
@@ -255,7 +267,7 @@ impl<S> tower::Layer<S> for RequestDeadline {
     fn layer(&self, inner: S) -> Self::Service {
         RequestDeadlineService {
             inner,
-            limit: self.0,
+            limits: self.clone(),
         }
     }
 }
@@ -263,30 +275,54 @@ impl<S> tower::Layer<S> for RequestDeadline {
 #[derive(Clone)]
 pub(crate) struct RequestDeadlineService<S> {
     inner: S,
-    limit: Duration,
+    limits: RequestDeadline,
 }
 
 impl<S> tower::Service<http::Request<tonic::body::Body>> for RequestDeadlineService<S>
 where
-    S: tower::Service<http::Request<tonic::body::Body>>,
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+        >,
 {
     type Response = S::Response;
     type Error = S::Error;
-    type Future = S::Future;
+    type Future = futures::future::Either<
+        futures::future::Ready<Result<Self::Response, Self::Error>>,
+        S::Future,
+    >;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
     }
 
     fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        let limit = self.limit;
-        self.inner.call(request.map(|body| {
-            if body.is_end_stream() {
-                body
-            } else {
-                tonic::body::Body::new(DeadlineBody::new(body, limit))
-            }
-        }))
+        if request.body().is_end_stream() {
+            return futures::future::Either::Right(self.inner.call(request));
+        }
+        let ip = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .and_then(|c| c.remote_addr)
+            .map(|a| a.ip());
+        let place = match ip {
+            Some(ip) => match self.limits.pending.admit(ip) {
+                Some(place) => Some(place),
+                None => {
+                    let status = tonic::Status::resource_exhausted(
+                        "this address has too many requests whose message has not arrived (--max-pending-requests-per-address)",
+                    );
+                    return futures::future::Either::Left(futures::future::ready(Ok(
+                        status.into_http()
+                    )));
+                }
+            },
+            None => None,
+        };
+        let limit = self.limits.limit;
+        futures::future::Either::Right(self.inner.call(
+            request.map(|body| tonic::body::Body::new(DeadlineBody::new(body, limit, place))),
+        ))
     }
 }
 

@@ -318,6 +318,9 @@ pub async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
+/// A calendar day: year, month, day.
+pub type Day = (i32, u8, u8);
+
 /// A throwaway certificate authority and a server certificate for 127.0.0.1 and localhost,
 /// written as PEM files into a temporary directory.
 pub struct TestCa {
@@ -358,9 +361,19 @@ impl TestCa {
 
     /// Issues a new server certificate (common name `cn`) and replaces the server files.
     pub fn issue_server(&mut self, cn: &str) {
+        self.issue_server_valid(cn, None);
+    }
+
+    /// Like [`TestCa::issue_server`], valid only from the first to the second day (year,
+    /// month, day) when given.
+    pub fn issue_server_valid(&mut self, cn: &str, validity: Option<(Day, Day)>) {
         let mut params =
             rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
                 .expect("params");
+        if let Some((not_before, not_after)) = validity {
+            params.not_before = rcgen::date_time_ymd(not_before.0, not_before.1, not_before.2);
+            params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+        }
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, cn);
