@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
 use crate::metrics::Metrics;
-use crate::server::limits::{RequestDeadline, TotalLimit, TotalSlot, WriteStall};
+use crate::server::limits::{PrefaceDeadline, RequestDeadline, TotalLimit, TotalSlot, WriteStall};
 use crate::tls::ReloadingTls;
 use crate::wire::SyncService;
 use crate::wire::direct::DirectSync;
@@ -220,6 +220,7 @@ async fn accept(
                     }
                     let connection = Connection {
                         stream: Stream::Plain(tcp),
+                        preface: PrefaceDeadline::met(),
                         write_stall,
                         _slot: slot,
                         _total: total,
@@ -235,6 +236,7 @@ async fn accept(
                         Ok(Ok(stream)) => {
                             let connection = Connection {
                                 stream: Stream::Tls(Box::new(stream)),
+                                preface: PrefaceDeadline::new(deadline),
                                 write_stall,
                                 _slot: slot,
                                 _total: total,
@@ -262,6 +264,7 @@ struct Admission {
 /// A client connection, plain or TLS.
 pub struct Connection {
     stream: Stream,
+    preface: PrefaceDeadline,
     write_stall: WriteStall,
     /// This connection's place in its address's count, given back when the connection drops.
     _slot: AddressSlot,
@@ -473,10 +476,14 @@ impl AsyncRead for Connection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let result = match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-        }
+        };
+        let read = buf.filled().len() - before;
+        this.preface.check(cx, read, result)
     }
 }
 

@@ -2,6 +2,8 @@
 //! optional client-certificate verification.
 mod support;
 
+use rustls_pki_types::pem::PemObject;
+
 use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
 use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -162,6 +164,44 @@ async fn expired_certificates_are_reported_and_expiry_is_a_metric() {
         .await;
     // 2091-01-01T00:00:00Z
     proxy.wait_for_metric(EXPIRY, 3_818_448_000.0).await;
+}
+
+/// A client that completes the TLS handshake and then sends nothing is closed after
+/// --handshake-timeout, like a plain-text one.
+#[tokio::test]
+async fn a_silent_client_after_the_tls_handshake_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let ca = TestCa::new();
+    let (_dir, proxy) = tls_proxy(&ca, &["--handshake-timeout", "1s"]).await;
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(&ca.ca_cert).expect("read ca");
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
+        roots.add(cert.expect("ca pem")).expect("add ca");
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+        .await
+        .expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the handshake completes");
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(EVENT_TIMEOUT, async {
+        loop {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "a silent TLS client was kept");
 }
 
 #[tokio::test]

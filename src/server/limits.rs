@@ -203,6 +203,57 @@ impl WriteStall {
     }
 }
 
+/// Fails a connection's reads when it has not sent the HTTP/2 preface within its deadline: for
+/// TLS connections, whose bytes cannot be looked at before the handshake (plain-text ones are
+/// checked before they are served, see [`first_bytes`]).
+pub(crate) struct PrefaceDeadline {
+    /// Preface bytes still to come; 0 once they have.
+    remaining: usize,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+}
+
+impl PrefaceDeadline {
+    pub(crate) fn new(limit: Duration) -> Self {
+        Self {
+            remaining: PREFACE.len(),
+            deadline: Some(Box::pin(tokio::time::sleep(limit))),
+        }
+    }
+
+    /// No deadline: the preface has been checked already.
+    pub(crate) fn met() -> Self {
+        Self {
+            remaining: 0,
+            deadline: None,
+        }
+    }
+
+    /// Passes a read's `result` on (`read` bytes arrived), failing a pending read once the
+    /// deadline has passed without the whole preface.
+    pub(crate) fn check(
+        &mut self,
+        cx: &mut Context<'_>,
+        read: usize,
+        result: Poll<std::io::Result<()>>,
+    ) -> Poll<std::io::Result<()>> {
+        let Some(deadline) = self.deadline.as_mut() else {
+            return result;
+        };
+        self.remaining = self.remaining.saturating_sub(read);
+        if self.remaining == 0 {
+            self.deadline = None;
+            return result;
+        }
+        if result.is_pending() && deadline.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no HTTP/2 preface in time (--handshake-timeout)",
+            )));
+        }
+        result
+    }
+}
+
 /// A TCP connection that holds its places in the connection limits and closes when its writes
 /// stall (see [`WriteStall`]).
 pub(crate) struct GuardedTcp<P> {

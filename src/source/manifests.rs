@@ -697,4 +697,35 @@ mod tests {
                 .expect_err("no name");
         assert!(err.contains("metadata.name"), "{err}");
     }
+
+    #[test]
+    fn deep_nesting_is_refused_before_parsing() {
+        let ok = format!(
+            "{}1{}",
+            "[".repeat(document::MAX_DEPTH),
+            "]".repeat(document::MAX_DEPTH)
+        );
+        assert!(check_nesting(&ok).is_ok());
+        // Closing brackets never go below zero: stray ones do not buy depth.
+        let stray = format!("{}{ok}", "]".repeat(10));
+        assert!(check_nesting(&stray).is_ok());
+        let deep = format!("{{a: {ok}}}");
+        let err = parse(&deep).expect_err("too deep");
+        assert!(err.contains("nest more than"), "{err}");
+    }
+
+    #[test]
+    fn only_regular_files_are_read_within_the_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let zero = dir.path().join("zero.yaml");
+        std::os::unix::fs::symlink("/dev/zero", &zero).expect("symlink");
+        assert!(
+            read_limited(&zero)
+                .expect_err("a device")
+                .contains("regular")
+        );
+        let file = dir.path().join("a.yaml");
+        std::fs::write(&file, "a: 1\n").expect("write");
+        assert_eq!(read_limited(&file).expect("a file"), b"a: 1\n");
+    }
 }
