@@ -955,3 +955,71 @@ async fn measure_budgets() {
     drop(held);
     drop(idle);
 }
+
+/// A client that stops reading (and so cannot answer pings either) while the proxy has megabytes
+/// to send it: the connection itself is closed, not only its streams.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_disconnected() {
+    use support::raw_h2::{self, DATA, END_STREAM, SETTINGS};
+    const RESOURCES: usize = 8;
+    let scene =
+        Scene::start_with(&["--keepalive-interval", "1s", "--keepalive-timeout", "1s"]).await;
+    // Eight resources of about 1 MB each: more than the kernel buffers between the two ends.
+    let big = "x".repeat(1024 * 1024);
+    for i in 0..RESOURCES {
+        write_manifest(
+            scene.dir.path(),
+            "default",
+            &format!("big-{i}"),
+            string_flag("color", &big, &[&big]),
+        );
+    }
+    let open = scene
+        .metric("flagd_proxy_open_connections{port=\"sync\"}")
+        .await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .set_recv_buffer_size(4096)
+        .expect("small receive buffer");
+    let tcp = socket
+        .connect(("127.0.0.1".parse::<IpAddr>().expect("ip"), scene.proxy.port).into())
+        .await
+        .expect("connect");
+    let (_read, mut write) = tcp.into_split();
+    let mut bytes = raw_h2::PREFACE.to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE = 2^31 - 1, and as much for the connection: flow control
+    // never holds the proxy back, only the socket does.
+    let mut settings = vec![0, 4];
+    settings.extend(0x7fff_ffffu32.to_be_bytes());
+    bytes.extend(raw_h2::frame(SETTINGS, 0, 0, &settings));
+    bytes.extend(raw_h2::window_update(0, 0x7fff_ffff - 65_535));
+    for i in 0..RESOURCES {
+        let stream = 2 * u32::try_from(i).expect("small") + 1;
+        let selector = format!("core.openfeature.dev/default/big-{i}");
+        let request = v1::SyncFlagsRequest {
+            provider_id: String::new(),
+            selector,
+        };
+        let message = prost::Message::encode_to_vec(&request);
+        let mut body = vec![0];
+        body.extend(u32::try_from(message.len()).expect("small").to_be_bytes());
+        body.extend(message);
+        bytes.extend(raw_h2::grpc_headers(
+            stream,
+            "/flagd.sync.v1.FlagSyncService/SyncFlags",
+            false,
+        ));
+        bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
+    }
+    write.write_all(&bytes).await.expect("requests");
+    scene
+        .proxy
+        .wait_for_metric("flagd_proxy_open_connections{port=\"sync\"}", open + 1.0)
+        .await;
+    // Never read: the proxy's writes stall, its pings go unanswered, and it hangs up.
+    scene
+        .proxy
+        .wait_for_metric("flagd_proxy_open_connections{port=\"sync\"}", open)
+        .await;
+    scene.assert_healthy().await;
+}
