@@ -129,7 +129,12 @@ impl ManifestSource {
                 })?;
             // The parent's events tell when the directory itself is swapped, deleted or
             // created again; the directory is then watched anew (see `Scanner::follow_roots`).
-            if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty())
+            // (A parent inside a configured directory is watched recursively already.)
+            let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+            if let Some(parent) = absolute.parent()
+                && !dirs.iter().any(|d| {
+                    parent.starts_with(std::path::absolute(d).unwrap_or_else(|_| d.clone()))
+                })
                 && let Err(error) = watcher.watch(parent, notify::RecursiveMode::NonRecursive)
             {
                 tracing::warn!(%error, dir = %parent.display(), "cannot watch the manifests directory's parent; a swap of the directory is noticed within {RESCAN:?}");
