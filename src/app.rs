@@ -90,6 +90,9 @@ pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
         ),
         _ => None,
     };
+    if let Some(tls) = &tls {
+        tls.report_expiry(metrics.tls_certificate_expiry.clone());
+    }
     let mut kube_client = None;
     let source: Arc<dyn Source> = if !args.manifests.is_empty() {
         Arc::new(
@@ -244,14 +247,27 @@ impl Bound {
             .collect();
         let management_addr = management.local_addr().ok();
         let management_done = CancellationToken::new();
+        let management_metrics = hub.metrics().clone();
         let router = management::router(
             hub,
             source.clone(),
             readiness.clone(),
             tonic::service::Routes::new(health_service.clone()),
         );
-        let management_task =
-            tokio::spawn(management::run(management, router, management_done.clone()));
+        let management_options = management::ManagementOptions {
+            max_connections: args.max_management_connections,
+            max_connections_per_address: args.max_management_connections_per_address,
+            header_timeout: args.handshake_timeout,
+            keepalive_interval: args.keepalive_interval,
+            keepalive_timeout: args.keepalive_timeout,
+        };
+        let management_task = tokio::spawn(management::run(
+            management,
+            router,
+            management_options,
+            management_metrics,
+            management_done.clone(),
+        ));
         let options = ServerOptions {
             keepalive_interval: args.keepalive_interval,
             keepalive_timeout: args.keepalive_timeout,
@@ -262,6 +278,10 @@ impl Bound {
             max_connection_age: args
                 .max_connection_age
                 .map(|age| (age, args.max_connection_age_grace)),
+            max_connections: args.max_connections,
+            handshake_timeout: args.handshake_timeout,
+            request_timeout: args.request_timeout,
+            max_pending_requests_per_address: args.max_pending_requests_per_address,
         };
         let mut sync_task = tokio::spawn(server::run(
             listeners,

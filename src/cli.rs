@@ -301,6 +301,58 @@ pub struct StartArgs {
     )]
     pub max_request_bytes: usize,
 
+    /// The most open connections to the sync port in total; further ones are closed at once
+    /// (counted in flagd_proxy_rejected_requests_total{reason="max_connections"}). 0 means no
+    /// limit.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "FLAGD_PROXY_MAX_CONNECTIONS",
+        default_value_t = 16_384
+    )]
+    pub max_connections: usize,
+
+    /// How long a new connection to the sync port may take to complete its TLS handshake and
+    /// send the HTTP/2 connection preface before it is closed.
+    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_HANDSHAKE_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub handshake_timeout: Duration,
+
+    /// How long the request message of a sync call may take to arrive; then the call ends with
+    /// DEADLINE_EXCEEDED.
+    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_REQUEST_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+
+    /// The most sync requests from one client IP address whose request message has not arrived
+    /// yet (each holds memory until it does, or until --request-timeout); further ones get
+    /// RESOURCE_EXHAUSTED at once. 0 means no limit.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "FLAGD_PROXY_MAX_PENDING_REQUESTS_PER_ADDRESS",
+        default_value_t = 1_000
+    )]
+    pub max_pending_requests_per_address: usize,
+
+    /// The most open connections to the management port in total; further ones are closed at
+    /// once. 0 means no limit.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "FLAGD_PROXY_MAX_MANAGEMENT_CONNECTIONS",
+        default_value_t = 256
+    )]
+    pub max_management_connections: usize,
+
+    /// The most open connections to the management port from one client IP address; further
+    /// ones are closed at once. 0 means no limit.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "FLAGD_PROXY_MAX_MANAGEMENT_CONNECTIONS_PER_ADDRESS",
+        default_value_t = 32
+    )]
+    pub max_management_connections_per_address: usize,
+
     /// Close client connections after this age so long-lived streams spread over replicas again
     /// (for example after a rolling restart); clients reconnect and resume on the newest version.
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration)]

@@ -67,10 +67,35 @@ pub enum DocumentError {
     InvalidEvaluators { reason: String },
     #[error("the document is not a JSON object")]
     NotAnObject,
+    #[error("objects and arrays are nested more than {MAX_DEPTH} levels deep")]
+    TooDeep,
+}
+
+/// The deepest nesting of objects and arrays accepted in a resource or document, from every
+/// source (flag configurations in practice stay within a dozen or two levels).
+pub const MAX_DEPTH: usize = 64;
+
+/// How deeply objects and arrays nest in `value` (a scalar is 0), counted without recursion.
+pub fn depth(value: &Value) -> usize {
+    let mut deepest = 0;
+    let mut pending = vec![(value, 0usize)];
+    while let Some((value, level)) = pending.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Object(map) => Box::new(map.values()),
+            Value::Array(items) => Box::new(items.iter()),
+            _ => continue,
+        };
+        deepest = deepest.max(level + 1);
+        pending.extend(children.map(|child| (child, level + 1)));
+    }
+    deepest
 }
 
 /// Builds the flag configuration document from a `FeatureFlag` resource (as JSON) and checks it.
 pub fn from_resource(resource: &Value) -> Result<String, DocumentError> {
+    if depth(resource) > MAX_DEPTH {
+        return Err(DocumentError::TooDeep);
+    }
     let flag_spec = resource
         .pointer("/spec/flagSpec")
         .and_then(Value::as_object)
@@ -133,6 +158,9 @@ fn from_flag_spec(spec: &Map<String, Value>) -> Result<Value, DocumentError> {
 
 /// Checks a flag configuration document against the structure flagd clients rely on.
 pub fn validate(document: &Value) -> Result<(), DocumentError> {
+    if depth(document) > MAX_DEPTH {
+        return Err(DocumentError::TooDeep);
+    }
     let document = document.as_object().ok_or(DocumentError::NotAnObject)?;
     let flags = match document.get("flags") {
         Some(Value::Object(flags)) => flags,
@@ -639,5 +667,18 @@ mod properties {
         ]) {
             let _ = validate(&document);
         }
+    }
+
+    #[test]
+    fn depth_is_bounded() {
+        let mut deep = json!(1);
+        for _ in 0..MAX_DEPTH {
+            deep = json!([deep]);
+        }
+        assert_eq!(depth(&deep), MAX_DEPTH);
+        assert_eq!(depth(&json!({"a": [1, {"b": {}}], "c": 2})), 4);
+        let resource = json!({"spec": {"flagSpec": {"flags": {"f": {"state": "ENABLED",
+            "variants": {"on": true}, "defaultVariant": "on", "targeting": deep}}}}});
+        assert_eq!(from_resource(&resource), Err(DocumentError::TooDeep));
     }
 }

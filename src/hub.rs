@@ -6,7 +6,8 @@
 //! subscribers, and it always ends on the newest version. Each version is kept as one shared
 //! [`Snapshot`]; its wire encodings are made once, on first use, and shared as [`Bytes`].
 //!
-//! The watch is stopped once the resource has had no subscriber for the idle time.
+//! The watch is stopped once the resource has had no subscriber for the idle time, or as soon
+//! as it has none when the resource does not exist and never did.
 //!
 //! Waiting for resources that do not exist is bounded: at most `max_waiting_resources` watches
 //! may wait on a resource the source reports absent and that has never had a version. Beyond
@@ -316,11 +317,20 @@ impl WaitingPlace {
     }
 }
 
-/// Resolves once the channel has had no receiver for `timeout`.
+/// Resolves once the channel has had no receiver for `timeout`, or at once when it has none
+/// and the resource does not exist and never did: nobody waits for it any more, and its place
+/// among the resources waited on goes back at once (a `FetchAllFlags` for a name that does not
+/// exist must not hold one).
 async fn idle(tx: &watch::Sender<ResourceState>, timeout: Duration) {
     loop {
         tx.closed().await;
-        tokio::time::sleep(timeout).await;
+        let never_existed = {
+            let state = tx.borrow();
+            state.snapshot.is_none() && state.availability == Availability::Absent
+        };
+        if !never_existed {
+            tokio::time::sleep(timeout).await;
+        }
         if tx.receiver_count() == 0 {
             return;
         }

@@ -3,6 +3,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use flagd_proxy::app;
 use flagd_proxy::cli::{CliError, Command, LogFormat, StartArgs};
+use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -73,21 +74,52 @@ async fn serve(prepared: app::Prepared) -> anyhow::Result<()> {
         .context("flagd-proxy stopped with an error")
 }
 
+/// SIGTERM, SIGINT and SIGQUIT drain and stop the proxy. SIGHUP, SIGUSR1 and SIGUSR2 are
+/// logged and otherwise ignored (the configuration is read once, at start; TLS files and
+/// manifests are followed without a signal), so a supervisor's stray signal cannot kill it.
 async fn wait_for_signal(shutdown: CancellationToken) {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "cannot listen for SIGTERM");
-                futures::future::pending::<()>().await;
-            }
+    use tokio::signal::unix::{SignalKind, signal};
+    let listen = |kind: SignalKind, name: &'static str| match signal(kind) {
+        Ok(signal) => Some((signal, name)),
+        Err(error) => {
+            tracing::warn!(%error, signal = name, "cannot listen for the signal");
+            None
         }
     };
-    tokio::select! {
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
-        () = terminate => tracing::info!("SIGTERM received"),
+    let stop: Vec<_> = [
+        (SignalKind::terminate(), "SIGTERM"),
+        (SignalKind::interrupt(), "SIGINT"),
+        (SignalKind::quit(), "SIGQUIT"),
+    ]
+    .into_iter()
+    .filter_map(|(kind, name)| listen(kind, name))
+    .collect();
+    let ignored: Vec<_> = [
+        (SignalKind::hangup(), "SIGHUP"),
+        (SignalKind::user_defined1(), "SIGUSR1"),
+        (SignalKind::user_defined2(), "SIGUSR2"),
+    ]
+    .into_iter()
+    .filter_map(|(kind, name)| listen(kind, name))
+    .collect();
+    tokio::spawn(async move {
+        let mut ignored = futures::stream::select_all(ignored.into_iter().map(|(signal, name)| {
+            tokio_stream::wrappers::SignalStream::new(signal).map(move |()| name)
+        }));
+        while let Some(name) = ignored.next().await {
+            tracing::info!(
+                signal = name,
+                "signal received and ignored; the proxy keeps serving"
+            );
+        }
+    });
+    let mut stop = futures::stream::select_all(stop.into_iter().map(|(signal, name)| {
+        tokio_stream::wrappers::SignalStream::new(signal).map(move |()| name)
+    }));
+    match stop.next().await {
+        Some(name) => tracing::info!(signal = name, "signal received; shutting down"),
+        // No stop signal can be received: serve until killed.
+        None => futures::future::pending::<()>().await,
     }
     shutdown.cancel();
 }

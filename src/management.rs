@@ -2,17 +2,25 @@
 //! port (HTTP/1.1 and HTTP/2 both).
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::get;
 use axum::{Json, Router};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::{Availability, Hub};
+use crate::metrics::Metrics;
+use crate::server::AddressLimit;
+use crate::server::limits::{self, GuardedTcp, TotalLimit};
 use crate::source::Source;
 
 /// Whether the proxy is serving: true once listening, false from the moment shutdown begins.
@@ -56,15 +64,95 @@ pub fn router(
     grpc.into_axum_router().merge(http)
 }
 
-/// Serves the management routes until `shutdown` is cancelled.
+/// Budgets of the management port, so that nothing on it can exhaust file descriptors or memory
+/// and starve the sync port or the probes.
+#[derive(Clone, Debug)]
+pub struct ManagementOptions {
+    /// The most open connections in total (0: no limit).
+    pub max_connections: usize,
+    /// The most open connections from one client IP address (0: no limit).
+    pub max_connections_per_address: usize,
+    /// How long a new connection may take to send its first request bytes, and an HTTP/1 request
+    /// (or an idle keep-alive connection) its headers.
+    pub header_timeout: Duration,
+    /// HTTP/2 pings find dead peers, and writes stalled for interval + timeout close the
+    /// connection.
+    pub keepalive_interval: Duration,
+    pub keepalive_timeout: Duration,
+}
+
+/// The most concurrent HTTP/2 streams on one management connection.
+const MAX_STREAMS: u32 = 100;
+
+/// Serves the management routes until `shutdown` is cancelled, then lets open requests finish.
 pub async fn run(
     listener: TcpListener,
     router: Router,
+    options: ManagementOptions,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown.cancelled_owned())
-        .await
+    let per_address = AddressLimit::new(options.max_connections_per_address, metrics.clone())
+        .with_reason("max_management_connections_per_address");
+    let total = TotalLimit::new(
+        options.max_connections,
+        "management",
+        "max_management_connections",
+        metrics,
+    );
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(options.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(MAX_STREAMS)
+        .max_local_error_reset_streams(Some(MAX_STREAMS as usize))
+        .keep_alive_interval(options.keepalive_interval)
+        .keep_alive_timeout(options.keepalive_timeout);
+    let builder = Arc::new(builder);
+    let graceful = GracefulShutdown::new();
+    let service = TowerToHyperService::new(router);
+    let write_stall = options.keepalive_interval + options.keepalive_timeout;
+    loop {
+        let (tcp, peer) = tokio::select! {
+            () = shutdown.cancelled() => break,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(error) => {
+                    tracing::warn!(%error, "accept failed on the management port");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let Some(address_place) = per_address.admit(peer.ip()) else {
+            continue;
+        };
+        let Some(total_place) = total.admit() else {
+            continue;
+        };
+        let builder = builder.clone();
+        let service = service.clone();
+        let watcher = graceful.watcher();
+        let header_timeout = options.header_timeout;
+        tokio::spawn(async move {
+            if !limits::first_bytes(&tcp, true, header_timeout).await {
+                return;
+            }
+            let io = GuardedTcp::new(tcp, write_stall, (address_place, total_place));
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            if let Err(error) = watcher.watch(connection.into_owned()).await {
+                tracing::debug!(%peer, %error, "management connection ended");
+            }
+        });
+    }
+    drop(listener);
+    // Requests in flight get a moment to finish; idle connections close at once.
+    let _ = tokio::time::timeout(options.header_timeout, graceful.shutdown()).await;
+    Ok(())
 }
 
 async fn readyz(State(state): State<AppState>) -> impl IntoResponse {

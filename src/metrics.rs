@@ -24,6 +24,11 @@ pub struct SourceErrorLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PortLabels {
+    pub port: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -44,6 +49,10 @@ pub struct Metrics {
     pub source_errors: Family<SourceErrorLabels, Counter>,
     pub rejected_requests: Family<ReasonLabels, Counter>,
     pub propagation_seconds: Histogram,
+    /// Open client connections by port (`sync`, `management`).
+    pub open_connections: Family<PortLabels, Gauge>,
+    /// The serving certificate's notAfter, in seconds since the Unix epoch (0 without TLS).
+    pub tls_certificate_expiry: Gauge,
 }
 
 impl Default for Metrics {
@@ -116,8 +125,22 @@ impl Metrics {
             "Time from a change seen at the source until the last subscriber connected at that moment was sent it",
             propagation_seconds.clone(),
         );
+        let open_connections = Family::<PortLabels, Gauge>::default();
+        proxy.register(
+            "open_connections",
+            "Open client connections by port (at most --max-connections on the sync port, --max-management-connections on the management port)",
+            open_connections.clone(),
+        );
+        let tls_certificate_expiry = Gauge::default();
+        proxy.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When the serving certificate expires (notAfter), in seconds since the Unix epoch; 0 without TLS",
+            tls_certificate_expiry.clone(),
+        );
         Self {
             registry,
+            open_connections,
+            tls_certificate_expiry,
             sync_active_streams,
             active_streams,
             upstream_watches,

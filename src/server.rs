@@ -3,7 +3,9 @@
 //!
 //! Limits that protect the proxy from hostile or broken clients: connections per client
 //! address (counted at accept, released when the connection is dropped), the request header
-//! size, the request message size, and the HTTP/2 streams per connection.
+//! size, the request message size, and the HTTP/2 streams per connection; the budgets in
+//! [`limits`] (connections in total, deadlines for a connection's first bytes and a request's
+//! message, stalled writers) and the HTTP/2 layer's own reset limits.
 use std::collections::HashMap;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -22,13 +24,24 @@ use tonic::transport::server::Connected;
 
 use crate::listener::{SyncListener, UnixSocket};
 use crate::metrics::Metrics;
+use crate::server::limits::{PrefaceDeadline, RequestDeadline, TotalLimit, TotalSlot, WriteStall};
 use crate::tls::ReloadingTls;
 use crate::wire::SyncService;
 use crate::wire::direct::DirectSync;
 use crate::wire::frame::Protocol;
 
-/// A TLS handshake that takes longer than this is dropped.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) mod limits;
+
+/// Streams a connection may make the server reset (flow-control and protocol errors the client
+/// causes, the "MadeYouReset" pattern) before it is sent GOAWAY. tonic leaves hyper's limit off.
+const MAX_LOCAL_ERROR_RESETS: usize = 256;
+/// Streams a client may open and reset at once before it is sent GOAWAY (rapid reset).
+const MAX_PENDING_ACCEPT_RESETS: usize = 20;
+/// HTTP/2 receive windows: how much request data a client may send ahead of what the server has
+/// read, per stream and per connection. Requests are small; responses are bounded by the
+/// client's windows, not these.
+const STREAM_WINDOW: u32 = 64 * 1024;
+const CONNECTION_WINDOW: u32 = 128 * 1024;
 
 /// Transport settings of the sync port.
 #[derive(Clone, Debug)]
@@ -50,6 +63,16 @@ pub struct ServerOptions {
     /// Close connections after this age, then after a grace period for their streams, so
     /// streams spread over replicas again.
     pub max_connection_age: Option<(Duration, Duration)>,
+    /// The most open connections in total; 0 means no limit.
+    pub max_connections: usize,
+    /// How long a new connection may take to complete its TLS handshake and send the HTTP/2
+    /// preface.
+    pub handshake_timeout: Duration,
+    /// How long a stream's request message may take to arrive.
+    pub request_timeout: Duration,
+    /// The most requests from one client IP address whose message has not arrived yet; 0
+    /// means no limit.
+    pub max_pending_requests_per_address: usize,
 }
 
 impl Default for ServerOptions {
@@ -62,6 +85,10 @@ impl Default for ServerOptions {
             max_request_bytes: 64 * 1024,
             max_connections_per_address: 256,
             max_connection_age: None,
+            max_connections: 16_384,
+            handshake_timeout: Duration::from_secs(10),
+            request_timeout: Duration::from_secs(10),
+            max_pending_requests_per_address: 1_000,
         }
     }
 }
@@ -87,20 +114,35 @@ pub async fn run(
 ) -> Result<(), ServerError> {
     let metrics = service.metrics().clone();
     let (tx, rx) = mpsc::channel(128);
-    let per_address = AddressLimit::new(options.max_connections_per_address, metrics.clone());
+    let admission = Arc::new(Admission {
+        per_address: AddressLimit::new(options.max_connections_per_address, metrics.clone()),
+        total: TotalLimit::new(
+            options.max_connections,
+            "sync",
+            "max_connections",
+            metrics.clone(),
+        ),
+        handshake_timeout: options.handshake_timeout,
+        write_stall: options.keepalive_interval + options.keepalive_timeout,
+    });
     for listener in listeners {
+        let (tx, admission) = (tx.clone(), admission.clone());
         match listener {
             SyncListener::Tcp(listener) => {
-                let (tls, tx, per_address) = (tls.clone(), tx.clone(), per_address.clone());
-                tokio::spawn(accept(listener, tls, tx, per_address, shutdown.clone()));
+                let tls = tls.clone();
+                tokio::spawn(accept(listener, tls, tx, admission, shutdown.clone()));
             }
             SyncListener::Unix(socket) => {
-                tokio::spawn(accept_unix(socket, tx.clone(), shutdown.clone()));
+                tokio::spawn(accept_unix(socket, tx, admission, shutdown.clone()));
             }
         }
     }
     drop(tx);
     let mut builder = tonic::transport::Server::builder()
+        .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
+        .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
         .http2_keepalive_interval(Some(options.keepalive_interval))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))
         .max_concurrent_streams(options.max_concurrent_streams)
@@ -114,6 +156,11 @@ pub async fn run(
     }
     let max_request = options.max_request_bytes;
     builder
+        .layer(RequestDeadline {
+            limit: options.request_timeout,
+            pending: AddressLimit::new(options.max_pending_requests_per_address, metrics.clone())
+                .with_reason("max_pending_requests_per_address"),
+        })
         .layer(RequestLimits {
             max_header_bytes: options.max_header_list_size as usize,
             metrics,
@@ -147,9 +194,10 @@ async fn accept(
     listener: TcpListener,
     tls: Option<Arc<ReloadingTls>>,
     tx: mpsc::Sender<io::Result<Connection>>,
-    per_address: AddressLimit,
+    admission: Arc<Admission>,
     shutdown: CancellationToken,
 ) {
+    let per_address = &admission.per_address;
     loop {
         let (tcp, peer) = tokio::select! {
             () = shutdown.cancelled() => return,
@@ -168,26 +216,43 @@ async fn accept(
             drop(tcp);
             continue;
         };
+        let Some(total) = admission.total.admit() else {
+            tracing::debug!(%peer, "connection closed: --max-connections reached");
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
+        let deadline = admission.handshake_timeout;
+        let write_stall = WriteStall::new(admission.write_stall);
         match &tls {
             None => {
-                let connection = Connection {
-                    stream: Stream::Plain(tcp),
-                    _slot: slot,
-                };
-                if tx.send(Ok(connection)).await.is_err() {
-                    return;
-                }
+                let tx = tx.clone();
+                tokio::spawn(async move {
+                    if !limits::first_bytes(&tcp, false, deadline).await {
+                        tracing::debug!(%peer, "connection closed: no HTTP/2 preface in time");
+                        return;
+                    }
+                    let connection = Connection {
+                        stream: Stream::Plain(tcp),
+                        preface: PrefaceDeadline::met(),
+                        write_stall,
+                        _slot: slot,
+                        _total: total,
+                    };
+                    let _ = tx.send(Ok(connection)).await;
+                });
             }
             Some(tls) => {
                 let acceptor = tls.acceptor();
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                    match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
                             let connection = Connection {
                                 stream: Stream::Tls(Box::new(stream)),
+                                preface: PrefaceDeadline::new(deadline),
+                                write_stall,
                                 _slot: slot,
+                                _total: total,
                             };
                             let _ = tx.send(Ok(connection)).await;
                         }
@@ -200,11 +265,13 @@ async fn accept(
     }
 }
 
-/// Accepts unix socket connections (plain: the socket file's mode is the gate). The socket file
-/// is removed when this ends.
+/// Accepts unix socket connections (plain: the socket file's mode is the gate, and there is no
+/// client address to count per address, so only the total limit applies; the preface deadline is
+/// read-based). The socket file is removed when this ends.
 async fn accept_unix(
     socket: UnixSocket,
     tx: mpsc::Sender<io::Result<Connection>>,
+    admission: Arc<Admission>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -219,9 +286,16 @@ async fn accept_unix(
                 }
             },
         };
+        let Some(total) = admission.total.admit() else {
+            tracing::debug!("unix socket connection closed: --max-connections reached");
+            continue;
+        };
         let connection = Connection {
             stream: Stream::Unix(stream),
+            preface: PrefaceDeadline::new(admission.handshake_timeout),
+            write_stall: WriteStall::new(admission.write_stall),
             _slot: AddressSlot(None),
+            _total: total,
         };
         if tx.send(Ok(connection)).await.is_err() {
             return;
@@ -229,11 +303,23 @@ async fn accept_unix(
     }
 }
 
+/// What a new connection must pass before it is served.
+struct Admission {
+    per_address: AddressLimit,
+    total: TotalLimit,
+    handshake_timeout: Duration,
+    /// How long writes may make no progress before the connection is closed.
+    write_stall: Duration,
+}
+
 /// A client connection, plain or TLS.
 pub struct Connection {
     stream: Stream,
+    preface: PrefaceDeadline,
+    write_stall: WriteStall,
     /// This connection's place in its address's count, given back when the connection drops.
     _slot: AddressSlot,
+    _total: TotalSlot,
 }
 
 enum Stream {
@@ -244,25 +330,32 @@ enum Stream {
 
 /// Open connections per client IP address, bounded by `max_connections_per_address`.
 #[derive(Clone)]
-struct AddressLimit {
+pub(crate) struct AddressLimit {
     limit: usize,
     open: OpenPerAddress,
     metrics: Arc<Metrics>,
+    reason: &'static str,
 }
 
 type OpenPerAddress = Arc<Mutex<HashMap<IpAddr, usize>>>;
 
 impl AddressLimit {
-    fn new(limit: usize, metrics: Arc<Metrics>) -> Self {
+    pub(crate) fn new(limit: usize, metrics: Arc<Metrics>) -> Self {
         Self {
             limit,
             open: Arc::default(),
             metrics,
+            reason: "max_connections_per_address",
         }
     }
 
+    /// The same limit, counted under another reason in the rejection metric.
+    pub(crate) fn with_reason(self, reason: &'static str) -> Self {
+        Self { reason, ..self }
+    }
+
     /// A place for one more connection from `ip`, or `None` (counted) when it has the most.
-    fn admit(&self, ip: IpAddr) -> Option<AddressSlot> {
+    pub(crate) fn admit(&self, ip: IpAddr) -> Option<AddressSlot> {
         if self.limit == 0 {
             return Some(AddressSlot(None));
         }
@@ -271,7 +364,7 @@ impl AddressLimit {
         let count = open.entry(ip).or_insert(0);
         if *count >= self.limit {
             drop(open);
-            self.metrics.reject("max_connections_per_address");
+            self.metrics.reject(self.reason);
             return None;
         }
         *count += 1;
@@ -287,7 +380,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// One connection's place in [`AddressLimit`]; dropping it gives the place back.
-struct AddressSlot(Option<(OpenPerAddress, IpAddr)>);
+pub(crate) struct AddressSlot(Option<(OpenPerAddress, IpAddr)>);
 
 impl Drop for AddressSlot {
     fn drop(&mut self) {
@@ -439,11 +532,15 @@ impl AsyncRead for Connection {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let result = match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
             Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
-        }
+        };
+        let read = buf.filled().len() - before;
+        this.preface.check(cx, read, result)
     }
 }
 
@@ -453,11 +550,13 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let result = match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
             Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        }
+        };
+        this.write_stall.check(cx, result)
     }
 
     fn poll_write_vectored(
@@ -465,11 +564,13 @@ impl AsyncWrite for Connection {
         cx: &mut Context<'_>,
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let result = match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
             Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        }
+        };
+        this.write_stall.check(cx, result)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -481,11 +582,13 @@ impl AsyncWrite for Connection {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
+        let this = self.get_mut();
+        let result = match &mut this.stream {
             Stream::Plain(s) => Pin::new(s).poll_flush(cx),
             Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
             Stream::Unix(s) => Pin::new(s).poll_flush(cx),
-        }
+        };
+        this.write_stall.check(cx, result)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

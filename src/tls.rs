@@ -2,8 +2,11 @@
 //! read again when the files change, so certificates rotate without a restart. Connections
 //! already open keep the configuration they were made with.
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use prometheus_client::metrics::gauge::Gauge;
 
 use rustls::ServerConfig;
 use rustls::server::WebPkiClientVerifier;
@@ -70,6 +73,9 @@ impl TlsFiles {
 pub struct ReloadingTls {
     files: TlsFiles,
     current: RwLock<(Vec<Vec<u8>>, Arc<ServerConfig>)>,
+    /// The serving certificate's notAfter (seconds since the Unix epoch; 0 if unreadable).
+    not_after: AtomicI64,
+    expiry_gauge: OnceLock<Gauge>,
 }
 
 impl ReloadingTls {
@@ -77,10 +83,19 @@ impl ReloadingTls {
     pub fn load(files: TlsFiles) -> Result<Arc<Self>, TlsError> {
         let contents = files.read_all()?;
         let config = build(&files, &contents)?;
+        let not_after = check_validity(&files.cert, &contents[0]);
         Ok(Arc::new(Self {
             files,
             current: RwLock::new((contents, config)),
+            not_after: AtomicI64::new(not_after),
+            expiry_gauge: OnceLock::new(),
         }))
+    }
+
+    /// Keeps `gauge` set to the serving certificate's notAfter, now and after every rotation.
+    pub fn report_expiry(&self, gauge: Gauge) {
+        gauge.set(self.not_after.load(Ordering::Relaxed));
+        let _ = self.expiry_gauge.set(gauge);
     }
 
     /// An acceptor with the newest configuration.
@@ -96,7 +111,12 @@ impl ReloadingTls {
             return Ok(false);
         }
         let config = build(&self.files, &contents)?;
+        let not_after = check_validity(&self.files.cert, &contents[0]);
         *self.current.write().unwrap_or_else(|p| p.into_inner()) = (contents, config);
+        self.not_after.store(not_after, Ordering::Relaxed);
+        if let Some(gauge) = self.expiry_gauge.get() {
+            gauge.set(not_after);
+        }
         Ok(true)
     }
 
@@ -134,6 +154,39 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
         path: path.to_owned(),
         source,
     })
+}
+
+/// The validity window of the first certificate in `pem` (seconds since the Unix epoch).
+fn validity(pem: &[u8]) -> Option<(i64, i64)> {
+    let der = CertificateDer::pem_slice_iter(pem).next()?.ok()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&der).ok()?;
+    let validity = cert.validity();
+    Some((
+        validity.not_before.timestamp(),
+        validity.not_after.timestamp(),
+    ))
+}
+
+/// Logs an error when the serving certificate is expired or not yet valid (clients will refuse
+/// it, though the proxy serves it: the files may be fixed at any moment); returns its notAfter.
+fn check_validity(path: &Path, pem: &[u8]) -> i64 {
+    let Some((not_before, not_after)) = validity(pem) else {
+        tracing::warn!(cert = %path.display(), "cannot read the certificate's validity period");
+        return 0;
+    };
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+    let date = |t: i64| {
+        x509_parser::time::ASN1Time::from_timestamp(t)
+            .map_or_else(|_| t.to_string(), |t| t.to_string())
+    };
+    if now > not_after {
+        tracing::error!(cert = %path.display(), not_after = %date(not_after), "the serving certificate has expired; TLS clients will refuse it");
+    } else if now < not_before {
+        tracing::error!(cert = %path.display(), not_before = %date(not_before), "the serving certificate is not valid yet; TLS clients will refuse it");
+    }
+    not_after
 }
 
 fn certificates(path: &Path, pem: &[u8]) -> Result<Vec<CertificateDer<'static>>, TlsError> {

@@ -33,6 +33,11 @@ struct Scene {
 
 impl Scene {
     async fn start() -> Scene {
+        Self::start_with(&[]).await
+    }
+
+    /// Starts with `extra` arguments added.
+    async fn start_with(extra: &[&str]) -> Scene {
         let dir = tempfile::tempdir().expect("tempdir");
         write_manifest(
             dir.path(),
@@ -48,9 +53,16 @@ impl Scene {
             ("--max-request-bytes", MAX_REQUEST_BYTES),
         ]
         .map(|(flag, value)| [flag.to_owned(), value.to_string()]);
-        let mut args: Vec<String> = limits.into_iter().flatten().collect();
-        args.extend(["--idle-timeout".into(), "1s".into()]);
+        let defaults = limits
+            .into_iter()
+            .chain([["--idle-timeout".to_owned(), "1s".to_owned()]]);
+        // A flag in `extra` replaces the scene's own value.
+        let mut args: Vec<String> = defaults
+            .filter(|[flag, _]| !extra.contains(&flag.as_str()))
+            .flatten()
+            .collect();
         args.extend(["--manifests".into(), dir.path().display().to_string()]);
+        args.extend(extra.iter().map(|a| (*a).to_owned()));
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let proxy = Proxy::start(&args).await;
         let mut scene = Scene {
@@ -60,16 +72,38 @@ impl Scene {
             version: 0,
         };
         for _ in 0..3 {
-            let mut client = FlagSyncServiceClient::new(scene.channel().await);
-            let mut stream = client
-                .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
-                .await
-                .expect("stream")
-                .into_inner();
-            assert_eq!(color(&next(&mut stream).await), "v0");
-            scene.subscribers.push(stream);
+            scene.subscribe().await;
         }
         scene
+    }
+
+    /// Adds a subscriber on a connection of its own, once it has the current version.
+    async fn subscribe(&mut self) {
+        let mut client = FlagSyncServiceClient::new(self.channel().await);
+        let mut stream = client
+            .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
+            .await
+            .expect("stream")
+            .into_inner();
+        let want = format!("v{}", self.version);
+        assert_eq!(color(&next(&mut stream).await), want);
+        self.subscribers.push(stream);
+    }
+
+    /// `/healthz` answers 200.
+    async fn assert_healthy(&self) {
+        assert_eq!(self.probe("/healthz").await, 200);
+    }
+
+    /// The status code of a GET on the management port; panics if it does not answer.
+    async fn probe(&self, path: &str) -> u16 {
+        let answer = tokio::time::timeout(
+            EVENT_TIMEOUT,
+            support::http_get(self.proxy.management_port, path),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("{path} does not answer"));
+        answer.unwrap_or_else(|e| panic!("{path}: {e}")).0
     }
 
     async fn channel(&self) -> Channel {
@@ -216,10 +250,7 @@ async fn garbage_on_the_sync_port_is_dropped() {
     }
     drop(stalled);
     scene.change().await;
-    let (code, _) = support::http_get(scene.proxy.management_port, "/healthz")
-        .await
-        .expect("healthz");
-    assert_eq!(code, 200);
+    scene.assert_healthy().await;
 }
 
 #[tokio::test]
@@ -463,4 +494,532 @@ async fn connections_beyond_the_per_address_limit_are_closed() {
     };
     admitted.push(replacement);
     scene.change().await;
+}
+
+/// HEADERS frames opening `streams` SyncFlags streams whose request never comes.
+fn unfinished_sync_streams(streams: u32) -> Vec<u8> {
+    (0..streams)
+        .flat_map(|i| {
+            support::raw_h2::grpc_headers(
+                2 * i + 1,
+                "/flagd.sync.v1.FlagSyncService/SyncFlags",
+                false,
+            )
+        })
+        .collect()
+}
+
+/// The frames of `connections` raw HTTP/2 clients that each open `streams` SyncFlags streams
+/// and never finish their requests: every stream must end (at --request-timeout), memory must
+/// stay bounded meanwhile, and the probes and subscribers must be served.
+#[tokio::test]
+async fn streams_that_never_finish_their_request_end_at_the_deadline() {
+    use support::raw_h2::{self, END_STREAM, HEADERS, RST_STREAM};
+    const CONNECTIONS: usize = 8;
+    const STREAMS: u32 = 1_000;
+    /// At most 1,000 unfinished streams from one address at a time (a few KiB each), on top of
+    /// the proxy's own memory (a debug build: about 40 MiB measured).
+    const RSS_BOUND: u64 = 128 * 1024 * 1024;
+    let mut scene = Scene::start_with(&["--request-timeout", "2s"]).await;
+    let port = scene.proxy.port;
+    let before = scene.proxy.rss_bytes();
+    let mut attackers = tokio::task::JoinSet::new();
+    for _ in 0..CONNECTIONS {
+        attackers.spawn(async move {
+            let (mut read, mut write) = raw_h2::connect(port).await;
+            let bytes = unfinished_sync_streams(STREAMS);
+            tokio::io::AsyncWriteExt::write_all(&mut write, &bytes)
+                .await
+                .expect("open the streams");
+            let mut ended = std::collections::HashSet::new();
+            while ended.len() < STREAMS as usize {
+                let frame = tokio::time::timeout(EVENT_TIMEOUT, raw_h2::read_frame(&mut read))
+                    .await
+                    .unwrap_or_else(|_| panic!("only {} of {STREAMS} streams ended", ended.len()))
+                    .expect("the connection stays open");
+                let ends = (frame.kind == HEADERS && frame.flags & END_STREAM != 0)
+                    || frame.kind == RST_STREAM;
+                if ends && frame.stream != 0 {
+                    ended.insert(frame.stream);
+                }
+            }
+            drop(write);
+        });
+    }
+    let mut peak = 0;
+    let mut probes = 0;
+    while !attackers.is_empty() {
+        peak = peak.max(scene.proxy.rss_bytes());
+        scene.assert_healthy().await;
+        probes += 1;
+        if let Ok(Some(done)) =
+            tokio::time::timeout(Duration::from_millis(200), attackers.join_next()).await
+        {
+            done.expect("attacker");
+        }
+    }
+    eprintln!(
+        "RSS {} MiB before, peak {} MiB over {probes} probes",
+        before >> 20,
+        peak >> 20
+    );
+    assert!(peak < RSS_BOUND, "peak RSS {peak} bytes");
+    // One address may hold at most 1,000 (the default) such streams at a time.
+    assert!(scene.rejected("max_pending_requests_per_address").await > 0.0);
+    scene.change().await;
+}
+
+/// The "MadeYouReset" pattern: streams the client makes the server reset (here by overflowing
+/// each stream's flow-control window) are counted, and the connection gets GOAWAY.
+#[tokio::test]
+async fn streams_the_client_makes_the_server_reset_get_a_goaway() {
+    use support::raw_h2::{self, GOAWAY, PING};
+    let mut scene = Scene::start().await;
+    let (mut read, mut write) = raw_h2::connect(scene.proxy.port).await;
+    let reader = tokio::spawn(async move {
+        let mut goaway = false;
+        while let Some(frame) = raw_h2::read_frame(&mut read).await {
+            match frame.kind {
+                GOAWAY => goaway = true,
+                PING if frame.flags & raw_h2::ACK != 0 && frame.payload == *b"finished" => break,
+                _ => {}
+            }
+        }
+        goaway
+    });
+    for i in 0..2_000u32 {
+        let stream = 2 * i + 1;
+        let mut bytes =
+            raw_h2::grpc_headers(stream, "/flagd.sync.v1.FlagSyncService/SyncFlags", false);
+        bytes.extend(raw_h2::window_update(stream, 0x7fff_ffff));
+        if tokio::io::AsyncWriteExt::write_all(&mut write, &bytes)
+            .await
+            .is_err()
+        {
+            break;
+        }
+    }
+    // Answered only if the connection is still served after all of it.
+    let _ = tokio::io::AsyncWriteExt::write_all(&mut write, &raw_h2::ping(*b"finished")).await;
+    let goaway = tokio::time::timeout(EVENT_TIMEOUT, reader)
+        .await
+        .expect("the reader ends")
+        .expect("join");
+    assert!(goaway, "2,000 server-side resets without a GOAWAY");
+    scene.change().await;
+}
+
+/// Reads until the proxy closes the connection; panics if it stays open.
+async fn wait_closed(tcp: &mut TcpStream) {
+    let closed = tokio::time::timeout(EVENT_TIMEOUT, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match tcp.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "the proxy kept the connection open");
+}
+
+#[tokio::test]
+async fn idle_and_dripping_connections_are_closed_after_their_deadline() {
+    let mut scene = Scene::start_with(&["--handshake-timeout", "1s"]).await;
+    let mut idle = Vec::new();
+    for port in [scene.proxy.port, scene.proxy.management_port] {
+        for _ in 0..20 {
+            idle.push(
+                TcpStream::connect(("127.0.0.1", port))
+                    .await
+                    .expect("connect"),
+            );
+        }
+    }
+    // One byte of the preface at a time, slower than the deadline allows for all of them.
+    let mut drippers = tokio::task::JoinSet::new();
+    for port in [scene.proxy.port, scene.proxy.management_port] {
+        drippers.spawn(async move {
+            let mut tcp = TcpStream::connect(("127.0.0.1", port))
+                .await
+                .expect("connect");
+            let (mut read, mut write) = tcp.split();
+            let drip = async {
+                for byte in support::raw_h2::PREFACE.iter().cycle() {
+                    if write.write_all(&[*byte]).await.is_err() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            };
+            let mut buf = [0u8; 64];
+            tokio::select! {
+                () = drip => {}
+                read = tokio::time::timeout(EVENT_TIMEOUT, read.read(&mut buf)) => {
+                    let read = read.expect("the proxy closed the dripping connection");
+                    assert!(matches!(read, Ok(0) | Err(_)), "{read:?}");
+                }
+            }
+        });
+    }
+    for tcp in &mut idle {
+        wait_closed(tcp).await;
+    }
+    while let Some(done) = drippers.join_next().await {
+        done.expect("dripper");
+    }
+    scene.change().await;
+    // Connections that speak in time are served as before.
+    scene.assert_healthy().await;
+}
+
+#[tokio::test]
+async fn idle_management_connections_cannot_starve_the_probes_or_the_sync_port() {
+    const IDLE: usize = 2_100;
+    let mut scene = Scene::start().await;
+    // The file-descriptor limit the attack was first seen with.
+    let limited = std::process::Command::new("prlimit")
+        .args([
+            "--pid",
+            &scene.proxy.pid().to_string(),
+            "--nofile=2048:2048",
+        ])
+        .status()
+        .expect("prlimit");
+    assert!(limited.success(), "prlimit");
+    let attacker: IpAddr = "127.0.0.2".parse().expect("ip");
+    let mut held = Vec::new();
+    for _ in 0..IDLE {
+        let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+        socket.bind((attacker, 0).into()).expect("bind 127.0.0.2");
+        let target = (
+            "127.0.0.1".parse::<IpAddr>().expect("ip"),
+            scene.proxy.management_port,
+        );
+        if let Ok(tcp) = socket.connect(target.into()).await {
+            held.push(tcp);
+        }
+    }
+    for _ in 0..5 {
+        assert_eq!(scene.probe("/healthz").await, 200);
+        assert_eq!(scene.probe("/readyz").await, 200);
+    }
+    assert!(
+        scene
+            .rejected("max_management_connections_per_address")
+            .await
+            > 0.0
+    );
+    // New subscribers still connect, and updates still flow.
+    scene.subscribe().await;
+    scene.change().await;
+    drop(held);
+}
+
+#[tokio::test]
+async fn fetch_all_flags_for_missing_resources_holds_no_waiting_place() {
+    // Watches of resources that exist stay long after their last client; these must not.
+    let mut scene = Scene::start_with(&["--idle-timeout", "10m"]).await;
+    let mut client = FlagSyncServiceClient::new(scene.channel().await);
+    for i in 0..MAX_WAITING * 3 {
+        let status = client
+            .fetch_all_flags(v1::FetchAllFlagsRequest {
+                provider_id: String::new(),
+                selector: format!("core.openfeature.dev/default/missing-{i}"),
+            })
+            .await
+            .expect_err("does not exist");
+        assert_eq!(status.code(), Code::NotFound, "{status:?}");
+    }
+    // A client waiting for a resource about to be created gets a place, and its flags.
+    let mut waiting = client
+        .sync_flags(with_selector(
+            v1::SyncFlagsRequest::default(),
+            "core.openfeature.dev/default/soon",
+        ))
+        .await
+        .expect("a place to wait")
+        .into_inner();
+    scene
+        .proxy
+        .wait_for_metric("flagd_proxy_waiting_resources", 1.0)
+        .await;
+    write_manifest(
+        scene.dir.path(),
+        "default",
+        "soon",
+        string_flag("color", "new", &["new"]),
+    );
+    assert_eq!(color(&next(&mut waiting).await), "new");
+    scene.change().await;
+}
+
+#[tokio::test]
+async fn hostile_files_in_the_manifests_directory_do_not_stop_other_files() {
+    let mut scene = Scene::start().await;
+    let dir = scene.dir.path().to_owned();
+    let fifo = dir.join("fifo.yaml");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    scene.change().await;
+    std::os::unix::fs::symlink("/dev/zero", dir.join("zero.yaml")).expect("symlink");
+    scene.change().await;
+    std::fs::create_dir(dir.join("loop")).expect("mkdir");
+    std::os::unix::fs::symlink(&dir, dir.join("loop/up")).expect("symlink");
+    std::os::unix::fs::symlink(dir.join("loop"), dir.join("loop/again")).expect("symlink");
+    scene.change().await;
+
+    // A megabyte of nested flow mappings, and one of nested JSON arrays.
+    let nested = |open: &str, close: &str, inner: &str| {
+        let depth = 1024 * 1024 / (open.len() + close.len());
+        format!("{}{inner}{}", open.repeat(depth), close.repeat(depth))
+    };
+    std::fs::write(dir.join("flow.yaml"), nested("{a: ", "}", "1")).expect("write");
+    scene.change().await;
+    std::fs::write(dir.join("deep.json"), nested("[", "]", "1")).expect("write");
+    std::fs::write(dir.join("deep.yaml"), nested("[", "]", "1")).expect("write");
+    scene.change().await;
+    let problems = |body: &str| {
+        let status: Value = serde_json::from_str(body).expect("status JSON");
+        status["sourceStatus"]["problems"]
+            .as_array()
+            .expect("problems")
+            .iter()
+            .map(|p| p["path"].as_str().expect("path").to_owned())
+            .collect::<Vec<_>>()
+    };
+    let (_, body) = support::http_get(scene.proxy.management_port, "/status")
+        .await
+        .expect("status");
+    let problems = problems(&body);
+    for name in [
+        "fifo.yaml",
+        "zero.yaml",
+        "flow.yaml",
+        "deep.json",
+        "deep.yaml",
+    ] {
+        assert!(
+            problems.iter().any(|p| p.ends_with(name)),
+            "{name} is not reported: {problems:?}"
+        );
+    }
+    scene.assert_healthy().await;
+}
+
+#[tokio::test]
+async fn a_manifests_directory_swapped_by_symlink_is_followed() {
+    let root = tempfile::tempdir().expect("tempdir");
+    let revision = |n: usize, color: &str| {
+        let dir = root.path().join(format!("rev-{n}"));
+        std::fs::create_dir(&dir).expect("mkdir");
+        write_manifest(
+            &dir,
+            "default",
+            "demo",
+            string_flag("color", color, &[color]),
+        );
+        dir
+    };
+    let current = root.path().join("current");
+    // Publishes a revision the way git-sync does: a new symlink renamed over the old one.
+    let publish = |target: &std::path::Path| {
+        let tmp = root.path().join("current.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        std::os::unix::fs::symlink(target, &tmp).expect("symlink");
+        std::fs::rename(&tmp, &current).expect("swap");
+    };
+    publish(&revision(1, "one"));
+    let proxy = Proxy::start(&["--manifests", &current.display().to_string()]).await;
+    let channel = Endpoint::from_shared(proxy.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut stream = FlagSyncServiceClient::new(channel)
+        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
+        .await
+        .expect("stream")
+        .into_inner();
+    assert_eq!(color(&next(&mut stream).await), "one");
+    for (n, want) in [(2, "two"), (3, "three")] {
+        let old = std::fs::read_link(&current).expect("link");
+        publish(&revision(n, want));
+        std::fs::remove_dir_all(old).expect("remove the old revision");
+        while color(&next(&mut stream).await) != want {}
+    }
+    // Deleted and created again.
+    let target = std::fs::read_link(&current).expect("link");
+    std::fs::remove_file(&current).expect("remove the link");
+    std::fs::remove_dir_all(&target).expect("remove");
+    publish(&revision(4, "four"));
+    while color(&next(&mut stream).await) != "four" {}
+}
+
+#[tokio::test]
+async fn sighup_leaves_the_proxy_serving_and_sigquit_drains() {
+    let mut scene = Scene::start().await;
+    for _ in 0..3 {
+        scene.proxy.signal("HUP");
+        scene.proxy.signal("USR1");
+        scene
+            .proxy
+            .wait_for_log("signal received and ignored")
+            .await;
+        scene.change().await;
+    }
+    assert!(scene.proxy.running());
+    scene.proxy.signal("QUIT");
+    for stream in &mut scene.subscribers {
+        let ended = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+            .await
+            .expect("the stream ends");
+        let status = ended.expect_err("ended with a status");
+        assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    }
+    let exit = scene.proxy.wait_exit().await;
+    assert!(exit.success(), "{exit:?}");
+}
+
+/// Not a check: prints the memory an unfinished stream and an idle connection cost, for the
+/// budgets in docs/security.md. Run with
+/// `cargo test --release --test hostile measure_budgets -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement, not a check"]
+async fn measure_budgets() {
+    use support::raw_h2::{self, ACK, PING};
+    const CONNECTIONS: usize = 8;
+    const STREAMS: u32 = 1_000;
+    let scene = Scene::start_with(&[
+        "--request-timeout",
+        "10m",
+        "--max-pending-requests-per-address",
+        "0",
+        "--max-connections-per-address",
+        "2000",
+    ])
+    .await;
+    let port = scene.proxy.port;
+    // Every frame before the PING has been read once its ACK is back.
+    async fn settled(read: &mut tokio::net::tcp::OwnedReadHalf) {
+        while let Some(frame) = raw_h2::read_frame(read).await {
+            if frame.kind == PING && frame.flags & ACK != 0 {
+                return;
+            }
+        }
+        panic!("the connection closed");
+    }
+    let settle = || tokio::time::sleep(Duration::from_secs(2));
+    settle().await;
+    let base = scene.proxy.rss_bytes();
+
+    let mut idle = Vec::new();
+    for _ in 0..1_000 {
+        let (mut read, mut write) = raw_h2::connect(port).await;
+        write
+            .write_all(&raw_h2::ping(*b"settled!"))
+            .await
+            .expect("ping");
+        settled(&mut read).await;
+        idle.push((read, write));
+    }
+    settle().await;
+    let with_idle = scene.proxy.rss_bytes();
+    eprintln!(
+        "1,000 idle HTTP/2 connections: {} KiB each",
+        with_idle.saturating_sub(base) / 1_000 / 1024
+    );
+
+    let mut held = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (mut read, mut write) = raw_h2::connect(port).await;
+        let mut bytes = unfinished_sync_streams(STREAMS);
+        bytes.extend(raw_h2::ping(*b"settled!"));
+        write.write_all(&bytes).await.expect("streams");
+        settled(&mut read).await;
+        held.push((read, write));
+    }
+    settle().await;
+    let with_streams = scene.proxy.rss_bytes();
+    let streams = u64::from(STREAMS) * CONNECTIONS as u64;
+    eprintln!(
+        "{streams} unfinished streams: {} KiB each; RSS {} MiB before, {} MiB with them",
+        with_streams.saturating_sub(with_idle) / streams / 1024,
+        base >> 20,
+        with_streams >> 20
+    );
+    drop(held);
+    drop(idle);
+}
+
+/// A client that stops reading (and so cannot answer pings either) while the proxy has megabytes
+/// to send it: the connection itself is closed, not only its streams.
+#[tokio::test]
+async fn a_client_that_stops_reading_is_disconnected() {
+    use support::raw_h2::{self, DATA, END_STREAM, SETTINGS};
+    const RESOURCES: usize = 8;
+    let scene =
+        Scene::start_with(&["--keepalive-interval", "1s", "--keepalive-timeout", "1s"]).await;
+    // Eight resources of about 1 MB each: more than the kernel buffers between the two ends.
+    let big = "x".repeat(1024 * 1024);
+    for i in 0..RESOURCES {
+        write_manifest(
+            scene.dir.path(),
+            "default",
+            &format!("big-{i}"),
+            string_flag("color", &big, &[&big]),
+        );
+    }
+    let open = scene
+        .metric("flagd_proxy_open_connections{port=\"sync\"}")
+        .await;
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .set_recv_buffer_size(4096)
+        .expect("small receive buffer");
+    let tcp = socket
+        .connect(("127.0.0.1".parse::<IpAddr>().expect("ip"), scene.proxy.port).into())
+        .await
+        .expect("connect");
+    let (_read, mut write) = tcp.into_split();
+    let mut bytes = raw_h2::PREFACE.to_vec();
+    // SETTINGS_INITIAL_WINDOW_SIZE = 2^31 - 1, and as much for the connection: flow control
+    // never holds the proxy back, only the socket does.
+    let mut settings = vec![0, 4];
+    settings.extend(0x7fff_ffffu32.to_be_bytes());
+    bytes.extend(raw_h2::frame(SETTINGS, 0, 0, &settings));
+    bytes.extend(raw_h2::window_update(0, 0x7fff_ffff - 65_535));
+    for i in 0..RESOURCES {
+        let stream = 2 * u32::try_from(i).expect("small") + 1;
+        let selector = format!("core.openfeature.dev/default/big-{i}");
+        let request = v1::SyncFlagsRequest {
+            provider_id: String::new(),
+            selector,
+        };
+        let message = prost::Message::encode_to_vec(&request);
+        let mut body = vec![0];
+        body.extend(u32::try_from(message.len()).expect("small").to_be_bytes());
+        body.extend(message);
+        bytes.extend(raw_h2::grpc_headers(
+            stream,
+            "/flagd.sync.v1.FlagSyncService/SyncFlags",
+            false,
+        ));
+        bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
+    }
+    write.write_all(&bytes).await.expect("requests");
+    scene
+        .proxy
+        .wait_for_metric("flagd_proxy_open_connections{port=\"sync\"}", open + 1.0)
+        .await;
+    // Never read: the proxy's writes stall, its pings go unanswered, and it hangs up.
+    scene
+        .proxy
+        .wait_for_metric("flagd_proxy_open_connections{port=\"sync\"}", open)
+        .await;
+    scene.assert_healthy().await;
 }

@@ -2,6 +2,8 @@
 //! optional client-certificate verification.
 mod support;
 
+use rustls_pki_types::pem::PemObject;
+
 use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
 use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
@@ -140,6 +142,66 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     );
     assert_eq!(next(&mut stream).await, "blue");
     assert_eq!(next(&mut fresh).await, "blue");
+}
+
+/// An expired or not yet valid certificate is still served (the files may be fixed at any
+/// moment) but logged as an error, at start and at rotation; its expiry is a metric.
+#[tokio::test]
+async fn expired_certificates_are_reported_and_expiry_is_a_metric() {
+    const EXPIRY: &str = "flagd_proxy_tls_certificate_expiry_timestamp_seconds";
+    let mut ca = TestCa::new();
+    ca.issue_server_valid("expired", Some(((2019, 1, 1), (2020, 1, 1))));
+    let (_dir, proxy) = tls_proxy(&ca, &[]).await;
+    proxy
+        .wait_for_log("the serving certificate has expired")
+        .await;
+    // 2020-01-01T00:00:00Z
+    assert_eq!(proxy.metric(EXPIRY).await, 1_577_836_800.0);
+
+    ca.issue_server_valid("future", Some(((2090, 1, 1), (2091, 1, 1))));
+    proxy
+        .wait_for_log("the serving certificate is not valid yet")
+        .await;
+    // 2091-01-01T00:00:00Z
+    proxy.wait_for_metric(EXPIRY, 3_818_448_000.0).await;
+}
+
+/// A client that completes the TLS handshake and then sends nothing is closed after
+/// --handshake-timeout, like a plain-text one.
+#[tokio::test]
+async fn a_silent_client_after_the_tls_handshake_is_closed() {
+    use tokio::io::AsyncReadExt;
+    let ca = TestCa::new();
+    let (_dir, proxy) = tls_proxy(&ca, &["--handshake-timeout", "1s"]).await;
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(&ca.ca_cert).expect("read ca");
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
+        roots.add(cert.expect("ca pem")).expect("add ca");
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+        .await
+        .expect("connect");
+    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("the handshake completes");
+    let mut buf = [0u8; 1024];
+    let closed = tokio::time::timeout(EVENT_TIMEOUT, async {
+        loop {
+            match tls.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "a silent TLS client was kept");
 }
 
 #[tokio::test]

@@ -3,11 +3,19 @@
 //! Every file under the configured directories is read (multi-document YAML, JSON, and `List`
 //! objects); `FeatureFlag` objects are served under `core.openfeature.dev/<namespace>/<name>`,
 //! the namespace defaulting to `default`. The directories are watched: an edit reaches
-//! subscribers without a restart. A file that stops parsing keeps its last good objects, so a
-//! half-saved edit never takes flags away from clients.
-use std::collections::{BTreeMap, HashMap};
+//! subscribers without a restart. A file that stops parsing keeps its last good objects.
+//!
+//! Updates are followed when files are written in place, renamed into place, published
+//! ConfigMap-style (a `..data` symlink swapped), or when a configured directory is itself a
+//! symlink that is swapped (git-sync) or is deleted and created again (while it is missing, the
+//! last good objects stay). Only regular files are read, at most [`MAX_FILE_BYTES`] each, and
+//! their nesting is bounded ([`document::MAX_DEPTH`]) before they are parsed, which keeps
+//! parsing linear in the file's size. Symlink loops, FIFOs and devices are skipped.
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
@@ -16,6 +24,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
+use crate::document;
 use crate::hub::Publisher;
 use crate::metrics::Metrics;
 use crate::selector::{self, GROUP, ResourceKey};
@@ -25,6 +34,15 @@ use crate::source::Source;
 const MAX_FILE_BYTES: u64 = 16 * 1024 * 1024;
 /// Events within this time of the previous scan are coalesced into one rescan.
 const SETTLE: Duration = Duration::from_millis(50);
+/// Every directory is read again this often even without a notification (a backstop for
+/// changes notifications miss).
+const RESCAN: Duration = Duration::from_secs(30);
+/// Directories deeper than this below a configured directory are not read.
+const MAX_DIRECTORY_DEPTH: usize = 16;
+/// How long a scan waits for one file to parse before it goes on without it.
+const PARSE_BUDGET: Duration = Duration::from_millis(500);
+
+type SharedWatcher = Arc<Mutex<Box<dyn Watcher + Send + Sync>>>;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
@@ -62,7 +80,7 @@ pub struct Catalog {
 pub struct ManifestSource {
     catalog: watch::Receiver<Arc<Catalog>>,
     // Dropping the watcher stops file notifications; it lives as long as the source.
-    _watcher: Box<dyn Watcher + Send + Sync>,
+    _watcher: SharedWatcher,
 }
 
 impl ManifestSource {
@@ -78,9 +96,10 @@ impl ManifestSource {
             }
         }
         let (events_tx, events_rx) = mpsc::unbounded_channel::<Instant>();
+        let notified = events_tx.clone();
         let on_event = move |event: notify::Result<notify::Event>| {
             if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
-                let _ = events_tx.send(Instant::now());
+                let _ = notified.send(Instant::now());
             }
         };
         let mut watcher: Box<dyn Watcher + Send + Sync> = match notify::recommended_watcher(
@@ -100,6 +119,7 @@ impl ManifestSource {
                 )
             }
         };
+        let mut roots = Vec::new();
         for dir in &dirs {
             watcher
                 .watch(dir, notify::RecursiveMode::Recursive)
@@ -107,11 +127,31 @@ impl ManifestSource {
                     path: dir.clone(),
                     source,
                 })?;
+            // The parent's events tell when the directory itself is swapped, deleted or
+            // created again; the directory is then watched anew (see `Scanner::follow_roots`).
+            // (A parent inside a configured directory is watched recursively already.)
+            let absolute = std::path::absolute(dir).unwrap_or_else(|_| dir.clone());
+            if let Some(parent) = absolute.parent()
+                && !dirs.iter().any(|d| {
+                    parent.starts_with(std::path::absolute(d).unwrap_or_else(|_| d.clone()))
+                })
+                && let Err(error) = watcher.watch(parent, notify::RecursiveMode::NonRecursive)
+            {
+                tracing::warn!(%error, dir = %parent.display(), "cannot watch the manifests directory's parent; a swap of the directory is noticed within {RESCAN:?}");
+            }
+            roots.push(Root {
+                path: dir.clone(),
+                identity: identity(dir),
+            });
         }
+        let watcher: SharedWatcher = Arc::new(Mutex::new(watcher));
         let mut scanner = Scanner {
-            dirs,
+            roots,
             files: BTreeMap::new(),
             metrics,
+            watcher: watcher.clone(),
+            finished: Arc::default(),
+            rescan: events_tx,
         };
         let (tx, rx) = watch::channel(Arc::new(scanner.scan(None)));
         tokio::spawn(scanner.run(events_rx, tx));
@@ -170,12 +210,30 @@ struct FileState {
     content: Vec<u8>,
     objects: Vec<(ResourceKey, Arc<Value>)>,
     error: Option<String>,
+    /// `content` is still being parsed (it took longer than [`PARSE_BUDGET`]).
+    parsing: bool,
+}
+
+/// A configured directory, and which directory it resolved to when last watched.
+struct Root {
+    path: PathBuf,
+    identity: Option<(u64, u64)>,
+}
+
+/// The device and inode a path resolves to (following symlinks), if it exists.
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
 struct Scanner {
-    dirs: Vec<PathBuf>,
+    roots: Vec<Root>,
     files: BTreeMap<PathBuf, FileState>,
     metrics: Arc<Metrics>,
+    watcher: SharedWatcher,
+    /// Parses that outlasted their budget, with the content they parsed.
+    finished: Arc<Mutex<HashMap<PathBuf, Parsed>>>,
+    /// Asks for a scan (when such a parse is done).
+    rescan: mpsc::UnboundedSender<Instant>,
 }
 
 impl Scanner {
@@ -185,7 +243,14 @@ impl Scanner {
         tx: watch::Sender<Arc<Catalog>>,
     ) {
         let mut last_scan: Option<Instant> = None;
-        while let Some(first) = events.recv().await {
+        loop {
+            let first = tokio::select! {
+                event = events.recv() => match event {
+                    Some(at) => at,
+                    None => return,
+                },
+                () = tokio::time::sleep(RESCAN) => Instant::now(),
+            };
             // The first event after a quiet spell is handled at once; events that follow within
             // SETTLE of a scan (an editor's save, a directory copy) are coalesced into one rescan.
             if let Some(last) = last_scan {
@@ -210,9 +275,14 @@ impl Scanner {
 
     /// Reads every file again (unchanged files are not parsed again) and builds a catalog.
     fn scan(&mut self, changed_at: Option<Instant>) -> Catalog {
+        self.follow_roots();
         let mut paths = Vec::new();
-        for dir in &self.dirs {
-            collect_files(dir, &mut paths);
+        let mut missing = Vec::new();
+        for root in &self.roots {
+            let mut visited = HashSet::new();
+            if !collect_files(&root.path, 0, &mut visited, &mut paths) {
+                missing.push(root.path.clone());
+            }
         }
         paths.sort();
         paths.dedup();
@@ -222,15 +292,29 @@ impl Scanner {
             let state = self.read(&path, previous);
             next.insert(path, state);
         }
-        for gone in self.files.keys() {
+        // A directory that cannot be read right now (deleted, about to be created again) keeps
+        // the objects of its files.
+        let (kept, gone): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.files)
+            .into_iter()
+            .partition(|(path, _)| missing.iter().any(|dir| path.starts_with(dir)));
+        for gone in gone.keys() {
             tracing::info!(path = %gone.display(), "manifest file removed");
         }
+        next.extend(kept);
         self.files = next;
 
         let mut catalog = Catalog {
             changed_at,
             ..Catalog::default()
         };
+        for dir in &missing {
+            tracing::error!(dir = %dir.display(), "cannot read the manifests directory; keeping its last good resources");
+            catalog.problems.push(FileProblem {
+                path: dir.clone(),
+                error: "the directory cannot be read; its last good resources are served"
+                    .to_owned(),
+            });
+        }
         let mut origin: HashMap<ResourceKey, &Path> = HashMap::new();
         for (path, state) in &self.files {
             if let Some(error) = &state.error {
@@ -259,42 +343,81 @@ impl Scanner {
         catalog
     }
 
+    /// Watches a configured directory anew when it now resolves to another directory (a
+    /// symlink swapped, the directory deleted and created again): the old watch saw the old one.
+    fn follow_roots(&mut self) {
+        for root in &mut self.roots {
+            let now = identity(&root.path);
+            if now == root.identity {
+                continue;
+            }
+            root.identity = now;
+            if now.is_none() {
+                continue;
+            }
+            tracing::info!(dir = %root.path.display(), "the manifests directory was replaced; watching the new one");
+            let mut watcher = lock(&self.watcher);
+            let _ = watcher.unwatch(&root.path);
+            if let Err(error) = watcher.watch(&root.path, notify::RecursiveMode::Recursive) {
+                tracing::warn!(%error, dir = %root.path.display(), "cannot watch the manifests directory; it is read again every {RESCAN:?}");
+            }
+        }
+    }
+
     fn read(&self, path: &Path, previous: Option<FileState>) -> FileState {
         let content = match read_limited(path) {
             Ok(content) => content,
             Err(error) => {
                 self.metrics.source_error("manifests", "read");
-                tracing::error!(path = %path.display(), %error, "cannot read manifest file");
+                let repeated = previous
+                    .as_ref()
+                    .is_some_and(|p| p.error.as_ref() == Some(&error));
+                if !repeated {
+                    tracing::error!(path = %path.display(), %error, "cannot read manifest file");
+                }
                 let objects = previous.map(|p| p.objects).unwrap_or_default();
                 return FileState {
                     content: Vec::new(),
                     objects,
                     error: Some(error),
+                    parsing: false,
                 };
             }
         };
-        if let Some(previous) = previous {
-            if previous.content == content {
-                return previous;
+        let (last_good, parsing) = match previous {
+            Some(previous) if previous.content == content && !previous.parsing => return previous,
+            Some(previous) if previous.parsing && previous.content == content => {
+                (previous.objects.clone(), Some(previous))
             }
-            return self.parse(path, content, previous.objects);
-        }
-        self.parse(path, content, Vec::new())
-    }
-
-    fn parse(
-        &self,
-        path: &Path,
-        content: Vec<u8>,
-        last_good: Vec<(ResourceKey, Arc<Value>)>,
-    ) -> FileState {
-        match parse_objects(path, &content) {
+            Some(previous) => (previous.objects, None),
+            None => (Vec::new(), None),
+        };
+        let finished = lock(&self.finished).remove(path);
+        let result = match (finished, parsing) {
+            (Some((parsed, result)), _) if parsed == content => result,
+            // Still being parsed: the last good objects stay until it is done.
+            (_, Some(still)) => return still,
+            _ => match self.parse_within_budget(path, &content) {
+                Some(result) => result,
+                None => {
+                    tracing::warn!(path = %path.display(), budget = ?PARSE_BUDGET, "manifest file takes long to parse; other files go ahead, and its last good resources stay until it is done");
+                    return FileState {
+                        content,
+                        objects: last_good,
+                        error: Some("still being parsed".to_owned()),
+                        parsing: true,
+                    };
+                }
+            },
+        };
+        match result {
             Ok(objects) => {
                 tracing::debug!(path = %path.display(), resources = objects.len(), "manifest file read");
                 FileState {
                     content,
                     objects,
                     error: None,
+                    parsing: false,
                 }
             }
             Err(error) => {
@@ -304,27 +427,108 @@ impl Scanner {
                     content,
                     objects: last_good,
                     error: Some(error),
+                    parsing: false,
                 }
             }
         }
     }
+
+    /// Parses `content` on a thread of its own and waits at most [`PARSE_BUDGET`]. A parse
+    /// that takes longer goes on; its result is kept for the scan it triggers when done.
+    fn parse_within_budget(&self, path: &Path, content: &[u8]) -> Option<ParseResult> {
+        #[derive(Default)]
+        struct Handoff {
+            result: Option<ParseResult>,
+            abandoned: bool,
+        }
+        let handoff = Arc::new((Mutex::new(Handoff::default()), std::sync::Condvar::new()));
+        let theirs = handoff.clone();
+        let finished = self.finished.clone();
+        let rescan = self.rescan.clone();
+        let path = path.to_owned();
+        let content = content.to_vec();
+        let spawned = std::thread::Builder::new()
+            .name("manifest-parse".to_owned())
+            .spawn(move || {
+                let result = parse_objects(&path, &content);
+                let (slot, ready) = &*theirs;
+                let mut slot = lock(slot);
+                if slot.abandoned {
+                    lock(&finished).insert(path, (content, result));
+                    let _ = rescan.send(Instant::now());
+                } else {
+                    slot.result = Some(result);
+                    ready.notify_one();
+                }
+            });
+        if let Err(error) = spawned {
+            return Some(Err(format!("cannot start a parser thread: {error}")));
+        }
+        let (slot, ready) = &*handoff;
+        let (mut slot, _) = ready
+            .wait_timeout_while(lock(slot), PARSE_BUDGET, |h| h.result.is_none())
+            .unwrap_or_else(|p| p.into_inner());
+        let result = slot.result.take();
+        if result.is_none() {
+            slot.abandoned = true;
+        }
+        result
+    }
 }
 
+type ParseResult = Result<Vec<(ResourceKey, Arc<Value>)>, String>;
+/// A parse that outlasted its budget: the content it parsed, and the result.
+type Parsed = (Vec<u8>, ParseResult);
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Reads a regular file of at most [`MAX_FILE_BYTES`], counting while reading (a reported size
+/// may be wrong, and a file may grow while it is read).
 fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
-    let meta = std::fs::metadata(path).map_err(|e| e.to_string())?;
-    if meta.len() > MAX_FILE_BYTES {
+    let not_regular = || "not a regular file; skipped".to_owned();
+    // Checked before opening: opening a FIFO would wait for a writer.
+    if !std::fs::metadata(path)
+        .map_err(|e| e.to_string())?
+        .is_file()
+    {
+        return Err(not_regular());
+    }
+    let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    if !file.metadata().map_err(|e| e.to_string())?.is_file() {
+        return Err(not_regular());
+    }
+    let mut content = Vec::new();
+    file.take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut content)
+        .map_err(|e| e.to_string())?;
+    if content.len() as u64 > MAX_FILE_BYTES {
         return Err(format!(
-            "the file is {} bytes, over the limit of {MAX_FILE_BYTES}",
-            meta.len()
+            "the file is over the limit of {MAX_FILE_BYTES} bytes"
         ));
     }
-    std::fs::read(path).map_err(|e| e.to_string())
+    Ok(content)
 }
 
-/// Manifest files under `dir`: `.yaml`, `.yml` and `.json`, skipping hidden entries.
-fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
+/// Manifest files under `dir`: `.yaml`, `.yml` and `.json`, skipping hidden entries, each
+/// directory once (symlink loops end), at most [`MAX_DIRECTORY_DEPTH`] levels down. False if
+/// `dir` itself cannot be read.
+fn collect_files(
+    dir: &Path,
+    depth: usize,
+    visited: &mut HashSet<(u64, u64)>,
+    out: &mut Vec<PathBuf>,
+) -> bool {
+    let Some(id) = identity(dir) else {
+        return false;
+    };
+    if !visited.insert(id) {
+        tracing::debug!(dir = %dir.display(), "directory already read (a symlink loop?); skipped");
+        return true;
+    }
     let Ok(entries) = std::fs::read_dir(dir) else {
-        return;
+        return false;
     };
     for entry in entries.flatten() {
         let path = entry.path();
@@ -332,8 +536,14 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
         if hidden {
             continue;
         }
-        if path.is_dir() {
-            collect_files(&path, out);
+        // Follows symlinks; a dangling or looping one has no metadata and is skipped.
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if depth < MAX_DIRECTORY_DEPTH {
+                collect_files(&path, depth + 1, visited, out);
+            }
         } else if matches!(
             path.extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml" | "json")
@@ -341,11 +551,37 @@ fn collect_files(dir: &Path, out: &mut Vec<PathBuf>) {
             out.push(path);
         }
     }
+    true
+}
+
+/// Refuses text whose flow collections (`{`/`[`, in JSON and YAML alike) nest deeper than
+/// [`document::MAX_DEPTH`], before a parser spends time on it: YAML parsers take time that
+/// grows with the square of the nesting. Brackets inside strings count too; no real manifest
+/// comes near the limit with them.
+fn check_nesting(text: &str) -> Result<(), String> {
+    let mut depth = 0usize;
+    for byte in text.bytes() {
+        match byte {
+            b'{' | b'[' => {
+                depth += 1;
+                if depth > document::MAX_DEPTH {
+                    return Err(format!(
+                        "brackets nest more than {} levels deep; not parsed",
+                        document::MAX_DEPTH
+                    ));
+                }
+            }
+            b'}' | b']' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The `FeatureFlag` objects in one file.
 fn parse_objects(path: &Path, content: &[u8]) -> Result<Vec<(ResourceKey, Arc<Value>)>, String> {
     let text = std::str::from_utf8(content).map_err(|e| format!("not UTF-8: {e}"))?;
+    check_nesting(text)?;
     let mut documents = Vec::new();
     if path.extension().is_some_and(|e| e == "json") {
         documents
@@ -359,6 +595,12 @@ fn parse_objects(path: &Path, content: &[u8]) -> Result<Vec<(ResourceKey, Arc<Va
     }
     let mut objects = Vec::new();
     for document in documents {
+        if document::depth(&document) > document::MAX_DEPTH {
+            return Err(format!(
+                "objects nest more than {} levels deep",
+                document::MAX_DEPTH
+            ));
+        }
         collect_objects(document, &mut objects)?;
     }
     Ok(objects)
@@ -459,5 +701,36 @@ mod tests {
             parse("apiVersion: core.openfeature.dev/v1beta1\nkind: FeatureFlag\nmetadata: {}\n")
                 .expect_err("no name");
         assert!(err.contains("metadata.name"), "{err}");
+    }
+
+    #[test]
+    fn deep_nesting_is_refused_before_parsing() {
+        let ok = format!(
+            "{}1{}",
+            "[".repeat(document::MAX_DEPTH),
+            "]".repeat(document::MAX_DEPTH)
+        );
+        assert!(check_nesting(&ok).is_ok());
+        // Closing brackets never go below zero: stray ones do not buy depth.
+        let stray = format!("{}{ok}", "]".repeat(10));
+        assert!(check_nesting(&stray).is_ok());
+        let deep = format!("{{a: {ok}}}");
+        let err = parse(&deep).expect_err("too deep");
+        assert!(err.contains("nest more than"), "{err}");
+    }
+
+    #[test]
+    fn only_regular_files_are_read_within_the_limit() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let zero = dir.path().join("zero.yaml");
+        std::os::unix::fs::symlink("/dev/zero", &zero).expect("symlink");
+        assert!(
+            read_limited(&zero)
+                .expect_err("a device")
+                .contains("regular")
+        );
+        let file = dir.path().join("a.yaml");
+        std::fs::write(&file, "a: 1\n").expect("write");
+        assert_eq!(read_limited(&file).expect("a file"), b"a: 1\n");
     }
 }

@@ -124,42 +124,62 @@ async fn sync_flags(
         .await?)
 }
 
-/// Reads the one length-prefixed request message of a server-streaming call.
-async fn read_message(body: Body, limit: usize) -> Result<Bytes, Status> {
+/// Reads the one length-prefixed request message of a server-streaming call, and nothing more:
+/// the stream is served as soon as the message is complete, whether or not the client has ended
+/// its side (the request body's deadline, see `server::limits`, bounds the wait).
+async fn read_message(mut body: Body, limit: usize) -> Result<Bytes, Status> {
     let too_large = |size: String| {
         Status::out_of_range(format!(
             "the request message is {size}, over the limit of {limit} bytes (--max-request-bytes)"
         ))
     };
-    let collected = http_body_util::Limited::new(body, limit + PREFIX)
-        .collect()
-        .await
-        .map_err(
-            |error| match error.downcast::<http_body_util::LengthLimitError>() {
-                Ok(_) => too_large("larger".to_owned()),
-                Err(error) => Status::cancelled(format!("the request could not be read: {error}")),
-            },
-        )?
-        .to_bytes();
-    if collected.len() < PREFIX {
-        return Err(Status::invalid_argument("the request has no message"));
+    let mut buffer = BytesMut::new();
+    loop {
+        if buffer.len() >= PREFIX {
+            if buffer[0] != 0 {
+                return Err(Status::unimplemented(
+                    "compressed requests are not supported",
+                ));
+            }
+            let length = u32::from_be_bytes([buffer[1], buffer[2], buffer[3], buffer[4]]) as usize;
+            if length > limit {
+                return Err(too_large(format!("{length} bytes")));
+            }
+            if buffer.len() > PREFIX + length {
+                return Err(Status::invalid_argument(
+                    "the request must hold exactly one whole message",
+                ));
+            }
+            if buffer.len() == PREFIX + length {
+                return Ok(buffer.freeze().slice(PREFIX..));
+            }
+        }
+        match body.frame().await {
+            None => {
+                return Err(Status::invalid_argument(if buffer.len() < PREFIX {
+                    "the request has no message"
+                } else {
+                    "the request must hold exactly one whole message"
+                }));
+            }
+            Some(Err(status)) if status.code() == tonic::Code::DeadlineExceeded => {
+                return Err(status);
+            }
+            Some(Err(error)) => {
+                return Err(Status::cancelled(format!(
+                    "the request could not be read: {error}"
+                )));
+            }
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    if buffer.len() + data.len() > limit + PREFIX {
+                        return Err(too_large("larger".to_owned()));
+                    }
+                    buffer.extend_from_slice(&data);
+                }
+            }
+        }
     }
-    if collected[0] != 0 {
-        return Err(Status::unimplemented(
-            "compressed requests are not supported",
-        ));
-    }
-    let length =
-        u32::from_be_bytes([collected[1], collected[2], collected[3], collected[4]]) as usize;
-    if length > limit {
-        return Err(too_large(format!("{length} bytes")));
-    }
-    if collected.len() != PREFIX + length {
-        return Err(Status::invalid_argument(
-            "the request must hold exactly one whole message",
-        ));
-    }
-    Ok(collected.slice(PREFIX..))
 }
 
 /// The response body: for each frame, its prefix and then the shared bytes; the status that

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod control_plane;
+pub mod raw_h2;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -188,6 +189,51 @@ impl Proxy {
         }
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("running").id()
+    }
+
+    /// Sends a signal (`HUP`, `QUIT`, ...) without waiting.
+    pub fn signal(&self, name: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{name}"), &self.pid().to_string()])
+            .status()
+            .expect("kill");
+        assert!(status.success(), "kill -{name}");
+    }
+
+    /// Whether the process is still running.
+    pub fn running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| c.try_wait().expect("try_wait").is_none())
+    }
+
+    /// Waits for the process to exit on its own (after a signal) and returns its status.
+    pub async fn wait_exit(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        tokio::time::timeout(
+            EVENT_TIMEOUT,
+            tokio::task::spawn_blocking(move || child.wait().expect("wait")),
+        )
+        .await
+        .expect("the proxy exits")
+        .expect("join")
+    }
+
+    /// The resident memory of the process in bytes (VmRSS in /proc/<pid>/status).
+    pub fn rss_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
+            .expect("read /proc/<pid>/status");
+        let kib: u64 = status
+            .lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .expect("VmRSS");
+        kib * 1024
+    }
+
     /// Sends SIGTERM and waits for the exit status.
     pub async fn terminate(&mut self) -> std::process::ExitStatus {
         let mut child = self.child.take().expect("running");
@@ -267,6 +313,9 @@ pub async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     Ok((status, body))
 }
 
+/// A calendar day: year, month, day.
+pub type Day = (i32, u8, u8);
+
 /// A throwaway certificate authority and a server certificate for 127.0.0.1 and localhost,
 /// written as PEM files into a temporary directory.
 pub struct TestCa {
@@ -307,9 +356,19 @@ impl TestCa {
 
     /// Issues a new server certificate (common name `cn`) and replaces the server files.
     pub fn issue_server(&mut self, cn: &str) {
+        self.issue_server_valid(cn, None);
+    }
+
+    /// Like [`TestCa::issue_server`], valid only from the first to the second day (year,
+    /// month, day) when given.
+    pub fn issue_server_valid(&mut self, cn: &str, validity: Option<(Day, Day)>) {
         let mut params =
             rcgen::CertificateParams::new(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
                 .expect("params");
+        if let Some((not_before, not_after)) = validity {
+            params.not_before = rcgen::date_time_ymd(not_before.0, not_before.1, not_before.2);
+            params.not_after = rcgen::date_time_ymd(not_after.0, not_after.1, not_after.2);
+        }
         params
             .distinguished_name
             .push(rcgen::DnType::CommonName, cn);

@@ -1,0 +1,96 @@
+//! HTTP/2 frames written by hand, for clients that misbehave on purpose (streams that never
+//! finish their request, windows that overflow); the server's frames are read back by type.
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+
+pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+pub const DATA: u8 = 0x0;
+pub const HEADERS: u8 = 0x1;
+pub const RST_STREAM: u8 = 0x3;
+pub const SETTINGS: u8 = 0x4;
+pub const PING: u8 = 0x6;
+pub const GOAWAY: u8 = 0x7;
+pub const WINDOW_UPDATE: u8 = 0x8;
+
+pub const END_STREAM: u8 = 0x1;
+pub const END_HEADERS: u8 = 0x4;
+pub const ACK: u8 = 0x1;
+
+/// One frame: header and payload.
+pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(payload.len()).expect("frame size");
+    let mut out = Vec::with_capacity(9 + payload.len());
+    out.extend_from_slice(&len.to_be_bytes()[1..]);
+    out.push(kind);
+    out.push(flags);
+    out.extend_from_slice(&stream.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// A HEADERS frame for a gRPC POST to `path`; HPACK literals without indexing or Huffman.
+pub fn grpc_headers(stream: u32, path: &str, end_stream: bool) -> Vec<u8> {
+    let mut block = Vec::new();
+    for (name, value) in [
+        (":method", "POST"),
+        (":scheme", "http"),
+        (":path", path),
+        (":authority", "127.0.0.1"),
+        ("content-type", "application/grpc"),
+        ("te", "trailers"),
+    ] {
+        block.push(0x00);
+        block.push(u8::try_from(name.len()).expect("short name"));
+        block.extend_from_slice(name.as_bytes());
+        block.push(u8::try_from(value.len()).expect("short value"));
+        block.extend_from_slice(value.as_bytes());
+    }
+    let flags = END_HEADERS | if end_stream { END_STREAM } else { 0 };
+    frame(HEADERS, flags, stream, &block)
+}
+
+pub fn window_update(stream: u32, increment: u32) -> Vec<u8> {
+    frame(WINDOW_UPDATE, 0, stream, &increment.to_be_bytes())
+}
+
+pub fn ping(data: [u8; 8]) -> Vec<u8> {
+    frame(PING, 0, 0, &data)
+}
+
+/// Connects and sends the preface and empty SETTINGS.
+pub async fn connect(port: u16) -> (OwnedReadHalf, OwnedWriteHalf) {
+    let tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (read, mut write) = tcp.into_split();
+    let mut start = PREFACE.to_vec();
+    start.extend(frame(SETTINGS, 0, 0, &[]));
+    write.write_all(&start).await.expect("preface");
+    (read, write)
+}
+
+/// A frame the server sent.
+#[derive(Debug)]
+pub struct Frame {
+    pub kind: u8,
+    pub flags: u8,
+    pub stream: u32,
+    pub payload: Vec<u8>,
+}
+
+/// The next frame, or `None` when the connection ends.
+pub async fn read_frame(read: &mut OwnedReadHalf) -> Option<Frame> {
+    let mut header = [0u8; 9];
+    read.read_exact(&mut header).await.ok()?;
+    let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+    let mut payload = vec![0u8; len];
+    read.read_exact(&mut payload).await.ok()?;
+    Some(Frame {
+        kind: header[3],
+        flags: header[4],
+        stream: u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff,
+        payload,
+    })
+}
