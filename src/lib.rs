@@ -3,6 +3,8 @@
 //!
 //! Data flows one way: a [`source`] watches a resource on demand, the [`hub`] turns what it sees
 //! into shared snapshots, and the [`wire`] streams them to clients.
+#![forbid(unsafe_code)]
+
 pub mod app;
 pub mod authz;
 pub mod cli;

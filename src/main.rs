@@ -1,3 +1,6 @@
+//! The `flagd-proxy` command: parses the command line and runs the library's [`app`](flagd_proxy::app).
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 use anyhow::Context;

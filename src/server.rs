@@ -4,7 +4,7 @@
 //! Limits that protect the proxy from hostile or broken clients: connections per client
 //! address (counted at accept, released when the connection is dropped), the request header
 //! size, the request message size, and the HTTP/2 streams per connection; the budgets in
-//! [`limits`] (connections in total, deadlines for a connection's first bytes and a request's
+//! `limits` (connections in total, deadlines for a connection's first bytes and a request's
 //! message, stalled writers) and the HTTP/2 layer's own reset limits.
 use std::collections::HashMap;
 use std::io;
