@@ -10,6 +10,7 @@
 #   scripts/cluster.sh down           stop everything and remove all its state
 #   scripts/cluster.sh run            up, print "READY <dir>", wait for EOF on stdin, down
 #                                     (the test harness, tests/support/cluster.rs, uses this)
+#   scripts/cluster.sh restart-apiserver   stop the API server and start it again
 #   scripts/cluster.sh kubectl ARGS   kubectl as cluster admin, from inside the namespace
 #   scripts/cluster.sh exec CMD ARGS  any command inside the namespace (curl to a pod IP, ...)
 #   scripts/cluster.sh load TAR       import an OCI image archive into the node's containerd
@@ -298,7 +299,7 @@ EOF
 start() {
   local name="$1"
   shift
-  setsid nsenter --net="/run/netns/$NS" "$@" >"$D/logs/$name.log" 2>&1 </dev/null &
+  setsid nsenter --net="/run/netns/$NS" "$@" >>"$D/logs/$name.log" 2>&1 </dev/null &
   echo $! >"$D/$name.pid"
 }
 
@@ -399,6 +400,19 @@ spec:
 EOF
 }
 
+start_apiserver() {
+  local p="$D/pki"
+  start kube-apiserver "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
+    --bind-address=0.0.0.0 --advertise-address="$NODE_IP" --secure-port=6443 \
+    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" --client-ca-file="$p/ca.crt" \
+    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
+    --authorization-mode=Node,RBAC --allow-privileged=true --service-cluster-ip-range="$SVC_CIDR" \
+    --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" --kubelet-client-key="$p/apiserver-kubelet-client.key" \
+    --kubelet-certificate-authority="$p/ca.crt" --kubelet-preferred-address-types=InternalIP \
+    --enable-admission-plugins=NodeRestriction --profiling=false
+}
+
 up() {
   preflight
   local t0=$SECONDS
@@ -421,15 +435,7 @@ up() {
     --initial-cluster node=http://127.0.0.1:2380 --listen-metrics-urls http://127.0.0.1:2381 \
     --unsafe-no-fsync
   local p="$D/pki"
-  start kube-apiserver "$bin/kube-apiserver" --etcd-servers=http://127.0.0.1:2379 \
-    --bind-address=0.0.0.0 --advertise-address="$NODE_IP" --secure-port=6443 \
-    --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" --client-ca-file="$p/ca.crt" \
-    --service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
-    --service-account-issuer=https://kubernetes.default.svc.cluster.local \
-    --authorization-mode=Node,RBAC --allow-privileged=true --service-cluster-ip-range="$SVC_CIDR" \
-    --kubelet-client-certificate="$p/apiserver-kubelet-client.crt" --kubelet-client-key="$p/apiserver-kubelet-client.key" \
-    --kubelet-certificate-authority="$p/ca.crt" --kubelet-preferred-address-types=InternalIP \
-    --enable-admission-plugins=NodeRestriction --profiling=false
+  start_apiserver
   wait_for 120 "the API server" kc get --raw /readyz || { check_alive etcd; check_alive kube-apiserver; return 1; }
   log "API server ready (+$((SECONDS - t0))s)"
 
@@ -479,6 +485,19 @@ case "${1:-}" in
     down
     log "down"
     ;;
+  restart-apiserver)
+    pid="$(cat "$D/kube-apiserver.pid")"
+    # Stopped means gone or a zombie (its parent, the `run` process, does not reap it). A graceful
+    # stop waits up to a minute for long-running requests: after 10 s it is killed.
+    stopped() { [[ ! -e /proc/$1 ]] || grep -q '^State:.*Z' "/proc/$1/status"; }
+    kill "$pid" 2>/dev/null || true
+    for _ in $(seq 20); do stopped "$pid" && break; sleep 0.5; done
+    stopped "$pid" || kill -KILL "$pid"
+    for _ in $(seq 20); do stopped "$pid" && break; sleep 0.5; done
+    start_apiserver
+    wait_for 120 "the API server" kc get --raw /readyz || { check_alive kube-apiserver; exit 1; }
+    log "API server restarted"
+    ;;
   kubectl)
     shift
     kc "$@"
@@ -500,7 +519,7 @@ case "${1:-}" in
     in_ns "$bin/crane" push --insecure "$layout" "$REGISTRY/${3:?missing REF}" >&2
     ;;
   *)
-    sed -n '2,23p' "$0" >&2
+    sed -n '2,24p' "$0" >&2
     exit 2
     ;;
 esac

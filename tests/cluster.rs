@@ -476,3 +476,269 @@ fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
     set_default_color(cluster, ns, "demo", "blue");
     wait_for_color(cluster, &app, "blue");
 }
+
+/// `from` and `to` are absolute; the relative path from directory `from` to `to` (kustomize
+/// refuses absolute paths to bases).
+fn relative_path(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for part in &to[common..] {
+        path.push(part);
+    }
+    path
+}
+
+/// Installs `deploy/` a second time, as namespace `flagd-proxy-<name>` with names suffixed
+/// `-<name>`, through a kustomize overlay (the way docs/kubernetes.md suggests customising it).
+fn install_deploy_overlay(
+    cluster: &Cluster,
+    name: &str,
+    image: &str,
+    components: &[&str],
+) -> String {
+    let overlay = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("cluster-overlays")
+        .join(name);
+    std::fs::create_dir_all(&overlay).expect("overlay dir");
+    let overlay = overlay.canonicalize().expect("canonical overlay dir");
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .canonicalize()
+        .expect("deploy/");
+    let (image_name, image_tag) = image.rsplit_once(':').expect("image:tag");
+    let ns = format!("flagd-proxy-{name}");
+    let base = relative_path(&overlay, &deploy);
+    let mut components_yaml = String::new();
+    if !components.is_empty() {
+        components_yaml.push_str("components:\n");
+        for component in components {
+            components_yaml.push_str(&format!(
+                "  - {}\n",
+                base.join("components").join(component).display()
+            ));
+        }
+    }
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             namespace: {ns}\nnameSuffix: -{name}\nresources:\n  - {base}\n{components_yaml}\
+             labels:\n  - pairs: {{flagd-proxy.test/install: {name}}}\n    includeSelectors: true\n\
+             images:\n  - name: ghcr.io/open-feature/flagd-proxy-rs\n    newName: {image_name}\n    newTag: {image_tag}\n",
+            base = base.display()
+        ),
+    )
+    .expect("write kustomization");
+    cluster
+        .kubectl(&["apply", "-k", &overlay.display().to_string()])
+        .unwrap_or_else(|e| panic!("kubectl apply -k {}: {e}", overlay.display()));
+    cluster.wait_rollout(&ns, &format!("flagd-proxy-{name}"));
+    ns
+}
+
+/// What one evaluation through a flagd pod gave.
+enum Evaluation {
+    Value(String),
+    /// flagd answered with an error (no flag, no configuration): a real failure.
+    Refused(String),
+    /// No answer at all (the request timed out on a busy machine): says nothing about flagd.
+    NoAnswer(String),
+}
+
+fn evaluate_once(cluster: &Cluster, ip: &str) -> Evaluation {
+    let url = format!("http://{ip}:8013/flagd.evaluation.v1.Service/ResolveString");
+    let result = cluster.exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "10",
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        r#"{"flagKey":"color","context":{}}"#,
+        &url,
+    ]);
+    match result {
+        Err(error) => Evaluation::NoAnswer(error),
+        Ok(body) => match serde_json::from_str::<Value>(&body) {
+            Ok(answer) => match answer["value"].as_str() {
+                Some(value) => Evaluation::Value(value.to_owned()),
+                None => Evaluation::Refused(body),
+            },
+            Err(_) => Evaluation::Refused(body),
+        },
+    }
+}
+
+/// Waits until every flagd in `ips` evaluates `color` to `want`.
+fn wait_for_all(cluster: &Cluster, ips: &[String], want: &str) {
+    for ip in ips {
+        wait_for_color(cluster, ip, want);
+    }
+}
+
+#[test]
+fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = install_deploy_overlay(cluster, "faults", &proxy_image, &[]);
+    let proxy = "flagd-proxy-faults";
+
+    let ns = "cluster-faults";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    let sources = json!([{
+        "uri": format!("flagd-proxy-svc-faults.{proxy_ns}.svc.cluster.local:8015"),
+        "provider": "grpc",
+        "selector": format!("core.openfeature.dev/{ns}/demo"),
+    }])
+    .to_string();
+    const FLAGDS: usize = 20;
+    cluster.apply(
+        &json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "flagd", "namespace": ns},
+            "spec": {
+                "replicas": FLAGDS,
+                "selector": {"matchLabels": {"app": "flagd"}},
+                "template": {
+                    "metadata": {"labels": {"app": "flagd"}},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "containers": [{
+                            "name": "flagd",
+                            "image": flagd_image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": ["start", "--port", "8013", "--management-port", "8014",
+                                     "--sources", sources],
+                            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8014},
+                                               "periodSeconds": 5},
+                            "securityContext": restricted_container(),
+                        }]
+                    }
+                }
+            }
+        })
+        .to_string(),
+    );
+    cluster.wait_rollout(ns, "flagd");
+    let ips = wait_for(
+        &format!("{FLAGDS} Running flagd pods"),
+        CLUSTER_TIMEOUT,
+        || {
+            let ips = cluster.pod_ips(ns, "app=flagd")?;
+            if ips.len() == FLAGDS {
+                Ok(ips)
+            } else {
+                Err(format!("{} pods", ips.len()))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_all(cluster, &ips, "red");
+
+    // From here on every flagd is asked again and again; none may ever answer with an error
+    // (a lost configuration) while proxies come and go.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let refusals = std::sync::Mutex::new(Vec::<String>::new());
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for ip in &ips {
+                    match evaluate_once(cluster, ip) {
+                        Evaluation::Value(value) if value == "red" || value == "blue" => {}
+                        Evaluation::Value(value) => refusals
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(format!("{ip}: value {value}")),
+                        Evaluation::Refused(body) => refusals
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(format!("{ip}: {body}")),
+                        Evaluation::NoAnswer(error) => eprintln!("{ip}: no answer: {error}"),
+                    }
+                }
+            }
+        });
+        let steps = || {
+            // 1. A rolling restart of the two proxy replicas.
+            cluster
+                .kubectl(&[
+                    "-n",
+                    &proxy_ns,
+                    "rollout",
+                    "restart",
+                    &format!("deployment/{proxy}"),
+                ])
+                .unwrap_or_else(|e| panic!("rollout restart: {e}"));
+            cluster.wait_rollout(&proxy_ns, proxy);
+            set_default_color(cluster, ns, "demo", "blue");
+            wait_for_all(cluster, &ips, "blue");
+
+            // 2. One proxy pod deleted: its ReplicaSet replaces it.
+            let before = cluster
+                .kubectl(&["-n", &proxy_ns, "get", "pods", "-o", "name"])
+                .expect("proxy pods");
+            let victim = before.lines().next().expect("a proxy pod").to_owned();
+            cluster
+                .kubectl(&["-n", &proxy_ns, "delete", &victim, "--wait=true"])
+                .unwrap_or_else(|e| panic!("delete {victim}: {e}"));
+            wait_for("two Ready proxy replicas again", CLUSTER_TIMEOUT, || {
+                let ready = cluster.kubectl(&[
+                    "-n",
+                    &proxy_ns,
+                    "get",
+                    "deployment",
+                    proxy,
+                    "-o",
+                    "jsonpath={.status.readyReplicas}",
+                ])?;
+                if ready == "2" {
+                    Ok(())
+                } else {
+                    Err(format!("readyReplicas={ready}"))
+                }
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+            set_default_color(cluster, ns, "demo", "red");
+            wait_for_all(cluster, &ips, "red");
+
+            // 3. The API server restarted: the proxies' watches end and must come back.
+            let output =
+                Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh"))
+                    .arg("restart-apiserver")
+                    .output()
+                    .expect("run scripts/cluster.sh restart-apiserver");
+            assert!(
+                output.status.success(),
+                "restart-apiserver: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            set_default_color(cluster, ns, "demo", "blue");
+            wait_for_all(cluster, &ips, "blue");
+        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(steps));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Err(panic) = result {
+            std::panic::resume_unwind(panic);
+        }
+    });
+    let refusals = refusals.into_inner().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        refusals.is_empty(),
+        "flagd answered with errors while the proxies changed: {refusals:#?}"
+    );
+}
