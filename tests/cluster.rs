@@ -742,3 +742,192 @@ fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
         "flagd answered with errors while the proxies changed: {refusals:#?}"
     );
 }
+
+/// A CA and a server certificate for `dns_name`, as PEM: (CA cert, server cert, server key).
+fn tls_material(dns_name: &str) -> (String, String, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "flagd-proxy cluster test CA");
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let params = rcgen::CertificateParams::new(vec![dns_name.to_owned()]).expect("params");
+    let key = rcgen::KeyPair::generate().expect("server key");
+    let cert = params.signed_by(&key, &issuer).expect("server cert");
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = "flagd-proxy-tls";
+    let service = format!("flagd-proxy-svc-tls.{proxy_ns}.svc.cluster.local");
+    let (ca, cert, key) = tls_material(&service);
+    // The namespace and the Secret the tls component mounts exist before the proxy starts.
+    cluster.restricted_namespace(proxy_ns);
+    cluster.apply(
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "flagd-proxy-tls", "namespace": proxy_ns},
+            "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": cert, "tls.key": key}
+        })
+        .to_string(),
+    );
+    install_deploy_overlay(cluster, "tls", &proxy_image, &["tls"]);
+
+    let ns = "cluster-tls";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    cluster.apply(
+        &json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "proxy-ca", "namespace": ns},
+            "data": {"ca.crt": ca}
+        })
+        .to_string(),
+    );
+    let sources = json!([{
+        "uri": format!("{service}:8015"),
+        "provider": "grpc",
+        "tls": true,
+        "certPath": "/etc/proxy-ca/ca.crt",
+        "selector": format!("core.openfeature.dev/{ns}/demo"),
+    }])
+    .to_string();
+    cluster.apply(
+        &json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "flagd", "namespace": ns},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "flagd"}},
+                "template": {
+                    "metadata": {"labels": {"app": "flagd"}},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "containers": [{
+                            "name": "flagd",
+                            "image": flagd_image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": ["start", "--port", "8013", "--management-port", "8014",
+                                     "--sources", sources],
+                            "volumeMounts": [{"name": "ca", "mountPath": "/etc/proxy-ca",
+                                              "readOnly": true}],
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8014},
+                                               "periodSeconds": 2},
+                            "securityContext": restricted_container(),
+                        }],
+                        "volumes": [{"name": "ca", "configMap": {"name": "proxy-ca"}}]
+                    }
+                }
+            }
+        })
+        .to_string(),
+    );
+    cluster.wait_rollout(ns, "flagd");
+    let flagd = single_pod_ip(cluster, ns, "app=flagd");
+    wait_for_color(cluster, &flagd, "red");
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_color(cluster, &flagd, "blue");
+
+    // The sync port speaks TLS only: a plaintext gRPC request gets no HTTP/2 answer.
+    let proxy_ip = cluster
+        .pod_ips(proxy_ns, "app.kubernetes.io/name=flagd-proxy")
+        .expect("proxy pod IPs")
+        .into_iter()
+        .next()
+        .expect("a proxy pod");
+    let plaintext = cluster.exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "5",
+        "--http2-prior-knowledge",
+        &format!("http://{proxy_ip}:8015/"),
+    ]);
+    assert!(plaintext.is_err(), "plaintext answered: {plaintext:?}");
+}
+
+/// Runs `scripts/build-image.sh` on the binary under test; the manifest digest it prints.
+fn build_image(out: &Path) -> String {
+    let output = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-image.sh"))
+        .arg(out)
+        .arg("localhost/flagd-proxy:repro")
+        .env("BINARY", env!("CARGO_BIN_EXE_flagd-proxy"))
+        .env("STRIP", "1")
+        .output()
+        .expect("run scripts/build-image.sh");
+    assert!(
+        output.status.success(),
+        "scripts/build-image.sh: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+#[test]
+fn build_image_is_reproducible() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = build_image(&dir.path().join("a.tar"));
+    let second = build_image(&dir.path().join("b.tar"));
+    assert!(first.starts_with("sha256:"), "digest: {first}");
+    assert_eq!(first, second);
+    let a = std::fs::read(dir.path().join("a.tar")).expect("a.tar");
+    let b = std::fs::read(dir.path().join("b.tar")).expect("b.tar");
+    assert!(a == b, "the two archives differ");
+}
+
+/// The Dockerfile and scripts/build-image.sh make one image layout: both assemble the root
+/// filesystem with scripts/image-rootfs.sh, and the runtime stage adds nothing to it but the
+/// same user, entrypoint and command as the archive's config.
+#[test]
+fn dockerfile_assembles_the_same_root_filesystem_as_build_image() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
+    let script = std::fs::read_to_string(root.join("scripts/build-image.sh")).expect("script");
+    let instructions: Vec<&str> = dockerfile
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert!(
+        instructions.contains(&"RUN scripts/image-rootfs.sh /out/flagd-proxy /rootfs"),
+        "the build stage must assemble /rootfs with scripts/image-rootfs.sh"
+    );
+    let runtime: Vec<&str> = instructions
+        .iter()
+        .skip_while(|l| **l != "FROM scratch")
+        .copied()
+        .collect();
+    assert!(
+        !runtime.is_empty(),
+        "the runtime stage must be FROM scratch"
+    );
+    let adds: Vec<&&str> = runtime
+        .iter()
+        .filter(|l| l.starts_with("COPY") || l.starts_with("ADD") || l.starts_with("RUN"))
+        .collect();
+    assert_eq!(adds, [&"COPY --from=builder /rootfs/ /"]);
+    assert!(runtime.contains(&"USER 65532:65532"));
+    assert!(runtime.contains(&"ENTRYPOINT [\"/flagd-proxy\"]"));
+    assert!(runtime.contains(&"CMD [\"start\"]"));
+    assert!(script.contains("scripts/image-rootfs.sh \"$binary\" \"$rootfs\""));
+    assert!(script.contains("'[\"/flagd-proxy\"]' '[\"start\"]' 65532:65532"));
+}
