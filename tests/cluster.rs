@@ -931,3 +931,231 @@ fn dockerfile_assembles_the_same_root_filesystem_as_build_image() {
     assert!(script.contains("scripts/image-rootfs.sh \"$binary\" \"$rootfs\""));
     assert!(script.contains("'[\"/flagd-proxy\"]' '[\"start\"]' 65532:65532"));
 }
+
+/// A flagd Deployment `name` in `ns` running as service account `account`, syncing `selector`
+/// from `uri` (plain gRPC).
+fn flagd_deployment(
+    ns: &str,
+    name: &str,
+    account: &str,
+    image: &str,
+    uri: &str,
+    selector: &str,
+) -> String {
+    let sources = json!([{"uri": uri, "provider": "grpc", "selector": selector}]).to_string();
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "serviceAccountName": account,
+                    "automountServiceAccountToken": false,
+                    "containers": [{
+                        "name": "flagd",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": ["start", "--port", "8013", "--management-port", "8014",
+                                 "--sources", sources],
+                        "securityContext": restricted_container(),
+                    }]
+                }
+            }
+        }
+    })
+    .to_string()
+}
+
+/// `flagd_proxy_rejected_requests_total{reason="unauthorized"}` summed over the proxy pods.
+fn unauthorized_rejections(cluster: &Cluster, proxy_ns: &str) -> Result<u64, String> {
+    let mut total = 0;
+    for ip in cluster.pod_ips(proxy_ns, "app.kubernetes.io/name=flagd-proxy")? {
+        let metrics = cluster.http_get(&format!("http://{ip}:8016/metrics"))?;
+        total += metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("flagd_proxy_rejected_requests_total{reason=\"unauthorized\"}")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Ok(total)
+}
+
+#[test]
+fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = install_deploy_overlay(
+        cluster,
+        "authz",
+        &proxy_image,
+        &["authz-rbac", "authz-pod-ip"],
+    );
+
+    // Two service accounts; RBAC lets only `reader` get the FeatureFlag.
+    let ns = "cluster-authz";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: {ns}}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: stranger, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
+         rules:\n- {{apiGroups: [core.openfeature.dev], resources: [featureflags], resourceNames: [demo], verbs: [get]}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-demo}}\n\
+         subjects: [{{kind: ServiceAccount, name: reader, namespace: {ns}}}]\n"
+    ));
+    let uri = format!("flagd-proxy-svc-authz.{proxy_ns}.svc.cluster.local:8015");
+    let selector = format!("core.openfeature.dev/{ns}/demo");
+    let before = wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
+        unauthorized_rejections(cluster, &proxy_ns)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    cluster.apply(&flagd_deployment(
+        ns,
+        "reader",
+        "reader",
+        &flagd_image,
+        &uri,
+        &selector,
+    ));
+    cluster.apply(&flagd_deployment(
+        ns,
+        "stranger",
+        "stranger",
+        &flagd_image,
+        &uri,
+        &selector,
+    ));
+    cluster.wait_rollout(ns, "reader");
+    cluster.wait_rollout(ns, "stranger");
+
+    let reader = single_pod_ip(cluster, ns, "app=reader");
+    wait_for_color(cluster, &reader, "red");
+    // The stranger's requests are refused as unauthorized (it retries, so the count grows) ...
+    wait_for("an unauthorized rejection", CLUSTER_TIMEOUT, || {
+        let now = unauthorized_rejections(cluster, &proxy_ns)?;
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!("rejected {now}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // ... and it has no flag to evaluate, while its neighbour follows an edit.
+    let stranger = single_pod_ip(cluster, ns, "app=stranger");
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_color(cluster, &reader, "blue");
+    match evaluate_once(cluster, &stranger) {
+        Evaluation::Value(value) => panic!("the stranger evaluated color={value}"),
+        Evaluation::Refused(_) | Evaluation::NoAnswer(_) => {}
+    }
+}
+
+#[test]
+fn in_process_go_provider_pod_syncs_through_the_service_name() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(client_image) = cluster.interop_go_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = install_deploy_overlay(cluster, "inprocess", &proxy_image, &[]);
+
+    // The Go provider does not report READY when its very first connection fails, even after it
+    // connects on retry: start it once kube-proxy routes the new Service to a proxy.
+    let cluster_ip = cluster
+        .kubectl(&[
+            "-n",
+            &proxy_ns,
+            "get",
+            "service",
+            "flagd-proxy-svc-inprocess",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])
+        .expect("Service address");
+    wait_for("the Service to route to a proxy", CLUSTER_TIMEOUT, || {
+        cluster.exec(&[
+            "curl",
+            "-sS",
+            "-o",
+            "/dev/null",
+            "--max-time",
+            "5",
+            "--http2-prior-knowledge",
+            &format!("http://{cluster_ip}:8015/"),
+        ])
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let ns = "cluster-inprocess";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    cluster.apply(
+        &json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "app", "namespace": ns},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "app"}},
+                "template": {
+                    "metadata": {"labels": {"app": "app"}},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "containers": [{
+                            "name": "app",
+                            "image": client_image,
+                            "imagePullPolicy": "IfNotPresent",
+                            // The client exits when its stdin ends: keep it open.
+                            "stdin": true,
+                            "env": [
+                                {"name": "FLAGD_HOST",
+                                 "value": format!("flagd-proxy-svc-inprocess.{proxy_ns}.svc.cluster.local")},
+                                {"name": "FLAGD_PORT", "value": "8015"},
+                                {"name": "FLAGD_SOURCE_SELECTOR",
+                                 "value": format!("core.openfeature.dev/{ns}/demo")},
+                                {"name": "INTEROP_FLAG_KEY", "value": "color"}
+                            ],
+                            "securityContext": restricted_container(),
+                        }]
+                    }
+                }
+            }
+        })
+        .to_string(),
+    );
+    cluster.wait_rollout(ns, "app");
+    let logs = |want: &'static str| {
+        wait_for(
+            &format!("the client to print {want}"),
+            CLUSTER_TIMEOUT,
+            || {
+                let out = cluster.kubectl(&["-n", ns, "logs", "deployment/app"])?;
+                if out.lines().any(|l| l.trim() == want) {
+                    Ok(())
+                } else {
+                    Err(format!("output: {out:?}"))
+                }
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    };
+    logs("VALUE red");
+    set_default_color(cluster, ns, "demo", "blue");
+    logs("VALUE blue");
+}

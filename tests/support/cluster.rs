@@ -472,15 +472,38 @@ impl Cluster {
             &bin_dir().join(format!("flagd-{FLAGD_TAG}/flagd")),
             "scripts/install-compat.sh builds it",
         )?;
-        let archive = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cluster-images/flagd.tar");
+        Some(self.binary_image(&flagd, FLAGD_IMAGE, FLAGD_TAG, &["start"]))
+    }
+
+    /// The Go in-process provider client of interop/go (scripts/install-compat.sh builds it),
+    /// published as `REGISTRY/interop-go:test`; `None` (or a panic under `CI`) when missing.
+    pub fn interop_go_image(&self) -> Option<String> {
+        let client = required_file(
+            &bin_dir().join("interop-go/flagd-proxy-interop-go"),
+            "scripts/install-compat.sh builds it",
+        )?;
+        Some(self.binary_image(&client, "interop-go", "test", &[]))
+    }
+
+    /// An image of one binary (scripts/image-rootfs.sh + scripts/oci-archive.sh, user 65532),
+    /// published as `REGISTRY/<name>:<tag>`.
+    fn binary_image(&self, binary: &Path, name: &str, tag: &str, cmd: &[&str]) -> String {
+        let archive = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("cluster-images")
+            .join(format!("{name}.tar"));
+        let built = format!("built:{name}");
         let mut images = self.images.lock().unwrap_or_else(|e| e.into_inner());
-        if !images.contains("built:flagd") {
-            let rootfs = tempfile::tempdir().expect("tempdir");
-            let rootfs = rootfs.path().join("rootfs");
+        if !images.contains(&built) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let rootfs = dir.path().join("rootfs");
+            let file_name = binary
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("binary name");
             run_script(
                 "scripts/image-rootfs.sh",
                 &[
-                    flagd.to_str().expect("utf-8 path"),
+                    binary.to_str().expect("utf-8 path"),
                     rootfs.to_str().expect("utf-8 path"),
                 ],
             );
@@ -489,17 +512,17 @@ impl Cluster {
                 &[
                     rootfs.to_str().expect("utf-8 path"),
                     archive.to_str().expect("utf-8 path"),
-                    &format!("localhost/{FLAGD_IMAGE}:{FLAGD_TAG}"),
-                    "[\"/flagd\"]",
-                    "[\"start\"]",
+                    &format!("localhost/{name}:{tag}"),
+                    &serde_json::json!([format!("/{file_name}")]).to_string(),
+                    &serde_json::json!(cmd).to_string(),
                     "65532:65532",
                 ],
             );
-            images.insert("built:flagd".to_owned());
+            images.insert(built);
         }
         drop(images);
-        self.publish_image(&archive, FLAGD_IMAGE, FLAGD_TAG);
-        Some(format!("{REGISTRY}/{FLAGD_IMAGE}:{FLAGD_TAG}"))
+        self.publish_image(&archive, name, tag);
+        format!("{REGISTRY}/{name}:{tag}")
     }
 }
 
