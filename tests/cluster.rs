@@ -14,7 +14,7 @@ use std::process::{Child, Command};
 use serde_json::{Value, json};
 use support::TestCa;
 use support::cluster::{
-    CLUSTER_TIMEOUT, Cluster, NETNS, cluster_or_skip, operator_binary, wait_for,
+    CLUSTER_TIMEOUT, Cluster, NETNS, cluster_or_skip, operator_binary, required_file, wait_for,
 };
 use support::control_plane::test_data;
 
@@ -1158,4 +1158,93 @@ fn in_process_go_provider_pod_syncs_through_the_service_name() {
     logs("VALUE red");
     set_default_color(cluster, ns, "demo", "blue");
     logs("VALUE blue");
+}
+
+#[test]
+fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(helm) = required_file(
+        &support::control_plane::bin_dir().join("helm"),
+        "scripts/install-helm.sh builds it",
+    ) else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let (repository, tag) = proxy_image.rsplit_once(':').expect("image:tag");
+
+    // mode=both: central proxies (Deployment) and a node-local tier (DaemonSet, Service with
+    // internalTrafficPolicy: Local) chained to them.
+    let proxy_ns = "flagd-proxy-helm";
+    cluster.restricted_namespace(proxy_ns);
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/flagd-proxy");
+    let kubeconfig = format!("KUBECONFIG={}", cluster.kubeconfig());
+    cluster
+        .exec(&[
+            "env",
+            &kubeconfig,
+            helm.to_str().expect("utf-8 path"),
+            "install",
+            "flagd-proxy",
+            chart.to_str().expect("utf-8 path"),
+            "--namespace",
+            proxy_ns,
+            "--set",
+            "mode=both",
+            "--set",
+            &format!("image.repository={repository}"),
+            "--set",
+            &format!("image.tag={tag}"),
+            "--wait",
+            "--timeout",
+            "4m",
+        ])
+        .unwrap_or_else(|e| panic!("helm install: {e}"));
+    let services = cluster
+        .kubectl(&["-n", proxy_ns, "get", "services", "-o", "name"])
+        .expect("services");
+    let node_service = services
+        .lines()
+        .filter_map(|l| l.strip_prefix("service/"))
+        .find(|name| name.ends_with("-node"))
+        .unwrap_or_else(|| panic!("no node Service in {services}"))
+        .to_owned();
+
+    let ns = "cluster-helm";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    let selector = format!("core.openfeature.dev/{ns}/demo");
+    let through = [
+        (
+            "central",
+            format!("flagd-proxy-svc.{proxy_ns}.svc.cluster.local:8015"),
+        ),
+        (
+            "node",
+            format!("{node_service}.{proxy_ns}.svc.cluster.local:8015"),
+        ),
+    ];
+    for (name, uri) in &through {
+        cluster.apply(&flagd_deployment(
+            ns,
+            name,
+            "default",
+            &flagd_image,
+            uri,
+            &selector,
+        ));
+    }
+    let mut ips = Vec::new();
+    for (name, _) in &through {
+        cluster.wait_rollout(ns, name);
+        ips.push(single_pod_ip(cluster, ns, &format!("app={name}")));
+    }
+    wait_for_all(cluster, &ips, "red");
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_all(cluster, &ips, "blue");
 }
