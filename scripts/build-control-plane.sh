@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
-# Builds the kube-apiserver and etcd binaries that the integration tests run as a real,
-# loopback-only Kubernetes control plane.
+# Builds the Kubernetes binaries and etcd that the integration tests run: kube-apiserver + etcd as a
+# loopback-only control plane, and kubelet, kube-controller-manager, kube-scheduler, kube-proxy and
+# kubectl for the single-node cluster of the cluster tests.
 #
 # The versions come from the Go module in tools/kube (k8s.io/kubernetes, and the etcd server that its
 # module graph selects). Binaries go to ${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}/bin as
-#   kube-apiserver-<version>, etcd-<version>   (versioned, built once)
-#   kube-apiserver, etcd                       (symlinks to the versioned files)
+#   kube-<version>-<key>/{kube-apiserver,kubelet,...}   (built once, in one `go build`; key = hash of
+#                                                       go.sum, Go version and command list)
+#   etcd-<version>
+#   kube-apiserver, kubelet, ..., kubectl, etcd        (symlinks to the versioned files)
 # Running the script again when the versioned binaries exist does nothing but refresh the symlinks.
 # Needs Go and the Go module proxy (GOPROXY as configured); nothing else is downloaded.
 set -euo pipefail
@@ -43,8 +46,45 @@ kube_version="$(go list -m -f '{{.Version}}' k8s.io/kubernetes)"
 etcd_version="$(go list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3)"
 log "kube-apiserver $kube_version, etcd $etcd_version"
 
-apiserver_bin="$bin_dir/kube-apiserver-$kube_version"
 etcd_bin="$bin_dir/etcd-$etcd_version"
+
+# Every Kubernetes command comes out of ONE `go build` invocation: they share most of their
+# packages, so one invocation compiles each package once. The directory is keyed by everything
+# that decides the output: the Kubernetes version, go.sum (the whole module graph), the Go
+# toolchain and the command list.
+kube_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
+kube_key="$( { cat go.sum; go version; printf '%s\n' "${kube_cmds[@]}"; } | sha256sum | cut -c1-12)"
+kube_dir="$bin_dir/kube-$kube_version-$kube_key"
+
+kube_minor="${kube_version#v1.}"
+kube_minor="${kube_minor%%.*}"
+version_ldflags=""
+for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+  version_ldflags+=" -X $pkg.gitVersion=$kube_version"
+  version_ldflags+=" -X $pkg.gitMajor=1"
+  version_ldflags+=" -X $pkg.gitMinor=$kube_minor"
+  version_ldflags+=" -X $pkg.gitTreeState=clean"
+done
+
+if [[ -x "$kube_dir/kubectl" ]]; then
+  log "up to date: $kube_dir"
+else
+  tmp_dir="$kube_dir.partial.$$"
+  rm -rf "$tmp_dir"
+  mkdir -p "$tmp_dir"
+  pkgs=()
+  for cmd in "${kube_cmds[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
+  log "building ${kube_cmds[*]} -> $kube_dir (one go build)"
+  start=$SECONDS
+  if ! nice -n 10 go build -ldflags "-s -w$version_ldflags" -o "$tmp_dir/" "${pkgs[@]}"; then
+    rm -rf "$tmp_dir"
+    log "error: go build of the Kubernetes commands failed"
+    exit 1
+  fi
+  rm -rf "$kube_dir"
+  mv "$tmp_dir" "$kube_dir"
+  log "built $kube_dir in $((SECONDS - start))s"
+fi
 
 # Builds package $2 into $1 unless $1 already exists. Extra arguments go to `go build`.
 build() {
@@ -66,20 +106,12 @@ build() {
   log "built $out in $((SECONDS - start))s"
 }
 
-kube_minor="${kube_version#v1.}"
-kube_minor="${kube_minor%%.*}"
-version_ldflags=""
-for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
-  version_ldflags+=" -X $pkg.gitVersion=$kube_version"
-  version_ldflags+=" -X $pkg.gitMajor=1"
-  version_ldflags+=" -X $pkg.gitMinor=$kube_minor"
-  version_ldflags+=" -X $pkg.gitTreeState=clean"
-done
-
-build "$apiserver_bin" k8s.io/kubernetes/cmd/kube-apiserver -ldflags "-s -w$version_ldflags"
 build "$etcd_bin" go.etcd.io/etcd/server/v3 -ldflags "-s -w"
 
-ln -sfn "$(basename "$apiserver_bin")" "$bin_dir/kube-apiserver"
+# Stable names: bin/<command> for every Kubernetes command, bin/etcd.
+for cmd in "${kube_cmds[@]}"; do
+  ln -sfn "$(basename "$kube_dir")/$cmd" "$bin_dir/$cmd"
+  log "ready: $bin_dir/$cmd -> $(basename "$kube_dir")/$cmd"
+done
 ln -sfn "$(basename "$etcd_bin")" "$bin_dir/etcd"
-log "ready: $bin_dir/kube-apiserver -> $(basename "$apiserver_bin")"
 log "ready: $bin_dir/etcd -> $(basename "$etcd_bin")"

@@ -2,6 +2,7 @@
 //! certificates, and talk to the proxy with a gRPC client.
 #![allow(dead_code)]
 
+pub mod cluster;
 pub mod control_plane;
 pub mod raw_h2;
 

@@ -1,0 +1,1250 @@
+//! The proxy the way users run it: as a container image in pods of a real single-node cluster
+//! (`support/cluster.rs`, `scripts/cluster.sh`), deployed by `deploy/` or by the real OpenFeature
+//! Operator, reading FeatureFlags with its in-cluster service-account token, probed by the kubelet
+//! and reached by flagd through its Service name.
+//!
+//! One cluster serves every test of this file; each test works in its own namespaces. Without the
+//! cluster's dependencies (root, Debian packages, the Go binaries) the tests print what is missing
+//! and pass, unless `CI` is set.
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command};
+
+use serde_json::{Value, json};
+use support::TestCa;
+use support::cluster::{
+    CLUSTER_TIMEOUT, Cluster, NETNS, cluster_or_skip, operator_binary, required_file, wait_for,
+};
+use support::control_plane::test_data;
+
+/// A FeatureFlag `ns/name` with one string flag `color` whose default variant is `default`.
+fn feature_flag(ns: &str, name: &str, default: &str) -> String {
+    json!({
+        "apiVersion": "core.openfeature.dev/v1beta1",
+        "kind": "FeatureFlag",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {"flagSpec": {"flags": {"color": {
+            "state": "ENABLED",
+            "variants": {"red": "red", "blue": "blue"},
+            "defaultVariant": default
+        }}}}
+    })
+    .to_string()
+}
+
+/// The `restricted` container security context.
+fn restricted_container() -> Value {
+    json!({
+        "runAsNonRoot": true,
+        "runAsUser": 65532,
+        "runAsGroup": 65532,
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"}
+    })
+}
+
+/// Evaluates the string flag `color` through flagd's evaluation API at `ip:8013`.
+fn evaluate_color(cluster: &Cluster, ip: &str) -> Result<String, String> {
+    let body = cluster.http_post_json(
+        &format!("http://{ip}:8013/flagd.evaluation.v1.Service/ResolveString"),
+        r#"{"flagKey":"color","context":{}}"#,
+    )?;
+    let answer: Value = serde_json::from_str(&body).map_err(|e| format!("{e}: {body}"))?;
+    answer["value"]
+        .as_str()
+        .map(str::to_owned)
+        .ok_or_else(|| format!("no value in {body}"))
+}
+
+/// Waits until flagd at `ip` evaluates `color` to `want`.
+fn wait_for_color(cluster: &Cluster, ip: &str, want: &str) {
+    wait_for(
+        &format!("flagd at {ip} to evaluate color={want}"),
+        CLUSTER_TIMEOUT,
+        || {
+            let got = evaluate_color(cluster, ip)?;
+            if got == want {
+                Ok(())
+            } else {
+                Err(format!("color={got}"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Changes the default variant of `color` in the FeatureFlag `ns/name`.
+fn set_default_color(cluster: &Cluster, ns: &str, name: &str, default: &str) {
+    let patch = json!({"spec": {"flagSpec": {"flags": {"color": {"defaultVariant": default}}}}});
+    cluster
+        .kubectl(&[
+            "-n",
+            ns,
+            "patch",
+            "featureflag",
+            name,
+            "--type",
+            "merge",
+            "-p",
+            &patch.to_string(),
+        ])
+        .unwrap_or_else(|e| panic!("patch FeatureFlag: {e}"));
+}
+
+/// The one Running pod's IP for `selector` in `ns`.
+fn single_pod_ip(cluster: &Cluster, ns: &str, selector: &str) -> String {
+    wait_for(
+        &format!("a Running pod {selector} in {ns}"),
+        CLUSTER_TIMEOUT,
+        || match cluster.pod_ips(ns, selector)?.as_slice() {
+            [ip] => Ok(ip.clone()),
+            other => Err(format!("pod IPs {other:?}")),
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+#[test]
+fn deploy_kustomization_runs_restricted_and_serves_flagd_through_its_service() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    cluster.proxy_image();
+    // deploy/ names the placeholder image with IfNotPresent: give the node our image under it.
+    cluster.tag_image(
+        "localhost/flagd-proxy:test",
+        "ghcr.io/open-feature/flagd-proxy-rs:latest",
+    );
+
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy");
+    cluster
+        .kubectl(&["apply", "-k", &deploy.display().to_string()])
+        .unwrap_or_else(|e| panic!("kubectl apply -k deploy/: {e}"));
+    cluster.wait_rollout("flagd-proxy", "flagd-proxy");
+
+    // The namespace enforces `restricted`: the API server admitted the proxy's pods under it.
+    let enforce = cluster
+        .kubectl(&[
+            "get",
+            "namespace",
+            "flagd-proxy",
+            "-o",
+            "jsonpath={.metadata.labels.pod-security\\.kubernetes\\.io/enforce}",
+        ])
+        .expect("namespace");
+    assert_eq!(enforce, "restricted");
+    // In-cluster configuration only: no --kube-* flag, no kubeconfig.
+    let args = cluster
+        .kubectl(&[
+            "-n",
+            "flagd-proxy",
+            "get",
+            "deployment",
+            "flagd-proxy",
+            "-o",
+            "jsonpath={.spec.template.spec.containers[0].args}",
+        ])
+        .expect("deployment args");
+    assert!(!args.contains("--kube"), "args: {args}");
+
+    // Probes answered by the kubelet made the pods Ready; the management port answers through
+    // each pod IP too.
+    let ips = cluster
+        .pod_ips("flagd-proxy", "app.kubernetes.io/name=flagd-proxy")
+        .expect("proxy pod IPs");
+    assert_eq!(ips.len(), 2, "proxy pods: {ips:?}");
+    for ip in &ips {
+        cluster
+            .http_get(&format!("http://{ip}:8016/readyz"))
+            .unwrap_or_else(|e| panic!("/readyz of {ip}: {e}"));
+        let metrics = cluster
+            .http_get(&format!("http://{ip}:8016/metrics"))
+            .unwrap_or_else(|e| panic!("/metrics of {ip}: {e}"));
+        assert!(metrics.contains("# TYPE"), "metrics of {ip}: {metrics}");
+    }
+
+    // flagd in another namespace, `restricted` too, syncs through the Service name.
+    let ns = "cluster-kustomize";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    let sources = json!([{
+        "uri": "flagd-proxy-svc.flagd-proxy.svc.cluster.local:8015",
+        "provider": "grpc",
+        "selector": format!("core.openfeature.dev/{ns}/demo"),
+    }])
+    .to_string();
+    cluster.apply(
+        &json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "flagd", "namespace": ns},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "flagd"}},
+                "template": {
+                    "metadata": {"labels": {"app": "flagd"}},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "containers": [{
+                            "name": "flagd",
+                            "image": flagd_image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": ["start", "--port", "8013", "--management-port", "8014",
+                                     "--sources", sources],
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8014},
+                                               "periodSeconds": 2},
+                            "securityContext": restricted_container(),
+                        }]
+                    }
+                }
+            }
+        })
+        .to_string(),
+    );
+    cluster.wait_rollout(ns, "flagd");
+    let flagd = single_pod_ip(cluster, ns, "app=flagd");
+    wait_for_color(cluster, &flagd, "red");
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_color(cluster, &flagd, "blue");
+}
+
+/// The operator's manager, run as a process inside the cluster's network namespace the way its
+/// repository's `make run` runs it; killed on drop.
+struct Operator {
+    child: Child,
+    _certs: TestCa,
+}
+
+impl Drop for Operator {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const OPERATOR_NS: &str = "open-feature-operator-system";
+
+/// The operator's own RBAC for its proxy (from the pinned module download), with the names and
+/// namespace its kustomization gives them.
+fn operator_proxy_rbac() -> String {
+    let rbac = test_data("open-feature-operator/config/rbac").unwrap_or_else(|m| panic!("{m}"));
+    let read = |file: &str| -> Value {
+        let text =
+            std::fs::read_to_string(rbac.join(file)).unwrap_or_else(|e| panic!("read {file}: {e}"));
+        serde_norway::from_str(&text).unwrap_or_else(|e| panic!("parse {file}: {e}"))
+    };
+    let prefix = |v: &Value| format!("open-feature-operator-{}", v.as_str().expect("name"));
+    let mut account = read("service_account_flagd_proxy.yaml");
+    account["metadata"]["name"] = json!(prefix(&account["metadata"]["name"]));
+    account["metadata"]["namespace"] = json!(OPERATOR_NS);
+    let mut role = read("flagd_kubernetes_sync_clusterrole.yaml");
+    role["metadata"]["name"] = json!(prefix(&role["metadata"]["name"]));
+    let mut binding = read("flagd_kubernetes_sync_clusterrolebinding.yaml");
+    binding["metadata"]["name"] = json!(prefix(&binding["metadata"]["name"]));
+    binding["roleRef"]["name"] = json!(prefix(&binding["roleRef"]["name"]));
+    binding["roleRef"]["apiGroup"] = json!("rbac.authorization.k8s.io");
+    if let Some(subjects) = binding["subjects"].as_array_mut() {
+        for subject in subjects {
+            subject["name"] = json!(prefix(&subject["name"]));
+            subject["namespace"] = json!(OPERATOR_NS);
+        }
+    }
+    json!({"apiVersion": "v1", "kind": "List", "items": [account, role, binding]}).to_string()
+}
+
+fn start_operator(
+    cluster: &Cluster,
+    binary: &Path,
+    proxy_image: &str,
+    flagd_image: &str,
+) -> Operator {
+    let certs = TestCa::new();
+    let cert_dir = certs.dir.path().join("webhook");
+    std::fs::create_dir_all(&cert_dir).expect("cert dir");
+    std::fs::copy(&certs.server_cert, cert_dir.join("tls.crt")).expect("tls.crt");
+    std::fs::copy(&certs.server_key, cert_dir.join("tls.key")).expect("tls.key");
+    let (proxy_repo, proxy_tag) = proxy_image.rsplit_once(':').expect("image:tag");
+    let (flagd_repo, flagd_tag) = flagd_image.rsplit_once(':').expect("image:tag");
+    let log =
+        std::fs::File::create(PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("operator.log"))
+            .expect("operator log");
+    let child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{NETNS}"))
+        .arg(binary)
+        .args([
+            "--metrics-bind-address",
+            "127.0.0.1:18080",
+            "--health-probe-bind-address",
+            "127.0.0.1:18081",
+            "--leader-elect=false",
+            "--webhook-cert-path",
+        ])
+        .arg(&cert_dir)
+        .env("KUBECONFIG", cluster.kubeconfig())
+        .env("POD_NAMESPACE", OPERATOR_NS)
+        .env("FLAGD_PROXY_IMAGE", proxy_repo)
+        .env("FLAGD_PROXY_TAG", proxy_tag)
+        .env("SIDECAR_IMAGE", flagd_repo)
+        .env("SIDECAR_TAG", flagd_tag)
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start the operator");
+    let ca = std::fs::read(&certs.ca_cert).expect("ca");
+    let ca = base64_encode(&ca);
+    cluster.apply(
+        &json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "MutatingWebhookConfiguration",
+            "metadata": {"name": "open-feature-operator-mutating-webhook-configuration"},
+            "webhooks": [{
+                "name": "mutate.openfeature.dev",
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": {"url": "https://127.0.0.1:9443/mutate-v1-pod", "caBundle": ca},
+                "failurePolicy": "Fail",
+                "sideEffects": "NoneOnDryRun",
+                "namespaceSelector": {"matchLabels": {"openfeature.dev/test": "operator"}},
+                "rules": [{"apiGroups": [""], "apiVersions": ["v1"],
+                           "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}]
+            }]
+        })
+        .to_string(),
+    );
+    Operator {
+        child,
+        _certs: certs,
+    }
+}
+
+fn base64_encode(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, b)| n | (u32::from(*b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(operator_binary) = operator_binary() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+
+    // What the operator's installation provides besides its manager: its namespace, a Deployment
+    // of its own to own the proxy's objects (it need not run), the proxy's RBAC.
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {OPERATOR_NS}\n"
+    ));
+    cluster.apply(
+        &json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "open-feature-operator-controller-manager", "namespace": OPERATOR_NS},
+            "spec": {
+                "replicas": 0,
+                "selector": {"matchLabels": {"app": "open-feature-operator"}},
+                "template": {
+                    "metadata": {"labels": {"app": "open-feature-operator"}},
+                    "spec": {"containers": [{"name": "manager", "image": "localhost/pause:1"}]}
+                }
+            }
+        })
+        .to_string(),
+    );
+    cluster.apply(&operator_proxy_rbac());
+    let _operator = start_operator(cluster, &operator_binary, &proxy_image, &flagd_image);
+
+    let ns = "cluster-operator";
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {ns}\n  labels:\n    \
+         openfeature.dev/test: operator\n    pod-security.kubernetes.io/enforce: restricted\n"
+    ));
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    cluster.apply(
+        &json!({
+            "apiVersion": "core.openfeature.dev/v1beta1",
+            "kind": "FeatureFlagSource",
+            "metadata": {"name": "demo-source", "namespace": ns},
+            "spec": {"sources": [{"source": format!("{ns}/demo"), "provider": "flagd-proxy"}]}
+        })
+        .to_string(),
+    );
+    let workload = json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "app", "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "app"}},
+            "template": {
+                "metadata": {
+                    "labels": {"app": "app"},
+                    "annotations": {
+                        "openfeature.dev/enabled": "true",
+                        "openfeature.dev/featureflagsource": "demo-source"
+                    }
+                },
+                "spec": {
+                    "automountServiceAccountToken": false,
+                    "containers": [{
+                        "name": "app",
+                        "image": "localhost/pause:1",
+                        "imagePullPolicy": "Never",
+                        "securityContext": restricted_container(),
+                    }]
+                }
+            }
+        }
+    })
+    .to_string();
+
+    // The operator creates the proxy Deployment from our image once it sees a flagd-proxy source;
+    // until that proxy is Ready it refuses the workload's pods, so the workload is applied when
+    // the proxy runs.
+    wait_for(
+        "the operator's flagd-proxy Deployment",
+        CLUSTER_TIMEOUT,
+        || {
+            let image = cluster.kubectl(&[
+                "-n",
+                OPERATOR_NS,
+                "get",
+                "deployment",
+                "flagd-proxy",
+                "-o",
+                "jsonpath={.spec.template.spec.containers[0].image}",
+            ])?;
+            if image == proxy_image {
+                Ok(())
+            } else {
+                Err(format!("image {image:?}"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    cluster.wait_rollout(OPERATOR_NS, "flagd-proxy");
+    cluster.apply(&workload);
+    cluster.wait_rollout(ns, "app");
+
+    // flagd was injected as a sidecar that dials the operator's Service name for the proxy.
+    let sidecar = cluster
+        .kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "pods",
+            "-l",
+            "app=app",
+            "-o",
+            "jsonpath={.items[0].spec.initContainers[0].args}",
+        ])
+        .expect("sidecar args");
+    assert!(
+        sidecar.contains(&format!(
+            "flagd-proxy-svc.{OPERATOR_NS}.svc.cluster.local:8015"
+        )),
+        "sidecar args: {sidecar}"
+    );
+    let app = single_pod_ip(cluster, ns, "app=app");
+    wait_for_color(cluster, &app, "red");
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_color(cluster, &app, "blue");
+}
+
+/// `from` and `to` are absolute; the relative path from directory `from` to `to` (kustomize
+/// refuses absolute paths to bases).
+fn relative_path(from: &Path, to: &Path) -> PathBuf {
+    let from: Vec<_> = from.components().collect();
+    let to: Vec<_> = to.components().collect();
+    let common = from.iter().zip(&to).take_while(|(a, b)| a == b).count();
+    let mut path = PathBuf::new();
+    for _ in common..from.len() {
+        path.push("..");
+    }
+    for part in &to[common..] {
+        path.push(part);
+    }
+    path
+}
+
+/// Installs `deploy/` a second time, as namespace `flagd-proxy-<name>` with names suffixed
+/// `-<name>`, through a kustomize overlay (the way docs/kubernetes.md suggests customising it).
+fn install_deploy_overlay(
+    cluster: &Cluster,
+    name: &str,
+    image: &str,
+    components: &[&str],
+) -> String {
+    let overlay = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        .join("cluster-overlays")
+        .join(name);
+    std::fs::create_dir_all(&overlay).expect("overlay dir");
+    let overlay = overlay.canonicalize().expect("canonical overlay dir");
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("deploy")
+        .canonicalize()
+        .expect("deploy/");
+    let (image_name, image_tag) = image.rsplit_once(':').expect("image:tag");
+    let ns = format!("flagd-proxy-{name}");
+    let base = relative_path(&overlay, &deploy);
+    let mut components_yaml = String::new();
+    if !components.is_empty() {
+        components_yaml.push_str("components:\n");
+        for component in components {
+            components_yaml.push_str(&format!(
+                "  - {}\n",
+                base.join("components").join(component).display()
+            ));
+        }
+    }
+    std::fs::write(
+        overlay.join("kustomization.yaml"),
+        format!(
+            "apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\n\
+             namespace: {ns}\nnameSuffix: -{name}\nresources:\n  - {base}\n{components_yaml}\
+             labels:\n  - pairs: {{flagd-proxy.test/install: {name}}}\n    includeSelectors: true\n\
+             images:\n  - name: ghcr.io/open-feature/flagd-proxy-rs\n    newName: {image_name}\n    newTag: {image_tag}\n",
+            base = base.display()
+        ),
+    )
+    .expect("write kustomization");
+    cluster
+        .kubectl(&["apply", "-k", &overlay.display().to_string()])
+        .unwrap_or_else(|e| panic!("kubectl apply -k {}: {e}", overlay.display()));
+    cluster.wait_rollout(&ns, &format!("flagd-proxy-{name}"));
+    ns
+}
+
+/// What one evaluation through a flagd pod gave.
+enum Evaluation {
+    Value(String),
+    /// flagd answered with an error (no flag, no configuration): a real failure.
+    Refused(String),
+    /// No answer at all (the request timed out on a busy machine): says nothing about flagd.
+    NoAnswer(String),
+}
+
+fn evaluate_once(cluster: &Cluster, ip: &str) -> Evaluation {
+    let url = format!("http://{ip}:8013/flagd.evaluation.v1.Service/ResolveString");
+    let result = cluster.exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "10",
+        "-H",
+        "Content-Type: application/json",
+        "--data",
+        r#"{"flagKey":"color","context":{}}"#,
+        &url,
+    ]);
+    match result {
+        Err(error) => Evaluation::NoAnswer(error),
+        Ok(body) => match serde_json::from_str::<Value>(&body) {
+            Ok(answer) => match answer["value"].as_str() {
+                Some(value) => Evaluation::Value(value.to_owned()),
+                None => Evaluation::Refused(body),
+            },
+            Err(_) => Evaluation::Refused(body),
+        },
+    }
+}
+
+/// Waits until every flagd in `ips` evaluates `color` to `want`.
+fn wait_for_all(cluster: &Cluster, ips: &[String], want: &str) {
+    for ip in ips {
+        wait_for_color(cluster, ip, want);
+    }
+}
+
+#[test]
+fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = install_deploy_overlay(cluster, "faults", &proxy_image, &[]);
+    let proxy = "flagd-proxy-faults";
+
+    let ns = "cluster-faults";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    let sources = json!([{
+        "uri": format!("flagd-proxy-svc-faults.{proxy_ns}.svc.cluster.local:8015"),
+        "provider": "grpc",
+        "selector": format!("core.openfeature.dev/{ns}/demo"),
+    }])
+    .to_string();
+    const FLAGDS: usize = 20;
+    cluster.apply(
+        &json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "flagd", "namespace": ns},
+            "spec": {
+                "replicas": FLAGDS,
+                "selector": {"matchLabels": {"app": "flagd"}},
+                "template": {
+                    "metadata": {"labels": {"app": "flagd"}},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "containers": [{
+                            "name": "flagd",
+                            "image": flagd_image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": ["start", "--port", "8013", "--management-port", "8014",
+                                     "--sources", sources],
+                            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8014},
+                                               "periodSeconds": 5},
+                            "securityContext": restricted_container(),
+                        }]
+                    }
+                }
+            }
+        })
+        .to_string(),
+    );
+    cluster.wait_rollout(ns, "flagd");
+    let ips = wait_for(
+        &format!("{FLAGDS} Running flagd pods"),
+        CLUSTER_TIMEOUT,
+        || {
+            let ips = cluster.pod_ips(ns, "app=flagd")?;
+            if ips.len() == FLAGDS {
+                Ok(ips)
+            } else {
+                Err(format!("{} pods", ips.len()))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_all(cluster, &ips, "red");
+
+    // From here on every flagd is asked again and again; none may ever answer with an error
+    // (a lost configuration) while proxies come and go.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let refusals = std::sync::Mutex::new(Vec::<String>::new());
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for ip in &ips {
+                    match evaluate_once(cluster, ip) {
+                        Evaluation::Value(value) if value == "red" || value == "blue" => {}
+                        Evaluation::Value(value) => refusals
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(format!("{ip}: value {value}")),
+                        Evaluation::Refused(body) => refusals
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .push(format!("{ip}: {body}")),
+                        Evaluation::NoAnswer(error) => eprintln!("{ip}: no answer: {error}"),
+                    }
+                }
+            }
+        });
+        let steps = || {
+            // 1. A rolling restart of the two proxy replicas.
+            cluster
+                .kubectl(&[
+                    "-n",
+                    &proxy_ns,
+                    "rollout",
+                    "restart",
+                    &format!("deployment/{proxy}"),
+                ])
+                .unwrap_or_else(|e| panic!("rollout restart: {e}"));
+            cluster.wait_rollout(&proxy_ns, proxy);
+            set_default_color(cluster, ns, "demo", "blue");
+            wait_for_all(cluster, &ips, "blue");
+
+            // 2. One proxy pod deleted: its ReplicaSet replaces it.
+            let before = cluster
+                .kubectl(&["-n", &proxy_ns, "get", "pods", "-o", "name"])
+                .expect("proxy pods");
+            let victim = before.lines().next().expect("a proxy pod").to_owned();
+            cluster
+                .kubectl(&["-n", &proxy_ns, "delete", &victim, "--wait=true"])
+                .unwrap_or_else(|e| panic!("delete {victim}: {e}"));
+            wait_for("two Ready proxy replicas again", CLUSTER_TIMEOUT, || {
+                let ready = cluster.kubectl(&[
+                    "-n",
+                    &proxy_ns,
+                    "get",
+                    "deployment",
+                    proxy,
+                    "-o",
+                    "jsonpath={.status.readyReplicas}",
+                ])?;
+                if ready == "2" {
+                    Ok(())
+                } else {
+                    Err(format!("readyReplicas={ready}"))
+                }
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+            set_default_color(cluster, ns, "demo", "red");
+            wait_for_all(cluster, &ips, "red");
+
+            // 3. The API server restarted: the proxies' watches end and must come back.
+            let output =
+                Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh"))
+                    .arg("restart-apiserver")
+                    .output()
+                    .expect("run scripts/cluster.sh restart-apiserver");
+            assert!(
+                output.status.success(),
+                "restart-apiserver: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            set_default_color(cluster, ns, "demo", "blue");
+            wait_for_all(cluster, &ips, "blue");
+        };
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(steps));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        if let Err(panic) = result {
+            std::panic::resume_unwind(panic);
+        }
+    });
+    let refusals = refusals.into_inner().unwrap_or_else(|e| e.into_inner());
+    assert!(
+        refusals.is_empty(),
+        "flagd answered with errors while the proxies changed: {refusals:#?}"
+    );
+}
+
+/// A CA and a server certificate for `dns_name`, as PEM: (CA cert, server cert, server key).
+fn tls_material(dns_name: &str) -> (String, String, String) {
+    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, "flagd-proxy cluster test CA");
+    ca_params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let ca_key = rcgen::KeyPair::generate().expect("ca key");
+    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let params = rcgen::CertificateParams::new(vec![dns_name.to_owned()]).expect("params");
+    let key = rcgen::KeyPair::generate().expect("server key");
+    let cert = params.signed_by(&key, &issuer).expect("server cert");
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+#[test]
+fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = "flagd-proxy-tls";
+    let service = format!("flagd-proxy-svc-tls.{proxy_ns}.svc.cluster.local");
+    let (ca, cert, key) = tls_material(&service);
+    // The namespace and the Secret the tls component mounts exist before the proxy starts.
+    cluster.restricted_namespace(proxy_ns);
+    cluster.apply(
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "flagd-proxy-tls", "namespace": proxy_ns},
+            "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": cert, "tls.key": key}
+        })
+        .to_string(),
+    );
+    install_deploy_overlay(cluster, "tls", &proxy_image, &["tls"]);
+
+    let ns = "cluster-tls";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    cluster.apply(
+        &json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "proxy-ca", "namespace": ns},
+            "data": {"ca.crt": ca}
+        })
+        .to_string(),
+    );
+    let sources = json!([{
+        "uri": format!("{service}:8015"),
+        "provider": "grpc",
+        "tls": true,
+        "certPath": "/etc/proxy-ca/ca.crt",
+        "selector": format!("core.openfeature.dev/{ns}/demo"),
+    }])
+    .to_string();
+    cluster.apply(
+        &json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "flagd", "namespace": ns},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "flagd"}},
+                "template": {
+                    "metadata": {"labels": {"app": "flagd"}},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "containers": [{
+                            "name": "flagd",
+                            "image": flagd_image,
+                            "imagePullPolicy": "IfNotPresent",
+                            "args": ["start", "--port", "8013", "--management-port", "8014",
+                                     "--sources", sources],
+                            "volumeMounts": [{"name": "ca", "mountPath": "/etc/proxy-ca",
+                                              "readOnly": true}],
+                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8014},
+                                               "periodSeconds": 2},
+                            "securityContext": restricted_container(),
+                        }],
+                        "volumes": [{"name": "ca", "configMap": {"name": "proxy-ca"}}]
+                    }
+                }
+            }
+        })
+        .to_string(),
+    );
+    cluster.wait_rollout(ns, "flagd");
+    let flagd = single_pod_ip(cluster, ns, "app=flagd");
+    wait_for_color(cluster, &flagd, "red");
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_color(cluster, &flagd, "blue");
+
+    // The sync port speaks TLS only: a plaintext gRPC request gets no HTTP/2 answer.
+    let proxy_ip = cluster
+        .pod_ips(proxy_ns, "app.kubernetes.io/name=flagd-proxy")
+        .expect("proxy pod IPs")
+        .into_iter()
+        .next()
+        .expect("a proxy pod");
+    let plaintext = cluster.exec(&[
+        "curl",
+        "-sS",
+        "--max-time",
+        "5",
+        "--http2-prior-knowledge",
+        &format!("http://{proxy_ip}:8015/"),
+    ]);
+    assert!(plaintext.is_err(), "plaintext answered: {plaintext:?}");
+}
+
+/// Runs `scripts/build-image.sh` on the binary under test; the manifest digest it prints.
+fn build_image(out: &Path) -> String {
+    let output = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-image.sh"))
+        .arg(out)
+        .arg("localhost/flagd-proxy:repro")
+        .env("BINARY", env!("CARGO_BIN_EXE_flagd-proxy"))
+        .env("STRIP", "1")
+        .output()
+        .expect("run scripts/build-image.sh");
+    assert!(
+        output.status.success(),
+        "scripts/build-image.sh: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+#[test]
+fn build_image_is_reproducible() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = build_image(&dir.path().join("a.tar"));
+    let second = build_image(&dir.path().join("b.tar"));
+    assert!(first.starts_with("sha256:"), "digest: {first}");
+    assert_eq!(first, second);
+    let a = std::fs::read(dir.path().join("a.tar")).expect("a.tar");
+    let b = std::fs::read(dir.path().join("b.tar")).expect("b.tar");
+    assert!(a == b, "the two archives differ");
+}
+
+/// The Dockerfile and scripts/build-image.sh make one image layout: both assemble the root
+/// filesystem with scripts/image-rootfs.sh, and the runtime stage adds nothing to it but the
+/// same user, entrypoint and command as the archive's config.
+#[test]
+fn dockerfile_assembles_the_same_root_filesystem_as_build_image() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dockerfile = std::fs::read_to_string(root.join("Dockerfile")).expect("Dockerfile");
+    let script = std::fs::read_to_string(root.join("scripts/build-image.sh")).expect("script");
+    let instructions: Vec<&str> = dockerfile
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert!(
+        instructions.contains(&"RUN scripts/image-rootfs.sh /out/flagd-proxy /rootfs"),
+        "the build stage must assemble /rootfs with scripts/image-rootfs.sh"
+    );
+    let runtime: Vec<&str> = instructions
+        .iter()
+        .skip_while(|l| **l != "FROM scratch")
+        .copied()
+        .collect();
+    assert!(
+        !runtime.is_empty(),
+        "the runtime stage must be FROM scratch"
+    );
+    let adds: Vec<&&str> = runtime
+        .iter()
+        .filter(|l| l.starts_with("COPY") || l.starts_with("ADD") || l.starts_with("RUN"))
+        .collect();
+    assert_eq!(adds, [&"COPY --from=builder /rootfs/ /"]);
+    assert!(runtime.contains(&"USER 65532:65532"));
+    assert!(runtime.contains(&"ENTRYPOINT [\"/flagd-proxy\"]"));
+    assert!(runtime.contains(&"CMD [\"start\"]"));
+    assert!(script.contains("scripts/image-rootfs.sh \"$binary\" \"$rootfs\""));
+    assert!(script.contains("'[\"/flagd-proxy\"]' '[\"start\"]' 65532:65532"));
+}
+
+/// A flagd Deployment `name` in `ns` running as service account `account`, syncing `selector`
+/// from `uri` (plain gRPC).
+fn flagd_deployment(
+    ns: &str,
+    name: &str,
+    account: &str,
+    image: &str,
+    uri: &str,
+    selector: &str,
+) -> String {
+    let sources = json!([{"uri": uri, "provider": "grpc", "selector": selector}]).to_string();
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {
+                "metadata": {"labels": {"app": name}},
+                "spec": {
+                    "serviceAccountName": account,
+                    "automountServiceAccountToken": false,
+                    "containers": [{
+                        "name": "flagd",
+                        "image": image,
+                        "imagePullPolicy": "IfNotPresent",
+                        "args": ["start", "--port", "8013", "--management-port", "8014",
+                                 "--sources", sources],
+                        "securityContext": restricted_container(),
+                    }]
+                }
+            }
+        }
+    })
+    .to_string()
+}
+
+/// `flagd_proxy_rejected_requests_total{reason="unauthorized"}` summed over the proxy pods.
+fn unauthorized_rejections(cluster: &Cluster, proxy_ns: &str) -> Result<u64, String> {
+    let mut total = 0;
+    for ip in cluster.pod_ips(proxy_ns, "app.kubernetes.io/name=flagd-proxy")? {
+        let metrics = cluster.http_get(&format!("http://{ip}:8016/metrics"))?;
+        total += metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("flagd_proxy_rejected_requests_total{reason=\"unauthorized\"}")
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    Ok(total)
+}
+
+#[test]
+fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = install_deploy_overlay(
+        cluster,
+        "authz",
+        &proxy_image,
+        &["authz-rbac", "authz-pod-ip"],
+    );
+
+    // Two service accounts; RBAC lets only `reader` get the FeatureFlag.
+    let ns = "cluster-authz";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: {ns}}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: stranger, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
+         rules:\n- {{apiGroups: [core.openfeature.dev], resources: [featureflags], resourceNames: [demo], verbs: [get]}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-demo}}\n\
+         subjects: [{{kind: ServiceAccount, name: reader, namespace: {ns}}}]\n"
+    ));
+    let uri = format!("flagd-proxy-svc-authz.{proxy_ns}.svc.cluster.local:8015");
+    let selector = format!("core.openfeature.dev/{ns}/demo");
+    let before = wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
+        unauthorized_rejections(cluster, &proxy_ns)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    cluster.apply(&flagd_deployment(
+        ns,
+        "reader",
+        "reader",
+        &flagd_image,
+        &uri,
+        &selector,
+    ));
+    cluster.apply(&flagd_deployment(
+        ns,
+        "stranger",
+        "stranger",
+        &flagd_image,
+        &uri,
+        &selector,
+    ));
+    cluster.wait_rollout(ns, "reader");
+    cluster.wait_rollout(ns, "stranger");
+
+    let reader = single_pod_ip(cluster, ns, "app=reader");
+    wait_for_color(cluster, &reader, "red");
+    // The stranger's requests are refused as unauthorized (it retries, so the count grows) ...
+    wait_for("an unauthorized rejection", CLUSTER_TIMEOUT, || {
+        let now = unauthorized_rejections(cluster, &proxy_ns)?;
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!("rejected {now}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // ... and it has no flag to evaluate, while its neighbour follows an edit.
+    let stranger = single_pod_ip(cluster, ns, "app=stranger");
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_color(cluster, &reader, "blue");
+    match evaluate_once(cluster, &stranger) {
+        Evaluation::Value(value) => panic!("the stranger evaluated color={value}"),
+        Evaluation::Refused(_) | Evaluation::NoAnswer(_) => {}
+    }
+}
+
+#[test]
+fn in_process_go_provider_pod_syncs_through_the_service_name() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(client_image) = cluster.interop_go_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = install_deploy_overlay(cluster, "inprocess", &proxy_image, &[]);
+
+    // The Go provider does not report READY when its very first connection fails, even after it
+    // connects on retry: start it once kube-proxy routes the new Service to a proxy.
+    let cluster_ip = cluster
+        .kubectl(&[
+            "-n",
+            &proxy_ns,
+            "get",
+            "service",
+            "flagd-proxy-svc-inprocess",
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])
+        .expect("Service address");
+    wait_for("the Service to route to a proxy", CLUSTER_TIMEOUT, || {
+        cluster.exec(&[
+            "curl",
+            "-sS",
+            "-o",
+            "/dev/null",
+            "--max-time",
+            "5",
+            "--http2-prior-knowledge",
+            &format!("http://{cluster_ip}:8015/"),
+        ])
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let ns = "cluster-inprocess";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    cluster.apply(
+        &json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "app", "namespace": ns},
+            "spec": {
+                "replicas": 1,
+                "selector": {"matchLabels": {"app": "app"}},
+                "template": {
+                    "metadata": {"labels": {"app": "app"}},
+                    "spec": {
+                        "automountServiceAccountToken": false,
+                        "containers": [{
+                            "name": "app",
+                            "image": client_image,
+                            "imagePullPolicy": "IfNotPresent",
+                            // The client exits when its stdin ends: keep it open.
+                            "stdin": true,
+                            "env": [
+                                {"name": "FLAGD_HOST",
+                                 "value": format!("flagd-proxy-svc-inprocess.{proxy_ns}.svc.cluster.local")},
+                                {"name": "FLAGD_PORT", "value": "8015"},
+                                {"name": "FLAGD_SOURCE_SELECTOR",
+                                 "value": format!("core.openfeature.dev/{ns}/demo")},
+                                {"name": "INTEROP_FLAG_KEY", "value": "color"}
+                            ],
+                            "securityContext": restricted_container(),
+                        }]
+                    }
+                }
+            }
+        })
+        .to_string(),
+    );
+    cluster.wait_rollout(ns, "app");
+    let logs = |want: &'static str| {
+        wait_for(
+            &format!("the client to print {want}"),
+            CLUSTER_TIMEOUT,
+            || {
+                let out = cluster.kubectl(&["-n", ns, "logs", "deployment/app"])?;
+                if out.lines().any(|l| l.trim() == want) {
+                    Ok(())
+                } else {
+                    Err(format!("output: {out:?}"))
+                }
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    };
+    logs("VALUE red");
+    set_default_color(cluster, ns, "demo", "blue");
+    logs("VALUE blue");
+}
+
+#[test]
+fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(helm) = required_file(
+        &support::control_plane::bin_dir().join("helm"),
+        "scripts/install-helm.sh builds it",
+    ) else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let (repository, tag) = proxy_image.rsplit_once(':').expect("image:tag");
+
+    // mode=both: central proxies (Deployment) and a node-local tier (DaemonSet, Service with
+    // internalTrafficPolicy: Local) chained to them.
+    let proxy_ns = "flagd-proxy-helm";
+    cluster.restricted_namespace(proxy_ns);
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/flagd-proxy");
+    let kubeconfig = format!("KUBECONFIG={}", cluster.kubeconfig());
+    cluster
+        .exec(&[
+            "env",
+            &kubeconfig,
+            helm.to_str().expect("utf-8 path"),
+            "install",
+            "flagd-proxy",
+            chart.to_str().expect("utf-8 path"),
+            "--namespace",
+            proxy_ns,
+            "--set",
+            "mode=both",
+            "--set",
+            &format!("image.repository={repository}"),
+            "--set",
+            &format!("image.tag={tag}"),
+            "--wait",
+            "--timeout",
+            "4m",
+        ])
+        .unwrap_or_else(|e| panic!("helm install: {e}"));
+    let services = cluster
+        .kubectl(&["-n", proxy_ns, "get", "services", "-o", "name"])
+        .expect("services");
+    let node_service = services
+        .lines()
+        .filter_map(|l| l.strip_prefix("service/"))
+        .find(|name| name.ends_with("-node"))
+        .unwrap_or_else(|| panic!("no node Service in {services}"))
+        .to_owned();
+
+    let ns = "cluster-helm";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    let selector = format!("core.openfeature.dev/{ns}/demo");
+    let through = [
+        (
+            "central",
+            format!("flagd-proxy-svc.{proxy_ns}.svc.cluster.local:8015"),
+        ),
+        (
+            "node",
+            format!("{node_service}.{proxy_ns}.svc.cluster.local:8015"),
+        ),
+    ];
+    for (name, uri) in &through {
+        cluster.apply(&flagd_deployment(
+            ns,
+            name,
+            "default",
+            &flagd_image,
+            uri,
+            &selector,
+        ));
+    }
+    let mut ips = Vec::new();
+    for (name, _) in &through {
+        cluster.wait_rollout(ns, name);
+        ips.push(single_pod_ip(cluster, ns, &format!("app={name}")));
+    }
+    wait_for_all(cluster, &ips, "red");
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_all(cluster, &ips, "blue");
+}

@@ -1,0 +1,562 @@
+//! A real single-node Kubernetes cluster for the tests of one test binary: `scripts/cluster.sh run`
+//! brings it up inside its own network namespace (etcd, kube-apiserver, controller-manager,
+//! scheduler, containerd, kubelet, bridge CNI, kube-proxy, CoreDNS and an image registry), and tears
+//! it down when its standard input closes, which happens when the test process exits however it
+//! exits (a panic, a signal). A run that was killed outright leaves state that the next run's
+//! `up` removes first.
+//!
+//! The test process reaches the cluster only through commands run inside that namespace
+//! (`nsenter --net`): kubectl as cluster admin, curl to pod IPs. Nothing of the cluster is reachable
+//! from, or reaches, any other address.
+//!
+//! Without what the cluster needs (root, the Debian packages, the Go binaries) the tests print a
+//! notice naming what is missing and pass, unless `CI` is set: then they fail.
+
+use std::collections::BTreeSet;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{ChildStdin, Command, Stdio};
+use std::sync::{Mutex, OnceLock, mpsc};
+use std::time::{Duration, Instant};
+
+use super::control_plane::{bin_dir, cache_dir, test_data};
+
+/// The network namespace the cluster lives in (scripts/cluster.sh).
+pub const NETNS: &str = "flagd-proxy-cluster";
+/// The in-cluster image registry: pods pull `REGISTRY/<name>:<tag>`.
+pub const REGISTRY: &str = "10.99.0.1:5000";
+/// Bound for one cluster event (a rollout, a pull, a sync), guarding only against hangs.
+pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(240);
+/// The proxy image every scenario runs, made from the binary under test.
+pub const PROXY_IMAGE: &str = "flagd-proxy";
+pub const PROXY_TAG: &str = "test";
+/// flagd, from the pinned build of scripts/install-compat.sh.
+pub const FLAGD_IMAGE: &str = "flagd";
+pub const FLAGD_TAG: &str = "v0.16.0";
+
+/// The running cluster. There is one per test process; see [`cluster_or_skip`].
+pub struct Cluster {
+    dir: PathBuf,
+    kubectl: PathBuf,
+    /// Closing this (the process exits) tells `scripts/cluster.sh run` to tear down.
+    _keepalive: Mutex<ChildStdin>,
+    images: Mutex<BTreeSet<String>>,
+    crds: OnceLock<()>,
+}
+
+static CLUSTER: OnceLock<Result<Cluster, Unavailable>> = OnceLock::new();
+
+/// Why there is no cluster.
+#[derive(Debug, Clone)]
+pub enum Unavailable {
+    /// Something the cluster needs is not installed on this machine.
+    Missing(Vec<String>),
+    /// Everything is there but the cluster did not come up.
+    Failed(String),
+}
+
+fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// What this machine lacks for a cluster, each with where it comes from.
+pub fn missing_dependencies() -> Vec<String> {
+    let mut missing = Vec::new();
+    let uid = Command::new("id").arg("-u").output().ok();
+    if uid.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()) != Some("0".to_owned()) {
+        missing
+            .push("root (the cluster creates a network namespace, mounts and cgroups)".to_owned());
+    }
+    let bins = bin_dir();
+    for name in [
+        "etcd",
+        "kube-apiserver",
+        "kube-controller-manager",
+        "kube-scheduler",
+        "kubelet",
+        "kube-proxy",
+        "kubectl",
+    ] {
+        if !bins.join(name).is_file() {
+            missing.push(format!(
+                "{} (scripts/build-control-plane.sh)",
+                bins.join(name).display()
+            ));
+        }
+    }
+    for name in ["coredns", "crane"] {
+        if !bins.join(name).is_file() {
+            missing.push(format!(
+                "{} (scripts/build-cluster-tools.sh)",
+                bins.join(name).display()
+            ));
+        }
+    }
+    for (path, package) in [
+        ("/usr/bin/containerd", "containerd"),
+        ("/usr/bin/ctr", "containerd"),
+        ("/usr/sbin/runc", "runc"),
+        ("/usr/lib/cni/bridge", "containernetworking-plugins"),
+        ("/usr/lib/cni/host-local", "containernetworking-plugins"),
+        ("/usr/sbin/iptables", "iptables"),
+        ("/usr/sbin/conntrack", "conntrack"),
+        ("/bin/busybox", "busybox-static"),
+        ("/usr/bin/nsenter", "util-linux"),
+        ("/usr/bin/curl", "curl"),
+    ] {
+        if !Path::new(path).exists() {
+            missing.push(format!(
+                "{path} (Debian package {package}; scripts/build-cluster-tools.sh)"
+            ));
+        }
+    }
+    if !Path::new("/proc/sys/net/bridge/bridge-nf-call-iptables").exists() {
+        missing.push("the kernel's br_netfilter (bridge-nf-call-iptables)".to_owned());
+    }
+    missing
+}
+
+/// The cluster, started on first use. When something it needs is missing this panics if `CI` is
+/// set and otherwise prints a notice and returns `None`. A cluster that fails to start panics.
+pub fn cluster_or_skip() -> Option<&'static Cluster> {
+    let result = CLUSTER.get_or_init(|| {
+        let missing = missing_dependencies();
+        if missing.is_empty() {
+            Cluster::start().map_err(Unavailable::Failed)
+        } else {
+            Err(Unavailable::Missing(missing))
+        }
+    });
+    match result {
+        Ok(cluster) => Some(cluster),
+        Err(Unavailable::Missing(missing)) => {
+            let notice = format!("no cluster, missing: {}", missing.join("; "));
+            if std::env::var_os("CI").is_some() {
+                panic!("{notice}");
+            }
+            eprintln!("SKIPPED ({notice})");
+            None
+        }
+        Err(Unavailable::Failed(error)) => panic!("the cluster did not start: {error}"),
+    }
+}
+
+/// The OpenFeature Operator's manager binary (v0.9.2; no module proxy serves its module, so it
+/// is not built here): `$FLAGD_PROXY_OPERATOR_BIN`, else `<cache>/bin/open-feature-operator`, else
+/// the machine's peer-binary folder `/work/shared/bin`. `None` (or a panic under `CI`) when absent.
+pub fn operator_binary() -> Option<PathBuf> {
+    let candidates = match std::env::var_os("FLAGD_PROXY_OPERATOR_BIN") {
+        Some(path) if !path.is_empty() => vec![PathBuf::from(path)],
+        _ => vec![
+            bin_dir().join("open-feature-operator"),
+            PathBuf::from("/work/shared/bin/open-feature-operator"),
+        ],
+    };
+    let found = candidates.iter().find(|p| p.is_file()).cloned();
+    found.or_else(|| {
+        required_file(
+            &candidates[0],
+            "the OpenFeature Operator manager v0.9.2; set FLAGD_PROXY_OPERATOR_BIN",
+        )
+    })
+}
+
+/// A peer binary or pinned build a scenario needs: `None` (with a notice) when it is missing,
+/// a panic under `CI`.
+pub fn required_file(path: &Path, how: &str) -> Option<PathBuf> {
+    if path.is_file() {
+        return Some(path.to_path_buf());
+    }
+    let notice = format!("{} is missing ({how})", path.display());
+    if std::env::var_os("CI").is_some() {
+        panic!("{notice}");
+    }
+    eprintln!("SKIPPED ({notice})");
+    None
+}
+
+impl Cluster {
+    fn start() -> Result<Cluster, String> {
+        let log_dir = cache_dir().join("logs");
+        std::fs::create_dir_all(&log_dir)
+            .map_err(|e| format!("create {}: {e}", log_dir.display()))?;
+        let log_path = log_dir.join("cluster.log");
+        let log = std::fs::File::create(&log_path)
+            .map_err(|e| format!("create {}: {e}", log_path.display()))?;
+        let mut child = Command::new(repo_root().join("scripts/cluster.sh"))
+            .arg("run")
+            .env("FLAGD_PROXY_KUBE_BIN_DIR", bin_dir())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| format!("run scripts/cluster.sh: {e}"))?;
+        let stdin = child.stdin.take().ok_or("no stdin")?;
+        let stdout = child.stdout.take().ok_or("no stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                if let Some(dir) = line.strip_prefix("READY ") {
+                    let _ = tx.send(Some(PathBuf::from(dir)));
+                }
+            }
+            let _ = tx.send(None);
+        });
+        let tail = || {
+            let text = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let lines: Vec<&str> = text.lines().collect();
+            lines[lines.len().saturating_sub(40)..].join("\n")
+        };
+        let dir = match rx.recv_timeout(Duration::from_secs(600)) {
+            Ok(Some(dir)) => dir,
+            Ok(None) | Err(_) => {
+                return Err(format!(
+                    "scripts/cluster.sh run did not report READY; {}:\n{}",
+                    log_path.display(),
+                    tail()
+                ));
+            }
+        };
+        eprintln!("cluster up: {} (log {})", dir.display(), log_path.display());
+        Ok(Cluster {
+            dir,
+            kubectl: bin_dir().join("kubectl"),
+            _keepalive: Mutex::new(stdin),
+            images: Mutex::new(BTreeSet::new()),
+            crds: OnceLock::new(),
+        })
+    }
+
+    /// The cluster's state directory (PKI, kubeconfigs, logs).
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Runs a command inside the cluster's network namespace, with `input` on its stdin.
+    pub fn exec_with_input(&self, args: &[&str], input: Option<&str>) -> Result<String, String> {
+        let mut child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{NETNS}"))
+            .args(args)
+            .stdin(if input.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("spawn {args:?}: {e}"))?;
+        if let Some(input) = input {
+            let mut stdin = child.stdin.take().ok_or("no stdin")?;
+            stdin
+                .write_all(input.as_bytes())
+                .map_err(|e| format!("write stdin of {args:?}: {e}"))?;
+        }
+        let output = child
+            .wait_with_output()
+            .map_err(|e| format!("wait for {args:?}: {e}"))?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        if output.status.success() {
+            Ok(stdout)
+        } else {
+            Err(format!(
+                "{args:?} failed ({}): {}{}",
+                output.status,
+                stdout.trim(),
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))
+        }
+    }
+
+    /// Runs a command inside the cluster's network namespace.
+    pub fn exec(&self, args: &[&str]) -> Result<String, String> {
+        self.exec_with_input(args, None)
+    }
+
+    fn kubectl_args<'a>(&'a self, kubeconfig: &'a str, args: &[&'a str]) -> Vec<&'a str> {
+        let mut all = vec![
+            self.kubectl.to_str().unwrap_or("kubectl"),
+            "--kubeconfig",
+            kubeconfig,
+        ];
+        all.extend_from_slice(args);
+        all
+    }
+
+    /// kubectl as cluster admin.
+    pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
+        let kubeconfig = self.kubeconfig();
+        self.exec(&self.kubectl_args(&kubeconfig, args))
+    }
+
+    /// `kubectl apply -f -` of `manifest` (YAML or JSON); panics on failure.
+    pub fn apply(&self, manifest: &str) {
+        let kubeconfig = self.kubeconfig();
+        let args = self.kubectl_args(&kubeconfig, &["apply", "-f", "-"]);
+        if let Err(error) = self.exec_with_input(&args, Some(manifest)) {
+            panic!("kubectl apply: {error}\n{manifest}");
+        }
+    }
+
+    /// The admin kubeconfig (valid inside the namespace).
+    pub fn kubeconfig(&self) -> String {
+        self.dir.join("admin.kubeconfig").display().to_string()
+    }
+
+    /// A namespace whose pods must meet the `restricted` Pod Security Standard.
+    pub fn restricted_namespace(&self, name: &str) {
+        self.apply(&format!(
+            "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {name}\n  labels:\n    \
+             pod-security.kubernetes.io/enforce: restricted\n    \
+             pod-security.kubernetes.io/enforce-version: latest\n"
+        ));
+    }
+
+    /// The OpenFeature Operator's CRDs (from the pinned module download), applied once and
+    /// established.
+    pub fn install_crds(&self) {
+        self.crds.get_or_init(|| {
+            let dir =
+                test_data("open-feature-operator/config/crd/bases").unwrap_or_else(|missing| {
+                    panic!("{missing}");
+                });
+            let dir = dir.display().to_string();
+            self.kubectl(&["apply", "--server-side", "-f", &dir])
+                .unwrap_or_else(|e| panic!("apply CRDs: {e}"));
+            self.kubectl(&[
+                "wait",
+                "--for=condition=Established",
+                "--timeout=120s",
+                "-f",
+                &dir,
+            ])
+            .unwrap_or_else(|e| panic!("CRDs established: {e}"));
+        });
+    }
+
+    /// GETs `url` from inside the namespace (curl); the body on a 2xx answer.
+    pub fn http_get(&self, url: &str) -> Result<String, String> {
+        self.exec(&["curl", "-sS", "--fail", "--max-time", "5", url])
+    }
+
+    /// POSTs JSON `body` to `url` from inside the namespace (curl); the body on a 2xx answer.
+    pub fn http_post_json(&self, url: &str, body: &str) -> Result<String, String> {
+        self.exec(&[
+            "curl",
+            "-sS",
+            "--fail",
+            "--max-time",
+            "5",
+            "-H",
+            "Content-Type: application/json",
+            "--data",
+            body,
+            url,
+        ])
+    }
+
+    /// Pod IPs of the Running pods in `ns` matching `selector`.
+    pub fn pod_ips(&self, ns: &str, selector: &str) -> Result<Vec<String>, String> {
+        let out = self.kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "pods",
+            "-l",
+            selector,
+            "--field-selector=status.phase=Running",
+            "-o",
+            "jsonpath={range .items[*]}{.status.podIP}{\"\\n\"}{end}",
+        ])?;
+        Ok(out
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect())
+    }
+
+    /// Waits until `kubectl rollout status` reports the Deployment `ns/name` complete.
+    pub fn wait_rollout(&self, ns: &str, name: &str) {
+        let deployment = format!("deployment/{name}");
+        wait_for(&format!("rollout of {ns}/{name}"), CLUSTER_TIMEOUT, || {
+            self.kubectl(&["-n", ns, "rollout", "status", &deployment, "--timeout=20s"])
+        })
+        .map(|_| ())
+        .unwrap_or_else(|error| {
+            let pods = self
+                .kubectl(&["-n", ns, "get", "pods", "-o", "wide"])
+                .unwrap_or_default();
+            let events = self
+                .kubectl(&["-n", ns, "get", "events", "--sort-by=.lastTimestamp"])
+                .unwrap_or_default();
+            panic!("{error}\npods:\n{pods}\nevents:\n{events}");
+        });
+    }
+
+    /// Gives the image `src` in the node's containerd the extra name `dst`.
+    pub fn tag_image(&self, src: &str, dst: &str) {
+        let output = Command::new(repo_root().join("scripts/cluster.sh"))
+            .args(["tag", src, dst])
+            .output()
+            .unwrap_or_else(|e| panic!("run scripts/cluster.sh tag: {e}"));
+        assert!(
+            output.status.success(),
+            "scripts/cluster.sh tag {src} {dst}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    /// Imports an OCI archive into the node's containerd and pushes it to the in-cluster
+    /// registry as `REGISTRY/<name>:<tag>`. Idempotent per `name:tag`.
+    pub fn publish_image(&self, archive: &Path, name: &str, tag: &str) {
+        let key = format!("{name}:{tag}");
+        let mut images = self.images.lock().unwrap_or_else(|e| e.into_inner());
+        if images.contains(&key) {
+            return;
+        }
+        let script = repo_root().join("scripts/cluster.sh");
+        for args in [
+            vec!["load".to_owned(), archive.display().to_string()],
+            vec![
+                "push".to_owned(),
+                archive.display().to_string(),
+                key.clone(),
+            ],
+        ] {
+            let output = Command::new(&script)
+                .args(&args)
+                .env("FLAGD_PROXY_KUBE_BIN_DIR", bin_dir())
+                .output()
+                .unwrap_or_else(|e| panic!("run scripts/cluster.sh {args:?}: {e}"));
+            assert!(
+                output.status.success(),
+                "scripts/cluster.sh {args:?}: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        images.insert(key);
+    }
+
+    /// The proxy image, built from the binary under test and published as
+    /// `REGISTRY/flagd-proxy:test` (also imported into containerd as `localhost/flagd-proxy:test`).
+    pub fn proxy_image(&self) -> String {
+        let archive =
+            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cluster-images/flagd-proxy.tar");
+        let mut images = self.images.lock().unwrap_or_else(|e| e.into_inner());
+        if !images.contains("built:flagd-proxy") {
+            let output = Command::new(repo_root().join("scripts/build-image.sh"))
+                .arg(&archive)
+                .arg(format!("localhost/{PROXY_IMAGE}:{PROXY_TAG}"))
+                .env("BINARY", env!("CARGO_BIN_EXE_flagd-proxy"))
+                .env("STRIP", "1")
+                .output()
+                .expect("run scripts/build-image.sh");
+            assert!(
+                output.status.success(),
+                "scripts/build-image.sh: {}",
+                String::from_utf8_lossy(&output.stderr)
+            );
+            images.insert("built:flagd-proxy".to_owned());
+        }
+        drop(images);
+        self.publish_image(&archive, PROXY_IMAGE, PROXY_TAG);
+        format!("{REGISTRY}/{PROXY_IMAGE}:{PROXY_TAG}")
+    }
+
+    /// The flagd image (the pinned build of scripts/install-compat.sh), published as
+    /// `REGISTRY/flagd:v0.16.0`; `None` (or a panic under `CI`) when that build is missing.
+    pub fn flagd_image(&self) -> Option<String> {
+        let flagd = required_file(
+            &bin_dir().join(format!("flagd-{FLAGD_TAG}/flagd")),
+            "scripts/install-compat.sh builds it",
+        )?;
+        Some(self.binary_image(&flagd, FLAGD_IMAGE, FLAGD_TAG, &["start"]))
+    }
+
+    /// The Go in-process provider client of interop/go (scripts/install-compat.sh builds it),
+    /// published as `REGISTRY/interop-go:test`; `None` (or a panic under `CI`) when missing.
+    pub fn interop_go_image(&self) -> Option<String> {
+        let client = required_file(
+            &bin_dir().join("interop-go/flagd-proxy-interop-go"),
+            "scripts/install-compat.sh builds it",
+        )?;
+        Some(self.binary_image(&client, "interop-go", "test", &[]))
+    }
+
+    /// An image of one binary (scripts/image-rootfs.sh + scripts/oci-archive.sh, user 65532),
+    /// published as `REGISTRY/<name>:<tag>`.
+    fn binary_image(&self, binary: &Path, name: &str, tag: &str, cmd: &[&str]) -> String {
+        let archive = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+            .join("cluster-images")
+            .join(format!("{name}.tar"));
+        let built = format!("built:{name}");
+        let mut images = self.images.lock().unwrap_or_else(|e| e.into_inner());
+        if !images.contains(&built) {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let rootfs = dir.path().join("rootfs");
+            let file_name = binary
+                .file_name()
+                .and_then(|n| n.to_str())
+                .expect("binary name");
+            run_script(
+                "scripts/image-rootfs.sh",
+                &[
+                    binary.to_str().expect("utf-8 path"),
+                    rootfs.to_str().expect("utf-8 path"),
+                ],
+            );
+            run_script(
+                "scripts/oci-archive.sh",
+                &[
+                    rootfs.to_str().expect("utf-8 path"),
+                    archive.to_str().expect("utf-8 path"),
+                    &format!("localhost/{name}:{tag}"),
+                    &serde_json::json!([format!("/{file_name}")]).to_string(),
+                    &serde_json::json!(cmd).to_string(),
+                    "65532:65532",
+                ],
+            );
+            images.insert(built);
+        }
+        drop(images);
+        self.publish_image(&archive, name, tag);
+        format!("{REGISTRY}/{name}:{tag}")
+    }
+}
+
+fn run_script(script: &str, args: &[&str]) {
+    let output = Command::new(repo_root().join(script))
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+    assert!(
+        output.status.success(),
+        "{script} {args:?}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// Calls `check` every half second until it succeeds; the last error after `timeout`.
+pub fn wait_for<T>(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> Result<T, String>,
+) -> Result<T, String> {
+    let deadline = Instant::now() + timeout;
+    let mut last_logged = Instant::now();
+    loop {
+        match check() {
+            Ok(value) => return Ok(value),
+            Err(error) if Instant::now() < deadline => {
+                if last_logged.elapsed() > Duration::from_secs(15) {
+                    eprintln!("waiting for {what}: {error}");
+                    last_logged = Instant::now();
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+            Err(error) => return Err(format!("{what}: gave up after {timeout:?}: {error}")),
+        }
+    }
+}
