@@ -143,20 +143,22 @@ pub fn cluster_or_skip() -> Option<&'static Cluster> {
 
 /// The OpenFeature Operator's manager binary (v0.9.2; no module proxy serves its module, so it
 /// is not built here): `$FLAGD_PROXY_OPERATOR_BIN`, else `<cache>/bin/open-feature-operator`, else
-/// the machine's peer-binary folder `/work/shared/bin`. `None` (or a panic under `CI`) when absent.
+/// the optional peer-binary folder `shared/bin` beside the repository. `None` (or a panic under
+/// `CI`) when absent.
 pub fn operator_binary() -> Option<PathBuf> {
     let candidates = match std::env::var_os("FLAGD_PROXY_OPERATOR_BIN") {
         Some(path) if !path.is_empty() => vec![PathBuf::from(path)],
         _ => vec![
             bin_dir().join("open-feature-operator"),
-            PathBuf::from("/work/shared/bin/open-feature-operator"),
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bin/open-feature-operator"),
         ],
     };
     let found = candidates.iter().find(|p| p.is_file()).cloned();
     found.or_else(|| {
         required_file(
             &candidates[0],
-            "the OpenFeature Operator manager v0.9.2; set FLAGD_PROXY_OPERATOR_BIN",
+            "the OpenFeature Operator manager v0.9.2, a peer binary: put it in the cache's bin \
+             folder, in ../shared/bin beside the repository, or set FLAGD_PROXY_OPERATOR_BIN",
         )
     })
 }
