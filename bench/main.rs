@@ -1239,40 +1239,6 @@ impl Drop for RssGuard {
     }
 }
 
-/// The TCP connections process `pid` holds to 127.0.0.1:`port` (from /proc: its socket file
-/// descriptors matched against the established connections of its network namespace).
-fn connections_to(pid: u32, port: u16) -> usize {
-    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
-        .filter_map(|link| {
-            link.to_str()?
-                .strip_prefix("socket:[")?
-                .strip_suffix(']')
-                .map(str::to_owned)
-        })
-        .collect();
-    let remote = format!(":{port:04X}");
-    ["tcp", "tcp6"]
-        .iter()
-        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
-        .map(|text| {
-            text.lines()
-                .skip(1)
-                .filter(|line| {
-                    let fields: Vec<&str> = line.split_whitespace().collect();
-                    fields.len() > 9
-                        && fields[2].ends_with(&remote)
-                        && fields[3] == "01"
-                        && inodes.contains(fields[9])
-                })
-                .count()
-        })
-        .sum()
-}
-
 fn mib(kib: u64) -> f64 {
     kib as f64 / 1024.0
 }
@@ -1463,13 +1429,8 @@ async fn run_one(
     }
     if let Some(cluster) = &cluster {
         result.apiserver_watches = Some(cluster.open_watches("featureflags").await);
-        let port = cluster
-            .server_url()
-            .rsplit(':')
-            .next()
-            .and_then(|p| p.trim_end_matches('/').parse::<u16>().ok())
-            .context("the API server's port")?;
-        result.apiserver_connections = Some(connections_to(pid, port));
+        let port = cluster.port();
+        result.apiserver_connections = Some(control_plane::connections_to(pid, port));
     }
 
     // Time to first snapshot for a new subscriber, on a new connection.

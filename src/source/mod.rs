@@ -8,6 +8,7 @@ use futures::future::BoxFuture;
 use crate::hub::Publisher;
 use crate::selector::ResourceKey;
 
+pub mod kube_http2;
 pub mod kubernetes;
 pub mod manifests;
 pub mod upstream;

@@ -253,7 +253,6 @@ pub fn find_binaries(dir: &Path) -> Result<Binaries, ControlPlaneError> {
     }
 }
 
-
 /// Starts a control plane, or decides that the calling test is skipped: when the binaries are
 /// missing this panics if `CI` is set and otherwise prints a notice and returns `None`. Any other
 /// start failure panics.
@@ -300,9 +299,8 @@ impl ControlPlane {
     /// restricted identity's ClusterRole without binding it.
     pub async fn start() -> Result<ControlPlane, ControlPlaneError> {
         let binaries = find_binaries(&bin_dir())?;
-        let crds = load_crds(
-            &test_data(OPERATOR_CRDS).map_err(ControlPlaneError::TestDataMissing)?,
-        )?;
+        let crds =
+            load_crds(&test_data(OPERATOR_CRDS).map_err(ControlPlaneError::TestDataMissing)?)?;
         let mut failures = Vec::new();
         for _ in 0..START_ATTEMPTS {
             match Self::start_once(&binaries).await {
@@ -525,6 +523,11 @@ impl ControlPlane {
         ];
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         args
+    }
+
+    /// The API server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.apiserver_port
     }
 
     /// The temporary directory holding the certificates, kubeconfigs, logs and etcd data.
@@ -1027,6 +1030,40 @@ pub fn sum_long_running_watches(metrics: &str, resource: &str) -> u64 {
     total.max(0.0).round() as u64
 }
 
+/// The TCP connections process `pid` holds to 127.0.0.1:`port` (from /proc: its socket file
+/// descriptors matched against the established connections of its network namespace).
+pub fn connections_to(pid: u32, port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .filter_map(|link| {
+            link.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
+        })
+        .collect();
+    let remote = format!(":{port:04X}");
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
+        .map(|text| {
+            text.lines()
+                .skip(1)
+                .filter(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    fields.len() > 9
+                        && fields[2].ends_with(&remote)
+                        && fields[3] == "01"
+                        && inodes.contains(fields[9])
+                })
+                .count()
+        })
+        .sum()
+}
+
 /// Parses Prometheus text-format labels: `a="x",b="y\"z"`.
 fn parse_labels(text: &str) -> Vec<(String, String)> {
     let mut labels = Vec::new();
@@ -1081,8 +1118,8 @@ fn load_crds(dir: &Path) -> anyhow::Result<Vec<CustomResourceDefinition>> {
         .iter()
         .map(|file| {
             let path = dir.join(file);
-            let text = fs::read_to_string(&path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let text =
+                fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
             serde_norway::from_str(&text).with_context(|| {
                 format!("parsing {} as a CustomResourceDefinition", path.display())
             })

@@ -169,6 +169,11 @@ impl Proxy {
         format!("http://127.0.0.1:{}", self.port)
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Everything the proxy has logged so far.
     pub fn log_text(&self) -> String {
         self.log.lock().expect("log").join("\n")
