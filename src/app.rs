@@ -132,13 +132,11 @@ pub struct Bound {
 impl Prepared {
     pub async fn bind(self) -> Result<Bound, RunError> {
         let sync_addr = SocketAddr::new(self.args.bind_address, self.args.port);
-        let sync = TcpListener::bind(sync_addr)
-            .await
-            .map_err(|source| RunError::Bind {
-                addr: sync_addr,
-                flag: "--port",
-                source,
-            })?;
+        let sync = listen(sync_addr, SYNC_BACKLOG).map_err(|source| RunError::Bind {
+            addr: sync_addr,
+            flag: "--port",
+            source,
+        })?;
         let management_addr = SocketAddr::new(self.args.bind_address, self.args.management_port);
         let management =
             TcpListener::bind(management_addr)
@@ -154,6 +152,23 @@ impl Prepared {
             management,
         })
     }
+}
+
+/// Connections the kernel may queue on the sync port before they are accepted. When every
+/// client reconnects at once (a restart, a network blip), tokio's default of 1,024 overflows and
+/// the kernel drops further SYNs, which clients send again only after a second; Go's listeners
+/// take the kernel's maximum, as this does (Linux caps it at `net.core.somaxconn`).
+const SYNC_BACKLOG: u32 = 65_535;
+
+/// A listener on `addr` like `TcpListener::bind`, with `backlog` pending connections.
+fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }
 
 impl Bound {
