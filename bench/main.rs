@@ -1136,6 +1136,9 @@ struct RunResult {
     document_bytes: usize,
     subscribers_connected: usize,
     connect_seconds: f64,
+    /// CPU time of the proxy and of this load generator while the subscribers connected.
+    connect_cpu_seconds: f64,
+    connect_load_generator_cpu_seconds: f64,
     first_snapshot: Stats,
     first_snapshot_failures: usize,
     /// Write until every subscriber has the version.
@@ -1360,6 +1363,8 @@ async fn run_one(
     let n = scenario.subscribers;
     let tracker = Arc::new(Tracker::new(n, versions));
     let mut tasks = tokio::task::JoinSet::new();
+    let connect_cpu = proc_sample(pid).cpu_seconds;
+    let connect_own_cpu = proc_sample(std::process::id()).cpu_seconds;
     let started = Instant::now();
     let connections = n.div_ceil(args.streams_per_connection);
     let mut opened = futures::stream::iter(0..connections)
@@ -1396,6 +1401,9 @@ async fn run_one(
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     result.connect_seconds = started.elapsed().as_secs_f64();
+    result.connect_cpu_seconds = proc_sample(pid).cpu_seconds - connect_cpu;
+    result.connect_load_generator_cpu_seconds =
+        proc_sample(std::process::id()).cpu_seconds - connect_own_cpu;
     result.subscribers_connected = tracker.connected.load(Ordering::Relaxed);
     // Versions count as delivered once every connected subscriber has them.
     tracker
@@ -1494,11 +1502,14 @@ async fn run_one(
     let mut applied = 0;
     let mut incomplete_in_a_row = 0;
     for seq in 1..=args.updates {
-        if proxy.exited().is_some() {
+        if let Some(status) = proxy.exited() {
             let left = args.updates - seq + 1;
             result.updates_incomplete += left;
+            let tail = proxy.log_tail();
+            let tail: Vec<&str> = tail.lines().rev().take(4).collect();
             result.gave_up.push(format!(
-                "paced updates: the process exited; the other {left} were not written"
+                "paced updates: the process exited ({status}); the other {left} were not written. Its log ended: `{}`",
+                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
             ));
             break;
         }
@@ -1673,6 +1684,12 @@ fn rows(runs: &ScenarioRuns) -> Vec<(&'static str, Getter, usize)> {
         (
             "connect all subscribers (s)",
             |r| Some(r.connect_seconds),
+            2,
+        ),
+        ("connect: CPU (s)", |r| Some(r.connect_cpu_seconds), 2),
+        (
+            "connect: load generator CPU (s)",
+            |r| Some(r.connect_load_generator_cpu_seconds),
             2,
         ),
         (

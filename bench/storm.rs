@@ -8,8 +8,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
 use super::{Dial, Sources, Stats, Tracker, mib, ms, open_channel, open_stream, proc_sample};
 
 /// What the storm did to one proxy.
@@ -150,21 +148,22 @@ pub async fn run(
         });
     }
 
-    // /readyz, every 100 ms, throughout.
+    // /readyz, every 100 ms, throughout, from a thread of its own so that the load generator's
+    // own backlog does not count against the proxy.
     let probing = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let probes = {
         let probing = probing.clone();
         let port = setup.management_port;
-        tokio::spawn(async move {
+        std::thread::spawn(move || {
             let mut samples = Vec::new();
             let mut failures = 0;
             while probing.load(Ordering::Relaxed) {
                 let began = Instant::now();
-                match tokio::time::timeout(Duration::from_secs(2), readyz(port)).await {
-                    Ok(Ok(true)) => samples.push(began.elapsed().as_secs_f64() * 1e3),
+                match readyz(port) {
+                    Ok(true) => samples.push(began.elapsed().as_secs_f64() * 1e3),
                     _ => failures += 1,
                 }
-                tokio::time::sleep(Duration::from_millis(100)).await;
+                std::thread::sleep(Duration::from_millis(100));
             }
             (samples, failures)
         })
@@ -209,7 +208,7 @@ pub async fn run(
     result.witness_update_ms = witness_wait.await.ok().flatten();
     result.witness_stream_errors = witness_tracker.errors.load(Ordering::Relaxed);
     probing.store(false, Ordering::Relaxed);
-    let (samples, failures) = probes.await.unwrap_or_default();
+    let (samples, failures) = probes.join().unwrap_or_default();
     result.readyz_probes = samples.len() + failures;
     result.readyz_failures = failures;
     result.readyz_max_ms = samples.iter().copied().reduce(f64::max);
@@ -224,14 +223,16 @@ pub async fn run(
     Ok(result)
 }
 
-/// `GET /readyz` on the management port: whether it answered 200.
-async fn readyz(port: u16) -> std::io::Result<bool> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-        .await?;
+/// `GET /readyz` on the management port (2 s to connect, 2 s to answer): whether it answered
+/// 200.
+fn readyz(port: u16) -> std::io::Result<bool> {
+    use std::io::{Read, Write};
+    let address = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
+    let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2))?;
+    stream.set_read_timeout(Some(Duration::from_secs(2)))?;
+    stream.write_all(b"GET /readyz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
     let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
+    stream.read_to_end(&mut response)?;
     Ok(response.starts_with(b"HTTP/1.1 200") || response.starts_with(b"HTTP/1.0 200"))
 }
 
