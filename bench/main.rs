@@ -748,7 +748,7 @@ impl Sources {
                 visible();
                 let (params, patch) = (&params, &patch);
                 let patches = names.iter().map(|name| async move {
-                    api.patch(name, &params, &patch)
+                    api.patch(name, params, patch)
                         .await
                         .with_context(|| format!("patching FeatureFlag {name}"))
                 });
@@ -1984,23 +1984,23 @@ fn targets(runs: &[ScenarioRuns]) -> String {
                 yes(ok)
             ));
         };
-        if let Some(f) = run.results.get("floor") {
-            if s.payload <= 2048 {
-                if let (Some(rp), Some(fp)) = (r.propagation.p99_ms, f.propagation.p99_ms) {
-                    row(
-                        "propagation p99 ≤ 1.25 × floor",
-                        format!("{rp:.1} vs {fp:.1} ms ({:.2}×)", rp / fp),
-                        rp <= 1.25 * fp,
-                    );
-                }
-                let (rc, fc) = (r.cpu_seconds_per_update, f.cpu_seconds_per_update);
-                if fc > 0.0 {
-                    row(
-                        "CPU per update ≤ 1.5 × floor",
-                        format!("{rc:.3} vs {fc:.3} s ({:.2}×)", rc / fc),
-                        rc <= 1.5 * fc,
-                    );
-                }
+        if let Some(f) = run.results.get("floor")
+            && s.payload <= 2048
+        {
+            if let (Some(rp), Some(fp)) = (r.propagation.p99_ms, f.propagation.p99_ms) {
+                row(
+                    "propagation p99 ≤ 1.25 × floor",
+                    format!("{rp:.1} vs {fp:.1} ms ({:.2}×)", rp / fp),
+                    rp <= 1.25 * fp,
+                );
+            }
+            let (rc, fc) = (r.cpu_seconds_per_update, f.cpu_seconds_per_update);
+            if fc > 0.0 {
+                row(
+                    "CPU per update ≤ 1.5 × floor",
+                    format!("{rc:.3} vs {fc:.3} s ({:.2}×)", rc / fc),
+                    rc <= 1.5 * fc,
+                );
             }
         }
         if let Some(g) = run.results.get("go") {
