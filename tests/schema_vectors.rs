@@ -51,7 +51,10 @@ fn negative_vectors_fail() {
         return;
     };
     for (path, document) in vectors {
-        let file = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let file = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
         if let Some((_, why)) = NOW_POSITIVE.iter().find(|(name, _)| *name == file) {
             eprintln!("{file}: accepted on purpose: {why}");
             assert!(validate(&document).is_ok(), "{file} was refused");
