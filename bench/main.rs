@@ -346,6 +346,7 @@ impl ProxyProcess {
         cluster: Option<&ControlPlane>,
         tls: Option<&BenchTls>,
         payload: usize,
+        watches: usize,
     ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let management_port = free_port()?;
@@ -370,6 +371,8 @@ impl ProxyProcess {
                 // Every subscriber connects from 127.0.0.1; lift the per-address cap (a
                 // production proxy sees one address per pod).
                 command.args(["--max-connections-per-address", "0"]);
+                // Room for every resource of the scenario, the new ones included.
+                command.args(["--max-watches", &watches.max(10_000).to_string()]);
                 if let Some(tls) = tls {
                     command
                         .arg("--server-cert-path")
@@ -1304,6 +1307,7 @@ async fn run_one(
         cluster.as_ref(),
         tls.as_ref(),
         scenario.payload,
+        scenario.resources + cold.len() + 16,
     )?;
     sources.attach(proxy.control.take());
     let dial = Dial {
