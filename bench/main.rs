@@ -1,10 +1,12 @@
 //! `flagd-proxy-bench`: fan-out benchmark for flagd sync proxies.
 //!
-//! Starts a proxy (this project's, and the Go flagd-proxy when its binary is available), opens
-//! many `flagd.sync.v1` `SyncFlags` streams against it, rewrites the flag source files and
-//! measures how long each version takes to reach every subscriber, whether every subscriber ends
-//! on the final version, how long a new subscriber waits for its first snapshot, and what the
-//! proxy process costs in memory and CPU time. Prints a Markdown table and can write JSON.
+//! Starts a proxy (this project's, the Go flagd-proxy when its binary is available, and the
+//! floor: a minimal server that only writes, see `floor.rs`), opens many `flagd.sync.v1`
+//! `SyncFlags` streams against it, rewrites the flag source files and measures how long each
+//! version takes to reach every subscriber, whether every subscriber ends on the final version,
+//! how long a new subscriber waits for its first snapshot, what the proxy process costs in memory
+//! and CPU time, and, with `--storm`, how it takes every subscriber reconnecting at once (see
+//! `storm.rs`). Prints a Markdown table and can write JSON.
 //!
 //! The load generator shares the machine with the proxy, so it is kept cheap: one tokio runtime,
 //! one task per stream, and responses are not decoded: the sequence number every version carries
@@ -28,6 +30,9 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Request, Status};
 
 use flagd_proxy::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
+
+mod floor;
+mod storm;
 
 // The same control plane the integration tests use: etcd and kube-apiserver on loopback.
 #[path = "../tests/support/control_plane.rs"]
@@ -137,10 +142,48 @@ struct Args {
     #[arg(long, value_name = "PATH")]
     go_proxy_bin: Option<PathBuf>,
 
-    /// How the report names the Go binary's column (e.g. for bench/go-fanout-model, which models
-    /// the Go proxy's fan-out when the real binary cannot be installed).
+    /// How the report names the Go binary's column.
     #[arg(long, default_value = "Go flagd-proxy")]
     go_label: String,
+
+    /// bench/go-fanout-model, built: run it too, as an extra column labelled as a model (it is
+    /// not the Go flagd-proxy).
+    #[arg(long, value_name = "PATH")]
+    go_model_bin: Option<PathBuf>,
+
+    /// Do not run the floor (the minimal writing server of floor.rs) beside the fan-out
+    /// scenarios with one connection per subscriber and one resource.
+    #[arg(long)]
+    no_floor: bool,
+
+    /// Serve the sync port over TLS (this project's proxy only: the Go flagd-proxy has no TLS;
+    /// the floor writes plain HTTP/2).
+    #[arg(long)]
+    tls: bool,
+
+    /// After the burst, drop every subscriber at once and reconnect them all within
+    /// `--storm-spread`: time until every one has its snapshot again, RSS, CPU, and whether
+    /// /readyz and the streams that stayed connected kept answering.
+    #[arg(long)]
+    storm: bool,
+
+    /// Over how long the reconnects of the storm are spread (uniformly).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    storm_spread: Duration,
+
+    /// How long every subscriber may take to be served again after a storm.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    storm_timeout: Duration,
+
+    /// Kubernetes: FeatureFlag resources created but watched by nobody, each asked for once
+    /// while the subscribers are connected (time to first snapshot of a new resource).
+    #[arg(long, default_value_t = 50)]
+    cold_resources: usize,
+
+    /// A proxy whose RSS goes over this many MiB is killed (SIGKILL) and the run reported as
+    /// failed, to protect the machine.
+    #[arg(long, default_value_t = 6144)]
+    max_rss_mib: u64,
 
     /// Run only this project's proxy.
     #[arg(long)]
@@ -184,6 +227,8 @@ impl Args {
         self.settle = Duration::from_secs(5);
         self.update_gap = Duration::from_millis(60);
         self.connect_timeout = Duration::from_secs(60);
+        self.cold_resources = self.cold_resources.min(5);
+        self.storm_timeout = Duration::from_secs(30);
         if self.go_proxy_bin.is_none() {
             self.no_go = true;
         }
@@ -191,6 +236,17 @@ impl Args {
 }
 
 fn main() -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(floor::FLOOR_COMMAND) {
+        let number = |i: usize| -> anyhow::Result<usize> {
+            Ok(argv
+                .get(i)
+                .context("floor server: missing argument")?
+                .parse()?)
+        };
+        floor::serve(u16::try_from(number(2)?)?, number(3)?)?;
+        return Ok(());
+    }
     let mut args = Args::parse();
     args.apply_smoke();
     if args.subscribers == 0 || args.streams_per_connection == 0 || args.source_addrs == 0 {
@@ -235,7 +291,12 @@ impl SourceKind {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Kind {
     Rust,
+    /// The Go flagd-proxy.
     Go,
+    /// bench/go-fanout-model: a model of the Go proxy's fan-out, not the proxy.
+    Model,
+    /// The minimal writing server of floor.rs.
+    Floor,
 }
 
 impl Kind {
@@ -243,6 +304,8 @@ impl Kind {
         match self {
             Kind::Rust => "flagd-proxy (Rust)",
             Kind::Go => "Go flagd-proxy",
+            Kind::Model => "Go fan-out model (not the Go proxy)",
+            Kind::Floor => "floor",
         }
     }
 
@@ -250,7 +313,14 @@ impl Kind {
         match self {
             Kind::Rust => "rust",
             Kind::Go => "go",
+            Kind::Model => "model",
+            Kind::Floor => "floor",
         }
+    }
+
+    /// Reads the Go proxy's sources (`file:` selectors, `KUBECONFIG`).
+    fn go_like(self) -> bool {
+        matches!(self, Kind::Go | Kind::Model)
     }
 }
 
@@ -259,7 +329,10 @@ struct ProxyProcess {
     child: Option<Child>,
     pid: u32,
     port: u16,
+    management_port: u16,
     log: PathBuf,
+    /// The floor server's standard input: the sequence numbers of new versions.
+    control: Option<std::process::ChildStdin>,
 }
 
 impl ProxyProcess {
@@ -271,16 +344,23 @@ impl ProxyProcess {
         bin: &Path,
         dir: &Path,
         cluster: Option<&ControlPlane>,
+        tls: Option<&BenchTls>,
+        payload: usize,
+        watches: usize,
     ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let management_port = free_port()?;
         let log = dir.join("proxy.log");
         let out = std::fs::File::create(&log)?;
         let mut command = Command::new(bin);
-        command
-            .arg("start")
-            .args(["--port", &port.to_string()])
-            .args(["--management-port", &management_port.to_string()]);
+        if kind == Kind::Floor {
+            command.args(floor::args(port, payload));
+        } else {
+            command
+                .arg("start")
+                .args(["--port", &port.to_string()])
+                .args(["--management-port", &management_port.to_string()]);
+        }
         match (kind, cluster) {
             (Kind::Rust, source) => {
                 command.args(["--bind-address", "127.0.0.1"]);
@@ -291,23 +371,38 @@ impl ProxyProcess {
                 // Every subscriber connects from 127.0.0.1; lift the per-address cap (a
                 // production proxy sees one address per pod).
                 command.args(["--max-connections-per-address", "0"]);
+                // Room for every resource of the scenario, the new ones included.
+                command.args(["--max-watches", &watches.max(10_000).to_string()]);
+                if let Some(tls) = tls {
+                    command
+                        .arg("--server-cert-path")
+                        .arg(&tls.cert)
+                        .arg("--server-key-path")
+                        .arg(&tls.key);
+                }
             }
-            (Kind::Go, Some(cluster)) => {
+            (Kind::Go | Kind::Model, Some(cluster)) => {
                 command.env("KUBECONFIG", cluster.proxy_kubeconfig());
             }
-            (Kind::Go, None) => {}
+            (Kind::Go | Kind::Model | Kind::Floor, _) => {}
         }
         command
-            .stdin(Stdio::null())
+            .stdin(if kind == Kind::Floor {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(out.try_clone()?)
             .stderr(out);
-        let child = command
+        let mut child = command
             .spawn()
             .with_context(|| format!("starting {}", bin.display()))?;
         Ok(Self {
             pid: child.id(),
+            control: child.stdin.take(),
             child: Some(child),
             port,
+            management_port,
             log,
         })
     }
@@ -329,6 +424,8 @@ impl Drop for ProxyProcess {
     /// Asks the proxy to stop (SIGTERM, so profilers and the like can write their output) and
     /// kills it if it has not exited within ten seconds.
     fn drop(&mut self) {
+        // The floor server ends when its input closes.
+        drop(self.control.take());
         let Some(mut child) = self.child.take() else {
             return;
         };
@@ -509,6 +606,8 @@ enum Backend {
         api: Box<kube::Api<kube::api::DynamicObject>>,
         names: Vec<String>,
     },
+    /// The floor server's standard input, once it runs.
+    Floor(std::sync::Mutex<Option<std::process::ChildStdin>>),
 }
 
 /// The namespace of the benchmark's FeatureFlag resources and manifests.
@@ -525,6 +624,10 @@ impl Sources {
         let resource_selector =
             |i: usize| Arc::from(format!("core.openfeature.dev/{NAMESPACE}/r{i}"));
         let (backend, selectors) = match (kind, cluster) {
+            (Kind::Floor, _) => (
+                Backend::Floor(std::sync::Mutex::new(None)),
+                vec![Arc::from("floor")],
+            ),
             (_, Some(cluster)) => (
                 Backend::Kubernetes {
                     api: Box::new(kube::Api::namespaced_with(
@@ -550,7 +653,7 @@ impl Sources {
                     (0..resources).map(resource_selector).collect(),
                 )
             }
-            (Kind::Go, None) => {
+            (Kind::Go | Kind::Model, None) => {
                 let flags = dir.join("flags");
                 std::fs::create_dir_all(&flags)?;
                 let (files, selectors) = (0..resources)
@@ -588,10 +691,11 @@ impl Sources {
     }
 
     fn file_content(&self, resource: usize, seq: u64) -> anyhow::Result<String> {
-        Ok(match self.kind {
-            Kind::Rust => serde_norway::to_string(&self.feature_flag(resource, seq))?,
+        Ok(if self.kind.go_like() {
             // The flagd flag configuration the Go proxy's file sync reads.
-            Kind::Go => json!({"flags": flags(seq, self.payload)}).to_string(),
+            document(seq, self.payload)
+        } else {
+            serde_norway::to_string(&self.feature_flag(resource, seq))?
         })
     }
 
@@ -601,6 +705,18 @@ impl Sources {
     /// (only the sequence number changes; the API server sends the whole object).
     async fn write(&self, seq: u64, visible: impl FnOnce()) -> anyhow::Result<()> {
         match &self.backend {
+            Backend::Floor(control) => {
+                if seq > 0 {
+                    use std::io::Write as _;
+                    let mut control = control.lock().unwrap_or_else(|p| p.into_inner());
+                    let control = control
+                        .as_mut()
+                        .context("the floor server is not running")?;
+                    visible();
+                    writeln!(control, "{seq}")?;
+                    control.flush()?;
+                }
+            }
             Backend::Files { files, staging } => {
                 let mut staged = Vec::with_capacity(files.len());
                 for (i, file) in files.iter().enumerate() {
@@ -614,11 +730,16 @@ impl Sources {
                 }
             }
             Backend::Kubernetes { api, names } if seq == 0 => {
-                for (i, name) in names.iter().enumerate() {
+                let creates = names.iter().enumerate().map(|(i, name)| async move {
                     let object = serde_json::from_value(self.feature_flag(i, 0))?;
                     api.create(&kube::api::PostParams::default(), &object)
                         .await
                         .with_context(|| format!("creating FeatureFlag {name}"))?;
+                    Ok::<(), anyhow::Error>(())
+                });
+                let mut creates = futures::stream::iter(creates).buffer_unordered(16);
+                while let Some(created) = creates.next().await {
+                    created?;
                 }
                 visible();
             }
@@ -628,13 +749,15 @@ impl Sources {
                 }));
                 let params = kube::api::PatchParams::default();
                 visible();
-                let patches = names.iter().map(|name| api.patch(name, &params, &patch));
-                for (result, name) in futures::future::join_all(patches)
-                    .await
-                    .into_iter()
-                    .zip(names)
-                {
-                    result.with_context(|| format!("patching FeatureFlag {name}"))?;
+                let (params, patch) = (&params, &patch);
+                let patches = names.iter().map(|name| async move {
+                    api.patch(name, params, patch)
+                        .await
+                        .with_context(|| format!("patching FeatureFlag {name}"))
+                });
+                let mut patches = futures::stream::iter(patches).buffer_unordered(64);
+                while let Some(patched) = patches.next().await {
+                    patched?;
                 }
             }
         }
@@ -643,8 +766,42 @@ impl Sources {
 
     /// The size of the flag configuration a subscriber receives, approximately.
     fn document_bytes(&self) -> usize {
-        json!({"flags": flags(0, self.payload)}).to_string().len()
+        document(0, self.payload).len()
     }
+
+    /// Creates `count` resources nobody subscribes to yet (Kubernetes only) and returns their
+    /// selectors.
+    async fn create_cold(&self, count: usize) -> anyhow::Result<Vec<Arc<str>>> {
+        let Backend::Kubernetes { api, .. } = &self.backend else {
+            return Ok(Vec::new());
+        };
+        let mut selectors = Vec::with_capacity(count);
+        for i in 0..count {
+            let name = format!("cold{i}");
+            let mut object = self.feature_flag(0, 0);
+            object["metadata"]["name"] = json!(name);
+            let object = serde_json::from_value(object)?;
+            api.create(&kube::api::PostParams::default(), &object)
+                .await
+                .with_context(|| format!("creating FeatureFlag {name}"))?;
+            selectors.push(Arc::from(format!(
+                "core.openfeature.dev/{NAMESPACE}/{name}"
+            )));
+        }
+        Ok(selectors)
+    }
+
+    /// Gives the floor backend the floor server's input.
+    fn attach(&self, control: Option<std::process::ChildStdin>) {
+        if let Backend::Floor(slot) = &self.backend {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = control;
+        }
+    }
+}
+
+/// Version `seq` as a flagd flag configuration document of about `payload` bytes.
+fn document(seq: u64, payload: usize) -> String {
+    json!({"flags": flags(seq, payload)}).to_string()
 }
 
 fn staging_dir(dir: &Path) -> anyhow::Result<PathBuf> {
@@ -714,10 +871,56 @@ fn find_seq(bytes: &[u8]) -> Option<u64> {
     std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
 }
 
-async fn open_channel(port: u16, source: Option<Ipv4Addr>) -> anyhow::Result<Channel> {
-    let endpoint = Endpoint::from_shared(format!("http://127.0.0.1:{port}"))?
+/// A certificate authority and a server certificate for 127.0.0.1, for `--tls`.
+struct BenchTls {
+    cert: PathBuf,
+    key: PathBuf,
+    client: tonic::transport::ClientTlsConfig,
+}
+
+impl BenchTls {
+    fn new(dir: &Path) -> anyhow::Result<Self> {
+        let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new())?;
+        ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca_params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "flagd-proxy-bench CA");
+        let ca_key = rcgen::KeyPair::generate()?;
+        let ca_cert = ca_params.self_signed(&ca_key)?;
+        let ca = rcgen::Issuer::new(ca_params, ca_key);
+        let params = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])?;
+        let key = rcgen::KeyPair::generate()?;
+        let cert = params.signed_by(&key, &ca)?;
+        let (cert_path, key_path) = (dir.join("server.pem"), dir.join("server-key.pem"));
+        std::fs::write(&cert_path, cert.pem())?;
+        std::fs::write(&key_path, key.serialize_pem())?;
+        let client = tonic::transport::ClientTlsConfig::new()
+            .ca_certificate(tonic::transport::Certificate::from_pem(ca_cert.pem()))
+            .domain_name("127.0.0.1");
+        Ok(Self {
+            cert: cert_path,
+            key: key_path,
+            client,
+        })
+    }
+}
+
+/// Where and how subscribers connect.
+#[derive(Clone)]
+struct Dial {
+    port: u16,
+    tls: Option<tonic::transport::ClientTlsConfig>,
+}
+
+async fn open_channel(dial: &Dial, source: Option<Ipv4Addr>) -> anyhow::Result<Channel> {
+    let port = dial.port;
+    let scheme = if dial.tls.is_some() { "https" } else { "http" };
+    let mut endpoint = Endpoint::from_shared(format!("{scheme}://127.0.0.1:{port}"))?
         .tcp_nodelay(true)
         .connect_timeout(Duration::from_secs(10));
+    if let Some(tls) = &dial.tls {
+        endpoint = endpoint.tls_config(tls.clone())?;
+    }
     let channel = match source {
         None => endpoint.connect().await?,
         Some(ip) => {
@@ -899,6 +1102,7 @@ struct Scenario {
     subscribers: usize,
     resources: usize,
     payload: usize,
+    tls: bool,
 }
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -935,6 +1139,9 @@ struct RunResult {
     document_bytes: usize,
     subscribers_connected: usize,
     connect_seconds: f64,
+    /// CPU time of the proxy and of this load generator while the subscribers connected.
+    connect_cpu_seconds: f64,
+    connect_load_generator_cpu_seconds: f64,
     first_snapshot: Stats,
     first_snapshot_failures: usize,
     /// Write until every subscriber has the version.
@@ -967,6 +1174,18 @@ struct RunResult {
     last_error: Option<String>,
     /// Phases cut short because the proxy kept failing them, and how.
     gave_up: Vec<String>,
+    /// Kubernetes: watch requests on FeatureFlags open at the API server while idle.
+    apiserver_watches: Option<u64>,
+    /// Kubernetes: the proxy's TCP connections to the API server while idle.
+    apiserver_connections: Option<usize>,
+    /// Kubernetes: time to first snapshot for a resource nobody watched yet.
+    cold_first_snapshot: Stats,
+    cold_first_snapshot_failures: usize,
+    /// (RSS idle − RSS with no subscribers) / resources, when there is more than one.
+    kib_per_resource: Option<f64>,
+    storm: Option<storm::StormResult>,
+    /// The proxy was killed for going over `--max-rss-mib`.
+    killed_for_rss: bool,
 }
 
 impl RunResult {
@@ -979,6 +1198,50 @@ impl RunResult {
             && self.stream_errors == 0
             && self.unparsed_messages == 0
             && self.first_snapshot_failures == 0
+            && self.cold_first_snapshot_failures == 0
+            && !self.killed_for_rss
+            && self
+                .storm
+                .as_ref()
+                .is_none_or(|s| s.gave_up == 0 && s.witness_stream_errors == 0)
+    }
+}
+
+/// Kills a process whose RSS goes over a limit, so a proxy that cannot cope does not take the
+/// machine down with it.
+struct RssGuard {
+    task: tokio::task::JoinHandle<()>,
+    killed: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl RssGuard {
+    fn spawn(pid: u32, limit_mib: u64) -> Self {
+        let killed = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = killed.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                if proc_sample(pid).rss_kib > limit_mib * 1024 {
+                    eprintln!("  RSS over {limit_mib} MiB: killing process {pid}");
+                    let _ = Command::new("kill")
+                        .args(["-KILL", &pid.to_string()])
+                        .status();
+                    flag.store(true, Ordering::Relaxed);
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+        Self { task, killed }
+    }
+
+    fn killed(&self) -> bool {
+        self.killed.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for RssGuard {
+    fn drop(&mut self) {
+        self.task.abort();
     }
 }
 
@@ -998,16 +1261,18 @@ async fn run_one(
     workdir: &Path,
 ) -> anyhow::Result<RunResult> {
     let dir = workdir.join(format!(
-        "{}-{}-n{}-m{}-p{}",
+        "{}-{}-n{}-m{}-p{}{}",
         kind.key(),
         scenario.source.label(),
         scenario.subscribers,
         scenario.resources,
-        scenario.payload
+        scenario.payload,
+        if scenario.tls { "-tls" } else { "" }
     ));
     std::fs::create_dir_all(&dir)?;
     // A control plane of its own for each run, so no run sees another's watches or objects.
     let cluster = match scenario.source {
+        _ if kind == Kind::Floor => None,
         SourceKind::Files => None,
         SourceKind::Kubernetes => {
             let cluster = ControlPlane::start().await.map_err(|error| {
@@ -1026,13 +1291,36 @@ async fn run_one(
         cluster.as_ref(),
     )?;
     sources.write(0, || {}).await?;
-    let mut proxy = ProxyProcess::start(kind, bin, &dir, cluster.as_ref())?;
-    let port = proxy.port;
+    let cold = match &cluster {
+        Some(_) => sources.create_cold(args.cold_resources).await?,
+        None => Vec::new(),
+    };
+    let tls = if scenario.tls {
+        Some(BenchTls::new(&dir)?)
+    } else {
+        None
+    };
+    let mut proxy = ProxyProcess::start(
+        kind,
+        bin,
+        &dir,
+        cluster.as_ref(),
+        tls.as_ref(),
+        scenario.payload,
+        scenario.resources + cold.len() + 16,
+    )?;
+    sources.attach(proxy.control.take());
+    let dial = Dial {
+        port: proxy.port,
+        tls: tls.as_ref().map(|t| t.client.clone()),
+    };
+    let dial = &dial;
     let pid = proxy.pid;
+    let guard = RssGuard::spawn(pid, args.max_rss_mib);
     let mut result = RunResult {
         proxy: match kind {
-            Kind::Rust => kind.label().to_owned(),
             Kind::Go => args.go_label.clone(),
+            _ => kind.label().to_owned(),
         },
         document_bytes: sources.document_bytes(),
         ..RunResult::default()
@@ -1053,7 +1341,7 @@ async fn run_one(
             );
         }
         let probe = async {
-            let channel = open_channel(port, None).await?;
+            let channel = open_channel(dial, None).await?;
             let mut stream = open_stream(channel, &sources.selectors[0]).await?;
             stream.message().await?.context("stream ended")
         };
@@ -1072,16 +1360,19 @@ async fn run_one(
     }
     tokio::time::sleep(args.idle.min(Duration::from_secs(1))).await;
     result.rss_empty_mib = mib(proc_sample(pid).rss_kib);
+    let fds_before = storm::open_fds(pid);
 
     // Connect every subscriber and wait for their first snapshots.
-    let versions = (1 + args.updates + args.burst) as usize;
+    let versions = (2 + args.updates + args.burst) as usize;
     let n = scenario.subscribers;
     let tracker = Arc::new(Tracker::new(n, versions));
     let mut tasks = tokio::task::JoinSet::new();
+    let connect_cpu = proc_sample(pid).cpu_seconds;
+    let connect_own_cpu = proc_sample(std::process::id()).cpu_seconds;
     let started = Instant::now();
     let connections = n.div_ceil(args.streams_per_connection);
     let mut opened = futures::stream::iter(0..connections)
-        .map(|c| async move { (c, open_channel(port, source_addr(c)).await) })
+        .map(|c| async move { (c, open_channel(dial, source_addr(c)).await) })
         .buffer_unordered(args.connect_concurrency.max(1));
     let mut connect_errors = 0usize;
     let mut spawned = 0usize;
@@ -1109,10 +1400,14 @@ async fn run_one(
         + (tracker.errors.load(Ordering::Relaxed) as usize)
         < spawned
         && Instant::now() < deadline
+        && proxy.exited().is_none()
     {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     result.connect_seconds = started.elapsed().as_secs_f64();
+    result.connect_cpu_seconds = proc_sample(pid).cpu_seconds - connect_cpu;
+    result.connect_load_generator_cpu_seconds =
+        proc_sample(std::process::id()).cpu_seconds - connect_own_cpu;
     result.subscribers_connected = tracker.connected.load(Ordering::Relaxed);
     // Versions count as delivered once every connected subscriber has them.
     tracker
@@ -1139,6 +1434,16 @@ async fn run_one(
         result.kib_per_idle_subscriber = (idle_end.rss_kib as f64 - result.rss_empty_mib * 1024.0)
             / result.subscribers_connected as f64;
     }
+    if scenario.resources > 1 {
+        result.kib_per_resource = Some(
+            (idle_end.rss_kib as f64 - result.rss_empty_mib * 1024.0) / scenario.resources as f64,
+        );
+    }
+    if let Some(cluster) = &cluster {
+        result.apiserver_watches = Some(cluster.open_watches("featureflags").await);
+        let port = cluster.port();
+        result.apiserver_connections = Some(control_plane::connections_to(pid, port));
+    }
 
     // Time to first snapshot for a new subscriber, on a new connection.
     let mut first_snapshot = Vec::with_capacity(args.first_snapshot_samples);
@@ -1155,7 +1460,7 @@ async fn run_one(
         let selector = sources.selectors[i % scenario.resources].clone();
         let begin = Instant::now();
         let sample = async {
-            let channel = open_channel(port, source_addr(i)).await?;
+            let channel = open_channel(dial, source_addr(i)).await?;
             let mut stream = open_stream(channel, &selector).await?;
             stream.message().await?.context("stream ended")
         };
@@ -1172,6 +1477,25 @@ async fn run_one(
     }
     result.first_snapshot = Stats::of(first_snapshot);
 
+    // Time to first snapshot for resources nobody watched yet (Kubernetes).
+    let mut cold_samples = Vec::with_capacity(cold.len());
+    for (i, selector) in cold.iter().enumerate() {
+        let begin = Instant::now();
+        let sample = async {
+            let channel = open_channel(dial, source_addr(i)).await?;
+            let mut stream = open_stream(channel, selector).await?;
+            stream.message().await?.context("stream ended")
+        };
+        match tokio::time::timeout(Duration::from_secs(10), sample).await {
+            Ok(Ok(_)) => cold_samples.push(begin.elapsed().as_secs_f64() * 1e3),
+            _ => result.cold_first_snapshot_failures += 1,
+        }
+        if result.cold_first_snapshot_failures >= GIVE_UP_AFTER as usize {
+            break;
+        }
+    }
+    result.cold_first_snapshot = Stats::of(cold_samples);
+
     // Paced updates.
     let messages_before = tracker.messages.load(Ordering::Relaxed);
     let cpu_before = proc_sample(pid).cpu_seconds;
@@ -1182,6 +1506,17 @@ async fn run_one(
     let mut applied = 0;
     let mut incomplete_in_a_row = 0;
     for seq in 1..=args.updates {
+        if let Some(status) = proxy.exited() {
+            let left = args.updates - seq + 1;
+            result.updates_incomplete += left;
+            let tail = proxy.log_tail();
+            let tail: Vec<&str> = tail.lines().rev().take(4).collect();
+            result.gave_up.push(format!(
+                "paced updates: the process exited ({status}); the other {left} were not written. Its log ended: `{}`",
+                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+            ));
+            break;
+        }
         if incomplete_in_a_row == GIVE_UP_AFTER {
             let left = args.updates - seq + 1;
             result.updates_incomplete += left;
@@ -1250,6 +1585,41 @@ async fn run_one(
     result.unparsed_messages = tracker.unparsed.load(Ordering::Relaxed);
     result.last_error = tracker.last_error.lock().ok().and_then(|e| e.clone());
 
+    if args.storm && kind != Kind::Floor && proxy.exited().is_none() {
+        eprintln!("  reconnect storm: {n} subscribers");
+        let setup = storm::StormSetup {
+            dial,
+            management_port: proxy.management_port,
+            pid,
+            sources: &sources,
+            subscribers: n,
+            spread: args.storm_spread,
+            timeout: args.storm_timeout,
+            seq: final_seq + 1,
+            versions,
+            fds_before,
+        };
+        let drop_all = async {
+            tasks.abort_all();
+            while tasks.join_next().await.is_some() {}
+        };
+        match storm::run(setup, drop_all).await {
+            Ok(storm) => {
+                eprintln!(
+                    "  served again: {} of {} in {} s",
+                    storm.served_again,
+                    n,
+                    fmt_opt(storm.seconds_to_all, 2)
+                );
+                result.storm = Some(storm);
+            }
+            Err(error) => result.gave_up.push(format!("reconnect storm: {error:#}")),
+        }
+        result.rss_peak_mib = mib(proc_sample(pid).hwm_kib);
+    }
+    result.killed_for_rss = guard.killed();
+    drop(guard);
+
     // Close the clients before the proxy goes, so no stream counts as broken.
     tasks.abort_all();
     while tasks.join_next().await.is_some() {}
@@ -1298,26 +1668,18 @@ fn fmt_opt(v: Option<f64>, digits: usize) -> String {
         .unwrap_or_else(|| "–".to_owned())
 }
 
-fn markdown_table(
-    scenario: &Scenario,
-    results: &BTreeMap<&'static str, RunResult>,
-    go_label: &str,
-) -> String {
-    let rust = results.get("rust");
-    let go = results.get("go");
-    let doc = rust.or(go).map(|r| r.document_bytes).unwrap_or_default();
-    let mut out = format!(
-        "### {} subscribers, {} resource(s), {} B document, {} source\n\n",
-        scenario.subscribers,
-        scenario.resources,
-        doc,
-        scenario.source.label()
-    );
-    out.push_str(&format!(
-        "| metric | flagd-proxy (Rust) | {go_label} | Go / Rust |\n|---|---:|---:|---:|\n"
-    ));
-    type Getter = fn(&RunResult) -> Option<f64>;
-    let rows: [(&str, Getter, usize); 23] = [
+/// One scenario's results, by proxy key, and why a proxy has none.
+struct ScenarioRuns {
+    scenario: Scenario,
+    results: BTreeMap<&'static str, RunResult>,
+    skipped: BTreeMap<&'static str, String>,
+}
+
+type Getter = fn(&RunResult) -> Option<f64>;
+
+/// The rows of a scenario's table: name, value, digits.
+fn rows(runs: &ScenarioRuns) -> Vec<(&'static str, Getter, usize)> {
+    let mut rows: Vec<(&'static str, Getter, usize)> = vec![
         (
             "subscribers connected",
             |r| Some(r.subscribers_connected as f64),
@@ -1326,7 +1688,13 @@ fn markdown_table(
         (
             "connect all subscribers (s)",
             |r| Some(r.connect_seconds),
-            1,
+            2,
+        ),
+        ("connect: CPU (s)", |r| Some(r.connect_cpu_seconds), 2),
+        (
+            "connect: load generator CPU (s)",
+            |r| Some(r.connect_load_generator_cpu_seconds),
+            2,
         ),
         (
             "time to first snapshot p50 (ms)",
@@ -1390,22 +1758,199 @@ fn markdown_table(
             0,
         ),
     ];
-    for (name, get, digits) in rows {
-        let r = rust.and_then(get);
-        let g = go.and_then(get);
-        let ratio = match (r, g) {
-            (Some(r), Some(g)) if r > 0.0 => format!("{:.2}", g / r),
-            _ => "–".to_owned(),
-        };
-        let cell = |run: Option<&RunResult>, v: Option<f64>| match run {
-            None => "not run".to_owned(),
-            Some(_) => fmt_opt(v, digits),
-        };
-        out.push_str(&format!(
-            "| {name} | {} | {} | {ratio} |\n",
-            cell(rust, r),
-            cell(go, g)
+    let any = |f: fn(&RunResult) -> bool| runs.results.values().any(f);
+    if any(|r| r.kib_per_resource.is_some()) {
+        rows.push((
+            "RSS per watched resource, with its subscribers (KiB)",
+            |r| r.kib_per_resource,
+            2,
         ));
+    }
+    if any(|r| r.apiserver_watches.is_some()) {
+        rows.extend([
+            (
+                "API server: FeatureFlag watches open",
+                (|r| r.apiserver_watches.map(|v| v as f64)) as Getter,
+                0,
+            ),
+            (
+                "API server: connections from the proxy",
+                |r| r.apiserver_connections.map(|v| v as f64),
+                0,
+            ),
+            (
+                "new resource: time to first snapshot p50 (ms)",
+                |r| r.cold_first_snapshot.p50_ms,
+                1,
+            ),
+            (
+                "new resource: time to first snapshot p99 (ms)",
+                |r| r.cold_first_snapshot.p99_ms,
+                1,
+            ),
+            (
+                "new resource: failures",
+                |r| Some(r.cold_first_snapshot_failures as f64),
+                0,
+            ),
+        ]);
+    }
+    if any(|r| r.storm.is_some()) {
+        rows.extend([
+            (
+                "storm: subscribers served again",
+                (|r| r.storm.as_ref().map(|s| s.served_again as f64)) as Getter,
+                0,
+            ),
+            (
+                "storm: all served again after (s)",
+                |r| r.storm.as_ref().and_then(|s| s.seconds_to_all),
+                2,
+            ),
+            (
+                "storm: reconnect to snapshot p50 (ms)",
+                |r| {
+                    r.storm
+                        .as_ref()
+                        .and_then(|s| s.reconnect_to_snapshot.p50_ms)
+                },
+                1,
+            ),
+            (
+                "storm: reconnect to snapshot p99 (ms)",
+                |r| {
+                    r.storm
+                        .as_ref()
+                        .and_then(|s| s.reconnect_to_snapshot.p99_ms)
+                },
+                1,
+            ),
+            (
+                "storm: attempts retried",
+                |r| r.storm.as_ref().map(|s| s.retries as f64),
+                0,
+            ),
+            (
+                "storm: clients never served",
+                |r| r.storm.as_ref().map(|s| s.gave_up as f64),
+                0,
+            ),
+            (
+                "storm: CPU (s)",
+                |r| r.storm.as_ref().map(|s| s.cpu_seconds),
+                2,
+            ),
+            (
+                "storm: RSS peak (MiB)",
+                |r| r.storm.as_ref().map(|s| s.rss_peak_mib),
+                1,
+            ),
+            (
+                "storm: /readyz slowest (ms)",
+                |r| r.storm.as_ref().and_then(|s| s.readyz_max_ms),
+                1,
+            ),
+            (
+                "storm: /readyz failed",
+                |r| r.storm.as_ref().map(|s| s.readyz_failures as f64),
+                0,
+            ),
+            (
+                "storm: /readyz probes",
+                |r| r.storm.as_ref().map(|s| s.readyz_probes as f64),
+                0,
+            ),
+            (
+                "storm: update to the connected streams (ms)",
+                |r| r.storm.as_ref().and_then(|s| s.witness_update_ms),
+                1,
+            ),
+            (
+                "storm: connected streams broken",
+                |r| r.storm.as_ref().map(|s| s.witness_stream_errors as f64),
+                0,
+            ),
+        ]);
+    }
+    if any(|r| r.killed_for_rss) {
+        rows.push((
+            "killed for RSS over --max-rss-mib",
+            |r| Some(f64::from(u8::from(r.killed_for_rss))),
+            0,
+        ));
+    }
+    rows
+}
+
+fn markdown_table(runs: &ScenarioRuns, go_label: &str, streams_per_connection: usize) -> String {
+    let scenario = &runs.scenario;
+    let results = &runs.results;
+    let doc = results
+        .values()
+        .next()
+        .map(|r| r.document_bytes)
+        .unwrap_or_default();
+    let mut out = format!(
+        "### {} subscribers, {} resource(s), {} B document, {} source{}{}\n\n",
+        scenario.subscribers,
+        scenario.resources,
+        doc,
+        scenario.source.label(),
+        if scenario.tls { ", TLS" } else { "" },
+        if streams_per_connection > 1 {
+            format!(", {streams_per_connection} streams per connection")
+        } else {
+            String::new()
+        }
+    );
+    let model = results.contains_key("model") || runs.skipped.contains_key("model");
+    let floor = results.contains_key("floor") || runs.skipped.contains_key("floor");
+    let mut header = format!("| metric | flagd-proxy (Rust) | {go_label} | Go / Rust |");
+    let mut rule = String::from("|---|---:|---:|---:|");
+    if model {
+        header.push_str(&format!(" {} |", Kind::Model.label()));
+        rule.push_str("---:|");
+    }
+    if floor {
+        header.push_str(" floor | Rust / floor |");
+        rule.push_str("---:|---:|");
+    }
+    out.push_str(&format!("{header}\n{rule}\n"));
+    let cell = |key: &str, v: Option<f64>, digits: usize| match results.get(key) {
+        Some(_) => fmt_opt(v, digits),
+        None => runs
+            .skipped
+            .get(key)
+            .cloned()
+            .unwrap_or_else(|| "failed".to_owned()),
+    };
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if a > 0.0 => format!("{:.2}", b / a),
+        _ => "–".to_owned(),
+    };
+    for (name, get, digits) in rows(runs) {
+        let value = |key: &str| results.get(key).and_then(get);
+        let (r, g) = (value("rust"), value("go"));
+        let mut line = format!(
+            "| {name} | {} | {} | {} |",
+            cell("rust", r, digits),
+            cell("go", g, digits),
+            ratio(r, g)
+        );
+        if model {
+            line.push_str(&format!(" {} |", cell("model", value("model"), digits)));
+        }
+        if floor {
+            let f = value("floor");
+            let fc = if results.contains_key("floor") && f.is_none() {
+                "–".to_owned()
+            } else {
+                cell("floor", f, digits)
+            };
+            line.push_str(&format!(" {fc} | {} |", ratio(f, r)));
+        }
+        out.push_str(&line);
+        out.push('\n');
     }
     for (key, run) in results {
         if let Some(error) = &run.last_error {
@@ -1419,97 +1964,135 @@ fn markdown_table(
     out
 }
 
-/// The targets, checked against the Rust proxy's runs with at least 10,000 subscribers on one
-/// resource and a document of about 1 KiB.
-fn targets(runs: &[(Scenario, BTreeMap<&'static str, RunResult>)]) -> String {
+/// The targets, checked against this run's scenarios.
+fn targets(runs: &[ScenarioRuns]) -> String {
     let mut out =
-        String::from("### Targets\n\n| target | source | measured | met |\n|---|---|---|---|\n");
-    let mut any = false;
-    for (scenario, results) in runs {
-        if scenario.subscribers < 10_000 || scenario.resources != 1 || scenario.payload > 2048 {
-            continue;
-        }
-        let Some(r) = results.get("rust") else {
+        String::from("### Targets\n\n| scenario | target | measured | met |\n|---|---|---|---|\n");
+    let yes = |ok: bool| if ok { "yes" } else { "**no**" };
+    for run in runs {
+        let s = &run.scenario;
+        let Some(r) = run.results.get("rust") else {
             continue;
         };
-        any = true;
-        let yes = |ok: bool| if ok { "yes" } else { "**no**" };
-        let mut row = |name: &str, measured: String, ok: bool| {
+        let name = format!(
+            "{} subs, {} res, {} B, {}{}",
+            s.subscribers,
+            s.resources,
+            s.payload,
+            s.source.label(),
+            if s.tls { ", TLS" } else { "" }
+        );
+        let mut row = |target: &str, measured: String, ok: bool| {
             out.push_str(&format!(
-                "| {name} | {} | {measured} | {} |\n",
-                scenario.source.label(),
+                "| {name} | {target} | {measured} | {} |\n",
                 yes(ok)
             ));
         };
-        let p99 = r.propagation.p99_ms;
-        row(
-            "propagation p99 < 100 ms",
-            format!("{} ms", fmt_opt(p99, 1)),
-            p99.is_some_and(|v| v < 100.0) && r.updates_incomplete == 0,
-        );
-        row(
-            "0 stale subscribers",
-            r.stale_after_settle.to_string(),
-            r.stale_after_settle == 0,
-        );
-        row(
-            "RSS < 100 MiB",
-            format!("{:.1} MiB (peak {:.1})", r.rss_idle_mib, r.rss_peak_mib),
-            r.rss_peak_mib < 100.0,
-        );
-        row(
-            "< 10 KiB per idle subscriber",
-            format!("{:.2} KiB", r.kib_per_idle_subscriber),
-            r.kib_per_idle_subscriber < 10.0,
-        );
-        let ttfs = r.first_snapshot.p99_ms;
-        row(
-            "time to first snapshot p99 < 5 ms",
-            format!("{} ms", fmt_opt(ttfs, 2)),
-            ttfs.is_some_and(|v| v < 5.0),
-        );
-        if let Some(g) = results.get("go") {
+        if let Some(f) = run.results.get("floor")
+            && s.payload <= 2048
+        {
+            if let (Some(rp), Some(fp)) = (r.propagation.p99_ms, f.propagation.p99_ms) {
+                row(
+                    "propagation p99 ≤ 1.25 × floor",
+                    format!("{rp:.1} vs {fp:.1} ms ({:.2}×)", rp / fp),
+                    rp <= 1.25 * fp,
+                );
+            }
+            let (rc, fc) = (r.cpu_seconds_per_update, f.cpu_seconds_per_update);
+            if fc > 0.0 {
+                row(
+                    "CPU per update ≤ 1.5 × floor",
+                    format!("{rc:.3} vs {fc:.3} s ({:.2}×)", rc / fc),
+                    rc <= 1.5 * fc,
+                );
+            }
+        }
+        if let Some(g) = run.results.get("go") {
+            let lower = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) => a < b,
+                (Some(_), None) => true,
+                _ => false,
+            };
+            for (label, get, digits) in rows(run) {
+                let better_is_lower = !matches!(
+                    label,
+                    "subscribers connected"
+                        | "storm: subscribers served again"
+                        | "storm: /readyz probes"
+                ) && !label.contains("messages per subscriber")
+                    && !label.contains("watches open")
+                    && !label.contains("CPU while idle");
+                let (rv, gv) = (get(r), get(g));
+                if !better_is_lower || (rv == Some(0.0) && gv == Some(0.0)) {
+                    continue;
+                }
+                if rv.is_none() && gv.is_none() {
+                    continue;
+                }
+                row(
+                    &format!("better than Go: {label}"),
+                    format!("{} vs {}", fmt_opt(rv, digits), fmt_opt(gv, digits)),
+                    lower(rv, gv) || rv == gv,
+                );
+            }
+        }
+        if let Some(storm) = &r.storm {
+            let limit = if s.tls { 12.0 } else { 3.0 };
             row(
-                "lower propagation p99 than Go",
+                &format!("storm: all served again within {limit:.0} s"),
+                format!("{} s", fmt_opt(storm.seconds_to_all, 2)),
+                storm.seconds_to_all.is_some_and(|t| t <= limit),
+            );
+            row(
+                "storm: /readyz and connected streams answering, no client giving up",
                 format!(
-                    "{} vs {} ms",
-                    fmt_opt(p99, 1),
-                    fmt_opt(g.propagation.p99_ms, 1)
+                    "/readyz {} of {} failed, slowest {} ms; {} streams broken; {} never served",
+                    storm.readyz_failures,
+                    storm.readyz_probes,
+                    fmt_opt(storm.readyz_max_ms, 1),
+                    storm.witness_stream_errors,
+                    storm.gave_up
                 ),
-                match (p99, g.propagation.p99_ms) {
-                    (Some(r), Some(g)) => r < g,
-                    (Some(_), None) => true,
-                    _ => false,
-                },
-            );
-            row(
-                "lower CPU per update than Go",
-                format!(
-                    "{:.3} vs {:.3} s",
-                    r.cpu_seconds_per_update, g.cpu_seconds_per_update
-                ),
-                r.cpu_seconds_per_update < g.cpu_seconds_per_update,
-            );
-            row(
-                "lower RSS than Go",
-                format!("{:.1} vs {:.1} MiB", r.rss_peak_mib, g.rss_peak_mib),
-                r.rss_peak_mib < g.rss_peak_mib,
-            );
-            row(
-                "no lost final versions (Go loses some)",
-                format!("{} vs {} stale", r.stale_after_settle, g.stale_after_settle),
-                r.stale_after_settle == 0,
+                storm.readyz_failures == 0
+                    && storm.witness_stream_errors == 0
+                    && storm.gave_up == 0,
             );
         }
-    }
-    if !any {
-        out.push_str("| (no run with ≥ 10,000 subscribers, 1 resource, 1 KiB) | | | |\n");
+        if let (Some(watches), Some(connections)) = (r.apiserver_watches, r.apiserver_connections) {
+            row(
+                "API-server connections ≤ watches / 100",
+                format!("{connections} connections, {watches} watches"),
+                connections as f64 <= (watches as f64 / 100.0).max(1.0),
+            );
+            let p99 = r.cold_first_snapshot.p99_ms;
+            row(
+                "new resource: time to first snapshot p99 < 50 ms",
+                format!("{} ms", fmt_opt(p99, 1)),
+                p99.is_some_and(|v| v < 50.0) && r.cold_first_snapshot_failures == 0,
+            );
+        }
+        if s.resources == 1 && !s.tls {
+            row(
+                "memory per idle subscriber ≤ 24 KiB",
+                format!("{:.2} KiB", r.kib_per_idle_subscriber),
+                r.kib_per_idle_subscriber <= 24.0,
+            );
+        }
     }
     out.push('\n');
     out
 }
 
+/// The Go flagd-proxy when none is given: `FLAGD_PROXY_GO_BIN`, else `../shared/bin/flagd-proxy-go`
+/// beside this repository, else the one scripts/install-go-proxy.sh installs in the cache.
 fn default_go_bin() -> Option<PathBuf> {
+    if let Some(bin) = std::env::var_os("FLAGD_PROXY_GO_BIN") {
+        return Some(PathBuf::from(bin));
+    }
+    let beside = Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bin/flagd-proxy-go");
+    if beside.exists() {
+        return Some(beside);
+    }
     let cache = std::env::var_os("FLAGD_PROXY_CACHE")
         .map(PathBuf::from)
         .or_else(|| {
@@ -1554,6 +2137,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if let Some(note) = &go_note {
         eprintln!("note: {note}");
     }
+    if let Some(model) = &args.go_model_bin {
+        kinds.push((Kind::Model, model.clone()));
+    }
+    if !args.no_floor && args.streams_per_connection == 1 {
+        kinds.push((Kind::Floor, std::env::current_exe()?));
+    }
     if kinds.is_empty() {
         bail!("nothing to run");
     }
@@ -1573,44 +2162,78 @@ async fn run(args: Args) -> anyhow::Result<bool> {
                     subscribers: args.subscribers,
                     resources,
                     payload,
+                    tls: args.tls,
                 });
             }
         }
     }
+    // The floor does not depend on the source: one run per payload serves every source.
+    let mut floors: BTreeMap<usize, RunResult> = BTreeMap::new();
     for scenario in scenarios {
-        {
-            let mut results = BTreeMap::new();
-            for (kind, bin) in &kinds {
-                let label = match kind {
-                    Kind::Rust => kind.label(),
-                    Kind::Go => args.go_label.as_str(),
-                };
-                eprintln!(
-                    "{label}: {} subscribers, {} resource(s), {} B payload, {} source",
-                    scenario.subscribers,
-                    scenario.resources,
-                    scenario.payload,
-                    scenario.source.label()
-                );
-                match run_one(*kind, bin, scenario, &args, &workdir).await {
-                    Ok(result) => {
-                        if *kind == Kind::Rust && !result.correct(scenario.subscribers) {
-                            ok = false;
-                        }
-                        results.insert(kind.key(), result);
-                    }
-                    Err(error) => {
-                        eprintln!("  {label} failed: {error:#}");
-                        if *kind == Kind::Rust {
-                            ok = false;
-                        }
+        let mut results = BTreeMap::new();
+        let mut skipped = BTreeMap::new();
+        if go_note.is_some() {
+            skipped.insert(Kind::Go.key(), "not run".to_owned());
+        }
+        for (kind, bin) in &kinds {
+            let label = match kind {
+                Kind::Go => args.go_label.as_str(),
+                _ => kind.label(),
+            };
+            match kind {
+                Kind::Go | Kind::Model if scenario.tls => {
+                    skipped.insert(kind.key(), "no TLS".to_owned());
+                    continue;
+                }
+                Kind::Floor if scenario.tls => {
+                    skipped.insert(kind.key(), "plain only".to_owned());
+                    continue;
+                }
+                Kind::Floor if scenario.resources > 1 => {
+                    skipped.insert(kind.key(), "–".to_owned());
+                    continue;
+                }
+                Kind::Floor => {
+                    if let Some(floor) = floors.get(&scenario.payload) {
+                        results.insert(kind.key(), floor.clone());
+                        continue;
                     }
                 }
-                // Let sockets and the scheduler calm down between runs.
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                _ => {}
             }
-            runs.push((scenario, results));
+            eprintln!(
+                "{label}: {} subscribers, {} resource(s), {} B payload, {} source{}",
+                scenario.subscribers,
+                scenario.resources,
+                scenario.payload,
+                scenario.source.label(),
+                if scenario.tls { ", TLS" } else { "" }
+            );
+            match run_one(*kind, bin, scenario, &args, &workdir).await {
+                Ok(result) => {
+                    if *kind == Kind::Rust && !result.correct(scenario.subscribers) {
+                        ok = false;
+                    }
+                    if *kind == Kind::Floor {
+                        floors.insert(scenario.payload, result.clone());
+                    }
+                    results.insert(kind.key(), result);
+                }
+                Err(error) => {
+                    eprintln!("  {label} failed: {error:#}");
+                    if *kind == Kind::Rust {
+                        ok = false;
+                    }
+                }
+            }
+            // Let sockets and the scheduler calm down between runs.
+            tokio::time::sleep(Duration::from_secs(1)).await;
         }
+        runs.push(ScenarioRuns {
+            scenario,
+            results,
+            skipped,
+        });
     }
     let load_after = loadavg();
 
@@ -1638,8 +2261,12 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if let Some(note) = &go_note {
         report.push_str(&format!("Note: {note}.\n\n"));
     }
-    for (scenario, results) in &runs {
-        report.push_str(&markdown_table(scenario, results, &args.go_label));
+    for run in &runs {
+        report.push_str(&markdown_table(
+            run,
+            &args.go_label,
+            args.streams_per_connection,
+        ));
     }
     report.push_str(&targets(&runs));
     report.push_str(if ok {
@@ -1654,14 +2281,17 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     if let Some(path) = &args.json {
         let scenarios: Vec<Value> = runs
             .iter()
-            .map(|(s, results)| {
+            .map(|run| {
+                let s = &run.scenario;
                 json!({
                     "source": s.source,
                     "subscribers": s.subscribers,
                     "resources": s.resources,
                     "payload_bytes": s.payload,
+                    "tls": s.tls,
                     "streams_per_connection": args.streams_per_connection,
-                    "results": results,
+                    "results": run.results,
+                    "skipped": run.skipped,
                 })
             })
             .collect();

@@ -162,7 +162,7 @@ impl Prepared {
         let sync = if self.args.sync_socket_only {
             None
         } else {
-            Some(bind_tcp(sync_addr, "--port").await?)
+            Some(bind_tcp(sync_addr, "--port", SYNC_BACKLOG)?)
         };
         let socket = match &self.args.sync_socket_path {
             Some(path) => {
@@ -171,7 +171,7 @@ impl Prepared {
             None => None,
         };
         let management_addr = SocketAddr::new(self.args.bind_address, self.args.management_port);
-        let management = bind_tcp(management_addr, "--management-port").await?;
+        let management = bind_tcp(management_addr, "--management-port", MANAGEMENT_BACKLOG)?;
         Ok(Bound {
             prepared: self,
             sync,
@@ -181,10 +181,27 @@ impl Prepared {
     }
 }
 
-async fn bind_tcp(addr: SocketAddr, flag: &'static str) -> Result<TcpListener, RunError> {
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| RunError::Bind { addr, flag, source })
+fn bind_tcp(addr: SocketAddr, flag: &'static str, backlog: u32) -> Result<TcpListener, RunError> {
+    listen(addr, backlog).map_err(|source| RunError::Bind { addr, flag, source })
+}
+
+/// Connections the kernel may queue on the sync port before they are accepted. When every
+/// client reconnects at once (a restart, a network blip), tokio's default of 1,024 overflows and
+/// the kernel drops further SYNs, which clients send again only after a second; Go's listeners
+/// take the kernel's maximum, as this does (Linux caps it at `net.core.somaxconn`).
+const SYNC_BACKLOG: u32 = 65_535;
+/// The management port sees probes and scrapes only: tokio's default backlog.
+const MANAGEMENT_BACKLOG: u32 = 1024;
+
+/// A listener on `addr` like `TcpListener::bind`, with `backlog` pending connections.
+fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }
 
 impl Bound {

@@ -25,7 +25,6 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use http::HeaderValue;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use kube::client::ClientBuilder;
 use kube::config::{InClusterError, KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::runtime::watcher::{self, Event};
 use kube::{Client, Config};
@@ -289,9 +288,11 @@ fn take_over_token_file(
     }
 }
 
-/// One client for every watch; the bearer token, when it comes from a file, is added per request.
+/// One client for every watch, over HTTP/2 where the API server offers it (watches share a few
+/// connections: see `kube_http2`); the bearer token, when it comes from a file, is added per
+/// request.
 fn build_client(config: Config, token: Option<Arc<TokenFile>>) -> Result<Client, kube::Error> {
-    let builder = ClientBuilder::try_from(config)?;
+    let builder = super::kube_http2::client_builder(config)?;
     Ok(match token {
         Some(token) => builder
             .with_layer(&tower::util::MapRequestLayer::new(

@@ -9,6 +9,7 @@ use crate::hub::Publisher;
 use crate::selector::ResourceKey;
 
 pub mod events;
+pub mod kube_http2;
 pub mod kubernetes;
 pub mod manifests;
 pub mod upstream;

@@ -525,6 +525,11 @@ impl ControlPlane {
         args
     }
 
+    /// The API server's port on 127.0.0.1.
+    pub fn port(&self) -> u16 {
+        self.apiserver_port
+    }
+
     /// The temporary directory holding the certificates, kubeconfigs, logs and etcd data.
     pub fn dir(&self) -> &Path {
         self.dir.path()
@@ -1023,6 +1028,40 @@ pub fn sum_long_running_watches(metrics: &str, resource: &str) -> u64 {
         }
     }
     total.max(0.0).round() as u64
+}
+
+/// The TCP connections process `pid` holds to 127.0.0.1:`port` (from /proc: its socket file
+/// descriptors matched against the established connections of its network namespace).
+pub fn connections_to(pid: u32, port: u16) -> usize {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
+        .filter_map(|link| {
+            link.to_str()?
+                .strip_prefix("socket:[")?
+                .strip_suffix(']')
+                .map(str::to_owned)
+        })
+        .collect();
+    let remote = format!(":{port:04X}");
+    ["tcp", "tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
+        .map(|text| {
+            text.lines()
+                .skip(1)
+                .filter(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    fields.len() > 9
+                        && fields[2].ends_with(&remote)
+                        && fields[3] == "01"
+                        && inodes.contains(fields[9])
+                })
+                .count()
+        })
+        .sum()
 }
 
 /// Parses Prometheus text-format labels: `a="x",b="y\"z"`.
