@@ -178,36 +178,8 @@ fn deploy_kustomization_runs_restricted_and_serves_flagd_through_its_service() {
         "uri": "flagd-proxy-svc.flagd-proxy.svc.cluster.local:8015",
         "provider": "grpc",
         "selector": format!("core.openfeature.dev/{ns}/demo"),
-    }])
-    .to_string();
-    cluster.apply(
-        &json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "flagd", "namespace": ns},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "flagd"}},
-                "template": {
-                    "metadata": {"labels": {"app": "flagd"}},
-                    "spec": {
-                        "automountServiceAccountToken": false,
-                        "containers": [{
-                            "name": "flagd",
-                            "image": flagd_image,
-                            "imagePullPolicy": "IfNotPresent",
-                            "args": ["start", "--port", "8013", "--management-port", "8014",
-                                     "--sources", sources],
-                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8014},
-                                               "periodSeconds": 2},
-                            "securityContext": restricted_container(),
-                        }]
-                    }
-                }
-            }
-        })
-        .to_string(),
-    );
+    }]);
+    cluster.apply(&Flagd::new(ns, "flagd", &flagd_image, sources).manifest());
     cluster.wait_rollout(ns, "flagd");
     let flagd = single_pod_ip(cluster, ns, "app=flagd");
     wait_for_color(cluster, &flagd, "red");
@@ -602,38 +574,12 @@ fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
         "uri": format!("flagd-proxy-svc-faults.{proxy_ns}.svc.cluster.local:8015"),
         "provider": "grpc",
         "selector": format!("core.openfeature.dev/{ns}/demo"),
-    }])
-    .to_string();
+    }]);
     const FLAGDS: usize = 20;
-    cluster.apply(
-        &json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "flagd", "namespace": ns},
-            "spec": {
-                "replicas": FLAGDS,
-                "selector": {"matchLabels": {"app": "flagd"}},
-                "template": {
-                    "metadata": {"labels": {"app": "flagd"}},
-                    "spec": {
-                        "automountServiceAccountToken": false,
-                        "containers": [{
-                            "name": "flagd",
-                            "image": flagd_image,
-                            "imagePullPolicy": "IfNotPresent",
-                            "args": ["start", "--port", "8013", "--management-port", "8014",
-                                     "--sources", sources],
-                            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
-                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8014},
-                                               "periodSeconds": 5},
-                            "securityContext": restricted_container(),
-                        }]
-                    }
-                }
-            }
-        })
-        .to_string(),
-    );
+    let mut flagds = Flagd::new(ns, "flagd", &flagd_image, sources);
+    flagds.replicas = FLAGDS;
+    flagds.readiness_period = Some(5);
+    cluster.apply(&flagds.manifest());
     cluster.wait_rollout(ns, "flagd");
     let ips = wait_for(
         &format!("{FLAGDS} Running flagd pods"),
@@ -808,39 +754,10 @@ fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
         "tls": true,
         "certPath": "/etc/proxy-ca/ca.crt",
         "selector": format!("core.openfeature.dev/{ns}/demo"),
-    }])
-    .to_string();
-    cluster.apply(
-        &json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "flagd", "namespace": ns},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "flagd"}},
-                "template": {
-                    "metadata": {"labels": {"app": "flagd"}},
-                    "spec": {
-                        "automountServiceAccountToken": false,
-                        "containers": [{
-                            "name": "flagd",
-                            "image": flagd_image,
-                            "imagePullPolicy": "IfNotPresent",
-                            "args": ["start", "--port", "8013", "--management-port", "8014",
-                                     "--sources", sources],
-                            "volumeMounts": [{"name": "ca", "mountPath": "/etc/proxy-ca",
-                                              "readOnly": true}],
-                            "readinessProbe": {"httpGet": {"path": "/readyz", "port": 8014},
-                                               "periodSeconds": 2},
-                            "securityContext": restricted_container(),
-                        }],
-                        "volumes": [{"name": "ca", "configMap": {"name": "proxy-ca"}}]
-                    }
-                }
-            }
-        })
-        .to_string(),
-    );
+    }]);
+    let mut flagd = Flagd::new(ns, "flagd", &flagd_image, sources);
+    flagd.ca_config_map = Some("proxy-ca");
+    cluster.apply(&flagd.manifest());
     cluster.wait_rollout(ns, "flagd");
     let flagd = single_pod_ip(cluster, ns, "app=flagd");
     wait_for_color(cluster, &flagd, "red");
@@ -932,9 +849,24 @@ fn dockerfile_assembles_the_same_root_filesystem_as_build_image() {
     assert!(script.contains("'[\"/flagd-proxy\"]' '[\"start\"]' 65532:65532"));
 }
 
-/// A flagd Deployment `name` in `ns` running as service account `account`, syncing `selector`
-/// from `uri` (plain gRPC).
-fn flagd_deployment(
+/// A Deployment of flagd pods (label `app: <name>`) that sync from `sources` (flagd's
+/// `--sources`), under the restricted profile.
+struct Flagd<'a> {
+    ns: &'a str,
+    name: &'a str,
+    image: &'a str,
+    sources: Value,
+    replicas: usize,
+    account: &'a str,
+    /// Seconds between readiness probes of `/readyz`; `None`: no probe (a flagd the proxy refuses
+    /// never becomes ready, and a test may still wait for its rollout).
+    readiness_period: Option<u32>,
+    /// A ConfigMap mounted at `/etc/proxy-ca` (the CA a TLS source names in `certPath`).
+    ca_config_map: Option<&'a str>,
+}
+
+/// A flagd without a readiness probe, running as service account `account`.
+fn unprobed_flagd(
     ns: &str,
     name: &str,
     account: &str,
@@ -942,32 +874,68 @@ fn flagd_deployment(
     uri: &str,
     selector: &str,
 ) -> String {
-    let sources = json!([{"uri": uri, "provider": "grpc", "selector": selector}]).to_string();
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {
-                "metadata": {"labels": {"app": name}},
-                "spec": {
-                    "serviceAccountName": account,
-                    "automountServiceAccountToken": false,
-                    "containers": [{
-                        "name": "flagd",
-                        "image": image,
-                        "imagePullPolicy": "IfNotPresent",
-                        "args": ["start", "--port", "8013", "--management-port", "8014",
-                                 "--sources", sources],
-                        "securityContext": restricted_container(),
-                    }]
-                }
-            }
+    let mut flagd = Flagd::from(ns, name, image, uri, selector);
+    flagd.account = account;
+    flagd.readiness_period = None;
+    flagd.manifest()
+}
+
+impl<'a> Flagd<'a> {
+    fn new(ns: &'a str, name: &'a str, image: &'a str, sources: Value) -> Self {
+        Self {
+            ns,
+            name,
+            image,
+            sources,
+            replicas: 1,
+            account: "default",
+            readiness_period: Some(2),
+            ca_config_map: None,
         }
-    })
-    .to_string()
+    }
+
+    /// One flagd syncing `selector` from the proxy at `uri`.
+    fn from(ns: &'a str, name: &'a str, image: &'a str, uri: &str, selector: &str) -> Self {
+        let sources = json!([{"uri": uri, "provider": "grpc", "selector": selector}]);
+        Self::new(ns, name, image, sources)
+    }
+
+    fn manifest(&self) -> String {
+        let mut container = json!({
+            "name": "flagd",
+            "image": self.image,
+            "imagePullPolicy": "IfNotPresent",
+            "args": ["start", "--port", "8013", "--management-port", "8014",
+                     "--sources", self.sources.to_string()],
+            "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+            "securityContext": restricted_container(),
+        });
+        let mut pod = json!({
+            "serviceAccountName": self.account,
+            "automountServiceAccountToken": false,
+        });
+        if let Some(period) = self.readiness_period {
+            container["readinessProbe"] =
+                json!({"httpGet": {"path": "/readyz", "port": 8014}, "periodSeconds": period});
+        }
+        if let Some(config_map) = self.ca_config_map {
+            container["volumeMounts"] =
+                json!([{"name": "ca", "mountPath": "/etc/proxy-ca", "readOnly": true}]);
+            pod["volumes"] = json!([{"name": "ca", "configMap": {"name": config_map}}]);
+        }
+        pod["containers"] = json!([container]);
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": self.name, "namespace": self.ns},
+            "spec": {
+                "replicas": self.replicas,
+                "selector": {"matchLabels": {"app": self.name}},
+                "template": {"metadata": {"labels": {"app": self.name}}, "spec": pod}
+            }
+        })
+        .to_string()
+    }
 }
 
 /// `flagd_proxy_rejected_requests_total{reason="unauthorized"}` summed over the proxy pods.
@@ -1022,7 +990,7 @@ fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
         unauthorized_rejections(cluster, &proxy_ns)
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    cluster.apply(&flagd_deployment(
+    cluster.apply(&unprobed_flagd(
         ns,
         "reader",
         "reader",
@@ -1030,7 +998,7 @@ fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
         &uri,
         &selector,
     ));
-    cluster.apply(&flagd_deployment(
+    cluster.apply(&unprobed_flagd(
         ns,
         "stranger",
         "stranger",
@@ -1230,7 +1198,7 @@ fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service
         ),
     ];
     for (name, uri) in &through {
-        cluster.apply(&flagd_deployment(
+        cluster.apply(&unprobed_flagd(
             ns,
             name,
             "default",
