@@ -77,7 +77,6 @@ pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
     if args.sync_socket_path.is_some() && args.client_ca_path.is_some() {
         return Err(ConfigError::SocketWithoutClientCertificates);
     }
-    crate::context::install(&args.context_values);
     let metrics = Arc::new(Metrics::new());
     let tls = match (&args.server_cert_path, &args.server_key_path) {
         (Some(cert), Some(key)) => Some(
@@ -251,7 +250,9 @@ impl Bound {
         let readiness = Readiness::default();
         let (health, health_service) = tonic_health::server::health_reporter();
         let streams_end = CancellationToken::new();
-        let service = SyncService::new(hub.clone(), streams_end.clone()).with_authorizer(authz);
+        let service = SyncService::new(hub.clone(), streams_end.clone())
+            .with_authorizer(authz)
+            .with_context_values(&args.context_values);
         if let Some(tls) = &tls {
             tls.spawn_reloader(streams_end.clone());
         }

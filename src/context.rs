@@ -1,16 +1,10 @@
 //! Context values: `--context-value key=value` entries that every `sync_context` and
 //! `GetMetadata` answer carry, as flagd's own sync server does. Providers merge `sync_context`
 //! into their evaluation context, so targeting rules can use them.
-//!
-//! They are fixed for the life of the process and shared by every stream, so they are kept in
-//! one process-wide place, set once at start.
-use std::collections::BTreeMap;
-use std::sync::RwLock;
+//! The entries are parsed here; the wire's `SyncService` carries them into every message.
 
 /// Keys the proxy fills itself; a context value may not take them.
 pub const RESERVED_KEYS: &[&str] = &["proxy", "proxyVersion", "selector"];
-
-static VALUES: RwLock<BTreeMap<String, String>> = RwLock::new(BTreeMap::new());
 
 /// Parses one `key=value` entry (the value may be empty and may contain `=`).
 pub fn parse_entry(entry: &str) -> Result<(String, String), String> {
@@ -28,17 +22,6 @@ pub fn parse_entry(entry: &str) -> Result<(String, String), String> {
         ));
     }
     Ok((key.to_owned(), value.to_owned()))
-}
-
-/// Sets the context values of this process (a later key wins over an earlier one).
-pub fn install(values: &[(String, String)]) {
-    let mut current = VALUES.write().unwrap_or_else(|p| p.into_inner());
-    *current = values.iter().cloned().collect();
-}
-
-/// The context values of this process, sorted by key.
-pub fn values() -> BTreeMap<String, String> {
-    VALUES.read().unwrap_or_else(|p| p.into_inner()).clone()
 }
 
 #[cfg(test)]

@@ -60,13 +60,14 @@ impl Protocol {
         }
     }
 
-    /// This protocol's frame for `snapshot`, encoded on first use and shared afterwards.
-    pub fn frame(self, snapshot: &Snapshot, key: &ResourceKey) -> Frame {
+    /// This protocol's frame for `snapshot`, encoded on first use and shared afterwards;
+    /// `identity` is the proxy's part of `sync_context` ([`proxy_identity`]).
+    pub fn frame(self, snapshot: &Snapshot, key: &ResourceKey, identity: &Struct) -> Frame {
         let bytes = match self {
             Protocol::FlagdSyncV1 => snapshot.encoded(0, |s| {
                 let message = flagd_sync_v1::SyncFlagsResponse {
                     flag_configuration: s.flag_configuration.to_string(),
-                    sync_context: Some(sync_context(&s.flag_configuration, key)),
+                    sync_context: Some(sync_context(&s.flag_configuration, key, identity)),
                 };
                 message.encode_to_vec().into()
             }),
@@ -83,11 +84,11 @@ impl Protocol {
 }
 
 /// The proxy's identity and the `--context-value` entries, as reported by `GetMetadata` and in
-/// every `sync_context`.
-pub fn proxy_identity() -> Struct {
+/// every `sync_context` (a later entry of one key wins).
+pub fn proxy_identity(context_values: &[(String, String)]) -> Struct {
     let mut fields = std::collections::BTreeMap::new();
-    for (key, value) in crate::context::values() {
-        fields.insert(key, string(&value));
+    for (key, value) in context_values {
+        fields.insert(key.clone(), string(value));
     }
     fields.insert("proxy".to_owned(), string("flagd-proxy"));
     fields.insert("proxyVersion".to_owned(), string(env!("CARGO_PKG_VERSION")));
@@ -96,7 +97,7 @@ pub fn proxy_identity() -> Struct {
 
 /// The flag set's own scalar metadata, then the context values, the proxy's identity and the
 /// selector.
-fn sync_context(flag_configuration: &str, key: &ResourceKey) -> Struct {
+fn sync_context(flag_configuration: &str, key: &ResourceKey, identity: &Struct) -> Struct {
     let mut context = Struct::default();
     if let Ok(Value::Object(document)) = serde_json::from_str::<Value>(flag_configuration)
         && let Some(Value::Object(metadata)) = document.get("metadata")
@@ -113,7 +114,9 @@ fn sync_context(flag_configuration: &str, key: &ResourceKey) -> Struct {
                 .insert(name.clone(), ProtoValue { kind: Some(kind) });
         }
     }
-    context.fields.extend(proxy_identity().fields);
+    context
+        .fields
+        .extend(identity.fields.iter().map(|(k, v)| (k.clone(), v.clone())));
     context
         .fields
         .insert("selector".to_owned(), string(&key.to_string()));
@@ -136,7 +139,7 @@ mod tests {
             r#"{"flags":{},"metadata":{"flagSetId":"s","n":2}}"#,
         );
         let key = ResourceKey::new("ns", "a");
-        let v1 = Protocol::FlagdSyncV1.frame(&snapshot, &key);
+        let v1 = Protocol::FlagdSyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
         let decoded = flagd_sync_v1::SyncFlagsResponse::decode(v1.0.clone()).expect("decodes");
         assert_eq!(
             decoded.flag_configuration,
@@ -150,12 +153,12 @@ mod tests {
         assert_eq!(context.fields["flagSetId"], string("s"));
         assert_eq!(context.fields["proxy"], string("flagd-proxy"));
 
-        let legacy = Protocol::LegacySyncV1.frame(&snapshot, &key);
+        let legacy = Protocol::LegacySyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
         let decoded = sync_v1::SyncFlagsResponse::decode(legacy.0).expect("decodes");
         assert_eq!(decoded.state, sync_v1::SyncState::All as i32);
 
         // The same bytes are shared, not encoded again.
-        let again = Protocol::FlagdSyncV1.frame(&snapshot, &key);
+        let again = Protocol::FlagdSyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
         assert_eq!(again.0.as_ptr(), v1.0.as_ptr());
         let mut buf = Vec::new();
         again.encode(&mut buf).expect("encodes");

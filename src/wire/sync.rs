@@ -4,6 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use prost_types::Struct;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
@@ -28,6 +29,8 @@ pub struct SyncService {
     authz: Option<Arc<Authorizer>>,
     shutdown: CancellationToken,
     fetch_timeout: Duration,
+    /// The proxy's part of every `sync_context` and of `GetMetadata`.
+    identity: Arc<Struct>,
 }
 
 impl SyncService {
@@ -38,7 +41,14 @@ impl SyncService {
             authz: None,
             shutdown,
             fetch_timeout: Duration::from_secs(10),
+            identity: Arc::new(proxy_identity(&[])),
         }
+    }
+
+    /// Adds `--context-value` entries to every `sync_context` and to `GetMetadata`.
+    pub fn with_context_values(mut self, values: &[(String, String)]) -> Self {
+        self.identity = Arc::new(proxy_identity(values));
+        self
     }
 
     /// Checks every request with `authz` (when it is enabled).
@@ -139,6 +149,7 @@ impl SyncService {
             subscription,
             shutdown: self.shutdown.clone(),
             protocol,
+            identity: self.identity.clone(),
             _open: OpenStream::new(self.metrics().clone(), protocol),
             metrics: self.metrics().clone(),
             updates_sent: self
@@ -245,6 +256,7 @@ struct StreamState {
     subscription: crate::hub::Subscription,
     shutdown: CancellationToken,
     protocol: Protocol,
+    identity: Arc<Struct>,
     metrics: Arc<Metrics>,
     /// This protocol's `updates_sent` counter, looked up once per stream.
     updates_sent: prometheus_client::metrics::counter::Counter,
@@ -274,7 +286,9 @@ impl StreamState {
             error = revoked => Err(error),
             next = self.subscription.next() => match next {
                 Ok(snapshot) => {
-                    let frame = self.protocol.frame(&snapshot, self.subscription.key());
+                    let frame = self
+                        .protocol
+                        .frame(&snapshot, self.subscription.key(), &self.identity);
                     self.updates_sent.inc();
                     self.subscription.delivered(&snapshot, &self.metrics);
                     Ok(frame)
@@ -328,7 +342,7 @@ impl v1::flag_sync_service_server::FlagSyncService for SyncService {
         _request: Request<v1::GetMetadataRequest>,
     ) -> Result<Response<v1::GetMetadataResponse>, Status> {
         Ok(Response::new(v1::GetMetadataResponse {
-            metadata: Some(proxy_identity()),
+            metadata: Some(Struct::clone(&self.identity)),
         }))
     }
 }
@@ -383,6 +397,7 @@ mod tests {
             subscription: service.hub.subscribe(key).expect("subscribe"),
             shutdown: service.shutdown.clone(),
             protocol: Protocol::FlagdSyncV1,
+            identity: service.identity.clone(),
             metrics: service.metrics().clone(),
             updates_sent: Default::default(),
             _open: OpenStream::new(service.metrics().clone(), Protocol::FlagdSyncV1),
