@@ -4,16 +4,44 @@
 //! the gate. A socket file left behind by a crash is replaced at start (nothing answers on it);
 //! a file that is not a socket, or a socket another process still serves, is never touched. The
 //! file is removed when the listener is dropped.
+use std::future::Future;
 use std::io;
 use std::os::unix::fs::{FileTypeExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use tokio::net::{TcpListener, UnixListener};
+use tokio_util::sync::CancellationToken;
 
 /// A listener of the sync server.
 pub enum SyncListener {
     Tcp(TcpListener),
     Unix(UnixSocket),
+}
+
+/// The next connection `accept` gives, or `None` once `shutdown` is cancelled. A failed accept
+/// (out of file descriptors and the like) is logged with `listener` and retried after a pause
+/// instead of spinning.
+pub async fn next_accepted<T, F>(
+    shutdown: &CancellationToken,
+    listener: &str,
+    mut accept: impl FnMut() -> F,
+) -> Option<T>
+where
+    F: Future<Output = io::Result<T>>,
+{
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return None,
+            accepted = accept() => match accepted {
+                Ok(connection) => return Some(connection),
+                Err(error) => {
+                    tracing::warn!(%error, listener, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+        }
+    }
 }
 
 /// Why the unix socket cannot be served.

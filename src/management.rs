@@ -18,6 +18,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::{Availability, Hub};
+use crate::listener::next_accepted;
 use crate::metrics::Metrics;
 use crate::server::AddressLimit;
 use crate::server::limits::{self, GuardedTcp, TotalLimit};
@@ -116,18 +117,8 @@ pub async fn run(
     let graceful = GracefulShutdown::new();
     let service = TowerToHyperService::new(router);
     let write_stall = options.keepalive_interval + options.keepalive_timeout;
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = shutdown.cancelled() => break,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    tracing::warn!(%error, "accept failed on the management port");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((tcp, peer)) = next_accepted(&shutdown, "management", || listener.accept()).await
+    {
         let Some(address_place) = per_address.admit(peer.ip()) else {
             continue;
         };

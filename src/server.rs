@@ -22,7 +22,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::server::Connected;
 
-use crate::listener::{SyncListener, UnixSocket};
+use crate::listener::{SyncListener, UnixSocket, next_accepted};
 use crate::metrics::Metrics;
 use crate::server::limits::{PrefaceDeadline, RequestDeadline, TotalLimit, TotalSlot, WriteStall};
 use crate::tls::ReloadingTls;
@@ -198,19 +198,7 @@ async fn accept(
     shutdown: CancellationToken,
 ) {
     let per_address = &admission.per_address;
-    loop {
-        let (tcp, peer) = tokio::select! {
-            () = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(pair) => pair,
-                Err(error) => {
-                    // Out of file descriptors and the like: pause instead of spinning.
-                    tracing::warn!(%error, "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
+    while let Some((tcp, peer)) = next_accepted(&shutdown, "sync", || listener.accept()).await {
         let Some(slot) = per_address.admit(peer.ip()) else {
             tracing::debug!(%peer, "connection closed: too many connections from this address");
             drop(tcp);
@@ -274,18 +262,10 @@ async fn accept_unix(
     admission: Arc<Admission>,
     shutdown: CancellationToken,
 ) {
-    loop {
-        let stream = tokio::select! {
-            () = shutdown.cancelled() => return,
-            accepted = socket.listener().accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    tracing::warn!(%error, path = %socket.path().display(), "accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
+    let path = socket.path().display().to_string();
+    while let Some((stream, _)) =
+        next_accepted(&shutdown, &path, || socket.listener().accept()).await
+    {
         let Some(total) = admission.total.admit() else {
             tracing::debug!("unix socket connection closed: --max-connections reached");
             continue;
