@@ -14,7 +14,8 @@ use std::process::{Child, Command};
 use serde_json::{Value, json};
 use support::TestCa;
 use support::cluster::{
-    CLUSTER_TIMEOUT, Cluster, NETNS, cluster_or_skip, operator_binary, required_file, wait_for,
+    CLUSTER_TIMEOUT, Cluster, NETNS, build_proxy_image, cluster_or_skip, operator_binary,
+    required_file, wait_for,
 };
 use support::control_plane::test_data;
 
@@ -782,28 +783,12 @@ fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
     assert!(plaintext.is_err(), "plaintext answered: {plaintext:?}");
 }
 
-/// Runs `scripts/build-image.sh` on the binary under test; the manifest digest it prints.
-fn build_image(out: &Path) -> String {
-    let output = Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/build-image.sh"))
-        .arg(out)
-        .arg("localhost/flagd-proxy:repro")
-        .env("BINARY", env!("CARGO_BIN_EXE_flagd-proxy"))
-        .env("STRIP", "1")
-        .output()
-        .expect("run scripts/build-image.sh");
-    assert!(
-        output.status.success(),
-        "scripts/build-image.sh: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).trim().to_owned()
-}
-
 #[test]
 fn build_image_is_reproducible() {
+    const REPRO_REFERENCE: &str = "localhost/flagd-proxy:repro";
     let dir = tempfile::tempdir().expect("tempdir");
-    let first = build_image(&dir.path().join("a.tar"));
-    let second = build_image(&dir.path().join("b.tar"));
+    let first = build_proxy_image(&dir.path().join("a.tar"), REPRO_REFERENCE);
+    let second = build_proxy_image(&dir.path().join("b.tar"), REPRO_REFERENCE);
     assert!(first.starts_with("sha256:"), "digest: {first}");
     assert_eq!(first, second);
     let a = std::fs::read(dir.path().join("a.tar")).expect("a.tar");

@@ -59,6 +59,24 @@ fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Runs `scripts/build-image.sh` on the binary under test (stripped), writing the image archive
+/// `archive` named `reference`; returns the manifest digest it prints.
+pub fn build_proxy_image(archive: &Path, reference: &str) -> String {
+    let output = Command::new(repo_root().join("scripts/build-image.sh"))
+        .arg(archive)
+        .arg(reference)
+        .env("BINARY", env!("CARGO_BIN_EXE_flagd-proxy"))
+        .env("STRIP", "1")
+        .output()
+        .expect("run scripts/build-image.sh");
+    assert!(
+        output.status.success(),
+        "scripts/build-image.sh: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
 /// What this machine lacks for a cluster, each with where it comes from.
 pub fn missing_dependencies() -> Vec<String> {
     let mut missing = Vec::new();
@@ -448,18 +466,7 @@ impl Cluster {
             PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cluster-images/flagd-proxy.tar");
         let mut images = self.images.lock().unwrap_or_else(|e| e.into_inner());
         if !images.contains("built:flagd-proxy") {
-            let output = Command::new(repo_root().join("scripts/build-image.sh"))
-                .arg(&archive)
-                .arg(format!("localhost/{PROXY_IMAGE}:{PROXY_TAG}"))
-                .env("BINARY", env!("CARGO_BIN_EXE_flagd-proxy"))
-                .env("STRIP", "1")
-                .output()
-                .expect("run scripts/build-image.sh");
-            assert!(
-                output.status.success(),
-                "scripts/build-image.sh: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
+            build_proxy_image(&archive, &format!("localhost/{PROXY_IMAGE}:{PROXY_TAG}"));
             images.insert("built:flagd-proxy".to_owned());
         }
         drop(images);
