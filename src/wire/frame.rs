@@ -1,11 +1,10 @@
 //! Pre-encoded stream messages.
 //!
-//! A [`Frame`] is a `SyncFlagsResponse` already encoded in protobuf. The server's generated code
-//! sends frames where it would send messages, so a version is encoded once and every stream
-//! copies the same bytes into its connection.
-use bytes::{Buf, BufMut, Bytes};
-use prost::encoding::{DecodeContext, WireType};
-use prost::{DecodeError, Message};
+//! A [`Frame`] is a `SyncFlagsResponse` already encoded in protobuf, made once per version and
+//! protocol (the snapshot's encoding named after the protocol) and shared by every stream,
+//! which writes its bytes to the connection as they are (see [`crate::wire::body`]).
+use bytes::Bytes;
+use prost::Message;
 use prost_types::value::Kind;
 use prost_types::{Struct, Value as ProtoValue};
 use serde_json::Value;
@@ -17,31 +16,6 @@ use crate::wire::proto::client::{flagd_sync_v1, sync_v1};
 /// An encoded `SyncFlagsResponse` (of either protocol).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Frame(pub Bytes);
-
-impl Message for Frame {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
-        buf.put_slice(&self.0);
-    }
-
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wire_type: WireType,
-        buf: &mut impl Buf,
-        ctx: DecodeContext,
-    ) -> Result<(), DecodeError> {
-        // Frames are only ever sent; decoding one keeps nothing.
-        prost::encoding::skip_field(wire_type, tag, buf, ctx)
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn clear(&mut self) {
-        self.0.clear();
-    }
-}
 
 /// The sync protocols this proxy speaks.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,14 +38,14 @@ impl Protocol {
     /// `identity` is the proxy's part of `sync_context` ([`proxy_identity`]).
     pub fn frame(self, snapshot: &Snapshot, key: &ResourceKey, identity: &Struct) -> Frame {
         let bytes = match self {
-            Protocol::FlagdSyncV1 => snapshot.encoded(0, |s| {
+            Protocol::FlagdSyncV1 => snapshot.encoded(self.label(), |s| {
                 let message = flagd_sync_v1::SyncFlagsResponse {
                     flag_configuration: s.flag_configuration.to_string(),
                     sync_context: Some(sync_context(&s.flag_configuration, key, identity)),
                 };
                 message.encode_to_vec().into()
             }),
-            Protocol::LegacySyncV1 => snapshot.encoded(1, |s| {
+            Protocol::LegacySyncV1 => snapshot.encoded(self.label(), |s| {
                 let message = sync_v1::SyncFlagsResponse {
                     flag_configuration: s.flag_configuration.to_string(),
                     state: sync_v1::SyncState::All as i32,
@@ -135,9 +109,7 @@ mod tests {
 
     #[test]
     fn frames_decode_as_the_protocol_messages() {
-        let snapshot = crate::hub::tests_support::snapshot(
-            r#"{"flags":{},"metadata":{"flagSetId":"s","n":2}}"#,
-        );
+        let snapshot = Snapshot::for_test(r#"{"flags":{},"metadata":{"flagSetId":"s","n":2}}"#);
         let key = ResourceKey::new("ns", "a");
         let v1 = Protocol::FlagdSyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
         let decoded = flagd_sync_v1::SyncFlagsResponse::decode(v1.0.clone()).expect("decodes");
@@ -160,8 +132,5 @@ mod tests {
         // The same bytes are shared, not encoded again.
         let again = Protocol::FlagdSyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
         assert_eq!(again.0.as_ptr(), v1.0.as_ptr());
-        let mut buf = Vec::new();
-        again.encode(&mut buf).expect("encodes");
-        assert_eq!(buf, v1.0.to_vec());
     }
 }

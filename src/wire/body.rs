@@ -1,133 +1,30 @@
-//! `SyncFlags` written straight from the shared frames.
+//! The bytes of a server-streaming call on the wire: the one request message read whole, and a
+//! response body that writes each frame straight from its shared bytes.
 //!
 //! tonic's generic streaming path encodes each message of a stream into a buffer of that stream,
 //! which then keeps the capacity of the largest message for as long as the stream lives: with
-//! 10,000 subscribers and a 100 KiB flag set, about a gigabyte of copies. Here the request is
-//! decoded as usual, and every snapshot goes to the HTTP/2 stream as the 5-byte gRPC message
-//! prefix followed by the version's shared encoded `Bytes`: a stream holds no copy of the flags.
-//! The service's other methods go to the generated server unchanged.
-use std::convert::Infallible;
+//! 10,000 subscribers and a 100 KiB flag set, about a gigabyte of copies. Here every snapshot
+//! goes to the HTTP/2 stream as the 5-byte gRPC message prefix followed by the version's shared
+//! encoded `Bytes`: a stream holds no copy of the flags.
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use http_body::Frame;
 use http_body_util::BodyExt;
-use prost::Message;
+use tonic::Status;
 use tonic::body::Body;
-use tonic::server::NamedService;
-use tonic::{Request, Status};
 
-use crate::wire::frame::Protocol;
-use crate::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
-use crate::wire::sync::{FrameStream, SyncService};
+use crate::wire::stream::FrameStream;
 
 /// Length of the gRPC message prefix: a compression flag and a big-endian length.
 const PREFIX: usize = 5;
 
-/// A sync service whose `SyncFlags` is served by [`DirectSync`] and everything else by `inner`.
-#[derive(Clone)]
-pub struct DirectSync<S> {
-    service: SyncService,
-    protocol: Protocol,
-    max_request_bytes: usize,
-    inner: S,
-}
-
-impl<S> DirectSync<S> {
-    pub fn new(
-        service: SyncService,
-        protocol: Protocol,
-        max_request_bytes: usize,
-        inner: S,
-    ) -> Self {
-        Self {
-            service,
-            protocol,
-            max_request_bytes,
-            inner,
-        }
-    }
-}
-
-impl<S: NamedService> NamedService for DirectSync<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> tower::Service<http::Request<Body>> for DirectSync<S>
-where
-    S: tower::Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>
-        + NamedService,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        let path = request.uri().path();
-        let is_sync_flags = path
-            .strip_prefix('/')
-            .and_then(|p| p.strip_prefix(S::NAME))
-            .is_some_and(|method| method == "/SyncFlags");
-        if !is_sync_flags {
-            return Box::pin(self.inner.call(request));
-        }
-        let service = self.service.clone();
-        let protocol = self.protocol;
-        let limit = self.max_request_bytes;
-        Box::pin(async move {
-            Ok(match sync_flags(service, protocol, limit, request).await {
-                Ok(stream) => {
-                    let mut response = http::Response::new(Body::new(FrameBody {
-                        stream,
-                        pending: None,
-                        done: false,
-                    }));
-                    response.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/grpc"),
-                    );
-                    response
-                }
-                Err(status) => status.into_http(),
-            })
-        })
-    }
-}
-
-async fn sync_flags(
-    service: SyncService,
-    protocol: Protocol,
-    limit: usize,
-    request: http::Request<Body>,
-) -> Result<FrameStream, Status> {
-    let (parts, body) = request.into_parts();
-    let message = read_message(body, limit).await?;
-    // Both protocols' requests are `provider_id = 1, selector = 2`.
-    let decoded = SyncFlagsRequest::decode(message).map_err(|e| {
-        Status::invalid_argument(format!("the SyncFlags request does not decode: {e}"))
-    })?;
-    let request = Request::from_parts(
-        tonic::metadata::MetadataMap::from_headers(parts.headers),
-        parts.extensions,
-        (),
-    );
-    Ok(service
-        .open_sync(&request, &decoded.selector, protocol)
-        .await?)
-}
-
 /// Reads the one length-prefixed request message of a server-streaming call, and nothing more:
 /// the stream is served as soon as the message is complete, whether or not the client has ended
 /// its side (the request body's deadline, see `server::limits`, bounds the wait).
-async fn read_message(mut body: Body, limit: usize) -> Result<Bytes, Status> {
+pub(crate) async fn read_message(mut body: Body, limit: usize) -> Result<Bytes, Status> {
     let too_large = |size: String| {
         Status::out_of_range(format!(
             "the request message is {size}, over the limit of {limit} bytes (--max-request-bytes)"
@@ -184,11 +81,21 @@ async fn read_message(mut body: Body, limit: usize) -> Result<Bytes, Status> {
 
 /// The response body: for each frame, its prefix and then the shared bytes; the status that
 /// ends the stream as trailers.
-struct FrameBody {
+pub(crate) struct FrameBody {
     stream: FrameStream,
     /// The message bytes to send after the prefix just sent.
     pending: Option<Bytes>,
     done: bool,
+}
+
+impl FrameBody {
+    pub(crate) fn new(stream: FrameStream) -> Self {
+        Self {
+            stream,
+            pending: None,
+            done: false,
+        }
+    }
 }
 
 impl http_body::Body for FrameBody {
