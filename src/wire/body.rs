@@ -4,22 +4,20 @@
 //! tonic's generic streaming path encodes each message of a stream into a buffer of that stream,
 //! which then keeps the capacity of the largest message for as long as the stream lives: with
 //! 10,000 subscribers and a 100 KiB flag set, about a gigabyte of copies. Here every snapshot
-//! goes to the HTTP/2 stream as the 5-byte gRPC message prefix followed by the version's shared
-//! encoded `Bytes`: a stream holds no copy of the flags.
+//! goes to the HTTP/2 stream as one DATA frame of the version's shared `Bytes`, gRPC prefix
+//! included: a stream holds no copy of the flags.
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use tonic::Status;
 use tonic::body::Body;
 
+use crate::wire::frame::PREFIX;
 use crate::wire::stream::FrameStream;
-
-/// Length of the gRPC message prefix: a compression flag and a big-endian length.
-const PREFIX: usize = 5;
 
 /// Reads the one length-prefixed request message of a server-streaming call, and nothing more:
 /// the stream is served as soon as the message is complete, whether or not the client has ended
@@ -79,12 +77,10 @@ pub(crate) async fn read_message(mut body: Body, limit: usize) -> Result<Bytes, 
     }
 }
 
-/// The response body: for each frame, its prefix and then the shared bytes; the status that
-/// ends the stream as trailers.
+/// The response body: each frame's shared bytes as one DATA frame; the status that ends the
+/// stream as trailers.
 pub(crate) struct FrameBody {
     stream: FrameStream,
-    /// The message bytes to send after the prefix just sent.
-    pending: Option<Bytes>,
     done: bool,
 }
 
@@ -92,7 +88,6 @@ impl FrameBody {
     pub(crate) fn new(stream: FrameStream) -> Self {
         Self {
             stream,
-            pending: None,
             done: false,
         }
     }
@@ -106,28 +101,15 @@ impl http_body::Body for FrameBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
-        if let Some(message) = self.pending.take() {
-            return Poll::Ready(Some(Ok(Frame::data(message))));
-        }
         if self.done {
             return Poll::Ready(None);
         }
         let status = match self.stream.poll_next_unpin(cx) {
             Poll::Pending => return Poll::Pending,
-            Poll::Ready(Some(Ok(frame))) => {
-                let message = frame.0;
-                let Ok(length) = u32::try_from(message.len()) else {
-                    self.done = true;
-                    return Poll::Ready(Some(Ok(trailers(&Status::internal(
-                        "a snapshot is too large to send",
-                    )))));
-                };
-                let mut prefix = BytesMut::with_capacity(PREFIX);
-                prefix.put_u8(0);
-                prefix.put_u32(length);
-                self.pending = Some(message);
-                return Poll::Ready(Some(Ok(Frame::data(prefix.freeze()))));
+            Poll::Ready(Some(Ok(frame))) if !frame.0.is_empty() => {
+                return Poll::Ready(Some(Ok(Frame::data(frame.0))));
             }
+            Poll::Ready(Some(Ok(_))) => Status::internal("a snapshot is too large to send"),
             Poll::Ready(Some(Err(status))) => status,
             // The sync streams end only with an error; should one end otherwise, clients must
             // still reconnect, and an OK status would stop some of them.
@@ -138,7 +120,7 @@ impl http_body::Body for FrameBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.done && self.pending.is_none()
+        self.done
     }
 }
 
