@@ -8,12 +8,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::authz::{Authorizer, AuthzConfigError, AuthzSettings};
 use crate::cli::StartArgs;
+use crate::hub::Source;
 use crate::hub::{Hub, HubOptions};
 use crate::listener::{SocketError, SyncListener, UnixSocket};
 use crate::management::{self, Readiness};
 use crate::metrics::Metrics;
 use crate::server::{self, ServerOptions};
-use crate::source::Source;
 use crate::source::events::EventRecorder;
 use crate::source::kubernetes::{KubeError, KubeSettings, KubernetesSource};
 use crate::source::manifests::{ManifestError, ManifestSource};
@@ -245,7 +245,7 @@ impl Bound {
             metrics,
         );
         if let Some(events) = events {
-            hub.record_events(events);
+            hub.record_events(Arc::new(events));
         }
         let readiness = Readiness::default();
         let (health, health_service) = tonic_health::server::health_reporter();

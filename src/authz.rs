@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use tonic::metadata::MetadataMap;
 
+use crate::connection::ConnectionInfo;
 use crate::selector::{GROUP, ResourceKey};
-use crate::server::ConnectionInfo;
 
 /// Cached entries beyond this are dropped wholesale (the cache only saves API calls).
 const MAX_CACHE_ENTRIES: usize = 10_000;

@@ -8,6 +8,7 @@
 pub mod app;
 pub mod authz;
 pub mod cli;
+pub mod connection;
 pub mod context;
 pub mod document;
 pub mod hub;

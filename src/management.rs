@@ -17,12 +17,12 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
+use crate::hub::Source;
 use crate::hub::{Availability, Hub};
 use crate::listener::next_accepted;
 use crate::metrics::Metrics;
-use crate::server::AddressLimit;
+use crate::server::limits::AddressLimit;
 use crate::server::limits::{self, GuardedTcp, TotalLimit};
-use crate::source::Source;
 
 /// Whether the proxy is serving: true once listening, false from the moment shutdown begins.
 #[derive(Clone, Default)]

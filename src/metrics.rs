@@ -4,7 +4,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
-use prometheus_client::registry::Registry;
+use prometheus_client::registry::{Metric, Registry};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProtocolLabels {
@@ -64,78 +64,67 @@ impl Default for Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::default();
-        let sync_active_streams = Gauge::default();
-        registry.register(
+        let sync_active_streams = registered(
+            &mut registry,
             "sync_active_streams",
             "Open SyncFlags streams over all protocols (same name as the Go flagd-proxy)",
-            sync_active_streams.clone(),
+            Gauge::default(),
         );
         let proxy = registry.sub_registry_with_prefix("flagd_proxy");
-        let active_streams = Family::<ProtocolLabels, Gauge>::default();
-        proxy.register(
+        let active_streams = registered(
+            proxy,
             "active_streams",
             "Open SyncFlags streams by protocol",
-            active_streams.clone(),
+            Family::default(),
         );
-        let upstream_watches = Gauge::default();
-        proxy.register(
+        let upstream_watches = registered(
+            proxy,
             "upstream_watches",
             "Resources currently watched at the source (one watch per resource in use)",
-            upstream_watches.clone(),
+            Gauge::default(),
         );
-        let waiting_resources = Gauge::default();
-        proxy.register(
+        let waiting_resources = registered(
+            proxy,
             "waiting_resources",
             "Watched resources that do not exist yet and never had a version (at most --max-waiting-resources)",
-            waiting_resources.clone(),
+            Gauge::default(),
         );
-        let versions_published = Counter::default();
-        proxy.register(
+        let versions_published = registered(
+            proxy,
             "versions_published",
             "New flag configuration versions taken from the source and offered to subscribers",
-            versions_published.clone(),
+            Counter::default(),
         );
-        let updates_sent = Family::<ProtocolLabels, Counter>::default();
-        proxy.register(
+        let updates_sent = registered(
+            proxy,
             "updates_sent",
             "Snapshots written to sync streams",
-            updates_sent.clone(),
+            Family::default(),
         );
-        let invalid_documents = Family::<ResourceLabels, Counter>::default();
-        proxy.register(
+        let invalid_documents = registered(
+            proxy,
             "invalid_documents",
             "Resource versions rejected as invalid flag configurations (not pushed; the last good version stays)",
-            invalid_documents.clone(),
+            Family::default(),
         );
-        let source_errors = Family::<SourceErrorLabels, Counter>::default();
-        proxy.register(
-            "source_errors",
-            "Errors reading from a source",
-            source_errors.clone(),
-        );
-        let rejected_requests = Family::<ReasonLabels, Counter>::default();
-        proxy.register(
-            "rejected_requests",
-            "Requests refused, by reason",
-            rejected_requests.clone(),
-        );
-        let propagation_seconds = Histogram::new(exponential_buckets(0.0005, 2.0, 16));
-        proxy.register(
+        let (source_errors, rejected_requests) = Self::error_metrics(proxy);
+        let propagation_seconds = registered(
+            proxy,
             "propagation_seconds",
             "Time from a change seen at the source until the last subscriber connected at that moment was sent it",
-            propagation_seconds.clone(),
+            Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
         );
-        let open_connections = Family::<PortLabels, Gauge>::default();
-        proxy.register(
+        let open_connections = registered(
+            proxy,
             "open_connections",
             "Open client connections by port (at most --max-connections on the sync port, --max-management-connections on the management port)",
-            open_connections.clone(),
+            Family::default(),
         );
-        let tls_certificate_expiry = Gauge::default();
-        proxy.register(
+        let tls_certificate_expiry = registered(
+            proxy,
             "tls_certificate_expiry_timestamp_seconds",
             "When the serving certificate expires (notAfter), in seconds since the Unix epoch; 0 without TLS",
-            tls_certificate_expiry.clone(),
+            Gauge::default(),
         );
         Self {
             registry,
@@ -152,6 +141,28 @@ impl Metrics {
             rejected_requests,
             propagation_seconds,
         }
+    }
+
+    /// Source errors and refused requests.
+    fn error_metrics(
+        proxy: &mut Registry,
+    ) -> (
+        Family<SourceErrorLabels, Counter>,
+        Family<ReasonLabels, Counter>,
+    ) {
+        let source_errors = registered(
+            proxy,
+            "source_errors",
+            "Errors reading from a source",
+            Family::default(),
+        );
+        let rejected_requests = registered(
+            proxy,
+            "rejected_requests",
+            "Requests refused, by reason",
+            Family::default(),
+        );
+        (source_errors, rejected_requests)
     }
 
     /// The Prometheus text exposition of every metric.
@@ -173,4 +184,11 @@ impl Metrics {
             .get_or_create(&SourceErrorLabels { source, kind })
             .inc();
     }
+}
+
+/// Registers `metric` under `name` and returns it (metrics are handles; the clone is the same
+/// metric).
+fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str, metric: M) -> M {
+    registry.register(name, help, metric.clone());
+    metric
 }

@@ -6,30 +6,26 @@
 //! size, the request message size, and the HTTP/2 streams per connection; the budgets in
 //! `limits` (connections in total, deadlines for a connection's first bytes and a request's
 //! message, stalled writers) and the HTTP/2 layer's own reset limits.
-use std::collections::HashMap;
 use std::io;
-use std::net::{IpAddr, SocketAddr};
-use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream, UnixStream};
+use tokio::net::TcpListener;
 use tokio::sync::mpsc;
-use tokio_rustls::server::TlsStream;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::server::Connected;
 
 use crate::listener::{SyncListener, UnixSocket, next_accepted};
 use crate::metrics::Metrics;
-use crate::server::limits::{PrefaceDeadline, RequestDeadline, TotalLimit, TotalSlot, WriteStall};
+use crate::server::connection::{Connection, Stream};
+use crate::server::limits::{
+    AddressLimit, AddressSlot, PrefaceDeadline, RequestDeadline, TotalLimit, WriteStall,
+};
 use crate::tls::ReloadingTls;
-use crate::wire::SyncService;
-use crate::wire::direct::DirectSync;
-use crate::wire::frame::Protocol;
+use crate::wire::{FlagdSyncV1, LegacySyncV1, SyncRoutes, SyncService};
 
+mod connection;
 pub(crate) mod limits;
 
 /// Streams a connection may make the server reset (flow-control and protocol errors the client
@@ -113,6 +109,35 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
     let metrics = service.metrics().clone();
+    let incoming = accept_all(listeners, tls, &options, &metrics, &shutdown);
+    let max_request = options.max_request_bytes;
+    http2_server(&options)
+        .layer(RequestDeadline {
+            limit: options.request_timeout,
+            pending: AddressLimit::new(options.max_pending_requests_per_address, metrics.clone())
+                .with_reason("max_pending_requests_per_address"),
+        })
+        .layer(RequestLimits {
+            max_header_bytes: options.max_header_list_size as usize,
+            metrics,
+        })
+        .add_service(SyncRoutes::<FlagdSyncV1>::new(service.clone(), max_request))
+        .add_service(SyncRoutes::<LegacySyncV1>::new(service, max_request))
+        .add_service(health.max_decoding_message_size(max_request))
+        .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
+        .await?;
+    Ok(())
+}
+
+/// Starts accepting on every listener; the accepted connections, admitted and with their TLS
+/// handshakes done, come out of the returned stream.
+fn accept_all(
+    listeners: Vec<SyncListener>,
+    tls: Option<Arc<ReloadingTls>>,
+    options: &ServerOptions,
+    metrics: &Arc<Metrics>,
+    shutdown: &CancellationToken,
+) -> ReceiverStream<io::Result<Connection>> {
     let (tx, rx) = mpsc::channel(128);
     let admission = Arc::new(Admission {
         per_address: AddressLimit::new(options.max_connections_per_address, metrics.clone()),
@@ -137,8 +162,12 @@ pub async fn run(
             }
         }
     }
-    drop(tx);
-    let mut builder = tonic::transport::Server::builder()
+    ReceiverStream::new(rx)
+}
+
+/// The HTTP/2 server with the sync port's transport settings.
+fn http2_server(options: &ServerOptions) -> tonic::transport::Server {
+    let builder = tonic::transport::Server::builder()
         .http2_max_local_error_reset_streams(Some(MAX_LOCAL_ERROR_RESETS))
         .http2_max_pending_accept_reset_streams(Some(MAX_PENDING_ACCEPT_RESETS))
         .initial_stream_window_size(STREAM_WINDOW)
@@ -149,44 +178,12 @@ pub async fn run(
         // Between the limit and twice it, `RequestLimits` answers with a gRPC status and counts.
         .http2_max_header_list_size(options.max_header_list_size.saturating_mul(2))
         .tcp_nodelay(true);
-    if let Some((age, grace)) = options.max_connection_age {
-        builder = builder
+    match options.max_connection_age {
+        Some((age, grace)) => builder
             .max_connection_age(age)
-            .max_connection_age_grace(grace);
+            .max_connection_age_grace(grace),
+        None => builder,
     }
-    let max_request = options.max_request_bytes;
-    builder
-        .layer(RequestDeadline {
-            limit: options.request_timeout,
-            pending: AddressLimit::new(options.max_pending_requests_per_address, metrics.clone())
-                .with_reason("max_pending_requests_per_address"),
-        })
-        .layer(RequestLimits {
-            max_header_bytes: options.max_header_list_size as usize,
-            metrics,
-        })
-        // SyncFlags of both protocols is written straight from the shared frames (see
-        // wire::direct); the other methods go through the generated servers.
-        .add_service(DirectSync::new(
-            service.clone(),
-            Protocol::FlagdSyncV1,
-            max_request,
-            service
-                .flagd_sync_v1()
-                .max_decoding_message_size(max_request),
-        ))
-        .add_service(DirectSync::new(
-            service.clone(),
-            Protocol::LegacySyncV1,
-            max_request,
-            service
-                .legacy_sync_v1()
-                .max_decoding_message_size(max_request),
-        ))
-        .add_service(health.max_decoding_message_size(max_request))
-        .serve_with_incoming_shutdown(ReceiverStream::new(rx), shutdown.cancelled_owned())
-        .await?;
-    Ok(())
 }
 
 /// Accepts TCP connections and completes TLS handshakes off the accept path.
@@ -274,7 +271,7 @@ async fn accept_unix(
             stream: Stream::Unix(stream),
             preface: PrefaceDeadline::new(admission.handshake_timeout),
             write_stall: WriteStall::new(admission.write_stall),
-            _slot: AddressSlot(None),
+            _slot: AddressSlot::none(),
             _total: total,
         };
         if tx.send(Ok(connection)).await.is_err() {
@@ -290,91 +287,6 @@ struct Admission {
     handshake_timeout: Duration,
     /// How long writes may make no progress before the connection is closed.
     write_stall: Duration,
-}
-
-/// A client connection, plain or TLS.
-pub struct Connection {
-    stream: Stream,
-    preface: PrefaceDeadline,
-    write_stall: WriteStall,
-    /// This connection's place in its address's count, given back when the connection drops.
-    _slot: AddressSlot,
-    _total: TotalSlot,
-}
-
-enum Stream {
-    Plain(TcpStream),
-    Tls(Box<TlsStream<TcpStream>>),
-    Unix(UnixStream),
-}
-
-/// Open connections per client IP address, bounded by `max_connections_per_address`.
-#[derive(Clone)]
-pub(crate) struct AddressLimit {
-    limit: usize,
-    open: OpenPerAddress,
-    metrics: Arc<Metrics>,
-    reason: &'static str,
-}
-
-type OpenPerAddress = Arc<Mutex<HashMap<IpAddr, usize>>>;
-
-impl AddressLimit {
-    pub(crate) fn new(limit: usize, metrics: Arc<Metrics>) -> Self {
-        Self {
-            limit,
-            open: Arc::default(),
-            metrics,
-            reason: "max_connections_per_address",
-        }
-    }
-
-    /// The same limit, counted under another reason in the rejection metric.
-    pub(crate) fn with_reason(self, reason: &'static str) -> Self {
-        Self { reason, ..self }
-    }
-
-    /// A place for one more connection from `ip`, or `None` (counted) when it has the most.
-    pub(crate) fn admit(&self, ip: IpAddr) -> Option<AddressSlot> {
-        if self.limit == 0 {
-            return Some(AddressSlot(None));
-        }
-        let ip = ip.to_canonical();
-        let mut open = lock(&self.open);
-        let count = open.entry(ip).or_insert(0);
-        if *count >= self.limit {
-            drop(open);
-            self.metrics.reject(self.reason);
-            return None;
-        }
-        *count += 1;
-        Some(AddressSlot(Some((self.open.clone(), ip))))
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Only short, non-panicking sections hold it; a poisoned map is still consistent.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-/// One connection's place in [`AddressLimit`]; dropping it gives the place back.
-pub(crate) struct AddressSlot(Option<(OpenPerAddress, IpAddr)>);
-
-impl Drop for AddressSlot {
-    fn drop(&mut self) {
-        let Some((open, ip)) = self.0.take() else {
-            return;
-        };
-        let mut open = lock(&open);
-        if let Some(count) = open.get_mut(&ip) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                open.remove(&ip);
-            }
-        }
-    }
 }
 
 /// Refuses requests whose header block is over the limit with `RESOURCE_EXHAUSTED`, and counts
@@ -474,142 +386,9 @@ fn header_list_size<B>(request: &http::Request<B>) -> usize {
     pseudo + fields
 }
 
-/// What the services can learn about the connection a request came on.
-#[derive(Clone, Debug)]
-pub struct ConnectionInfo {
-    pub remote_addr: Option<SocketAddr>,
-    /// The client certificate chain, when the client presented one.
-    pub peer_certificates: Option<Arc<Vec<rustls_pki_types::CertificateDer<'static>>>>,
-}
-
-impl Connected for Connection {
-    type ConnectInfo = ConnectionInfo;
-
-    fn connect_info(&self) -> ConnectionInfo {
-        match &self.stream {
-            Stream::Plain(tcp) => ConnectionInfo {
-                remote_addr: tcp.peer_addr().ok(),
-                peer_certificates: None,
-            },
-            Stream::Unix(_) => ConnectionInfo {
-                remote_addr: None,
-                peer_certificates: None,
-            },
-            Stream::Tls(tls) => {
-                let (tcp, session) = tls.get_ref();
-                ConnectionInfo {
-                    remote_addr: tcp.peer_addr().ok(),
-                    peer_certificates: session.peer_certificates().map(|c| Arc::new(c.to_vec())),
-                }
-            }
-        }
-    }
-}
-
-impl AsyncRead for Connection {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let before = buf.filled().len();
-        let result = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
-        };
-        let read = buf.filled().len() - before;
-        this.preface.check(cx, read, result)
-    }
-}
-
-impl AsyncWrite for Connection {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let result = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        };
-        this.write_stall.check(cx, result)
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        let this = self.get_mut();
-        let result = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        };
-        this.write_stall.check(cx, result)
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match &self.stream {
-            Stream::Plain(s) => s.is_write_vectored(),
-            Stream::Tls(s) => s.is_write_vectored(),
-            Stream::Unix(s) => s.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        let result = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
-        };
-        this.write_stall.check(cx, result)
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn connections_per_address_are_bounded_and_given_back() {
-        let limit = AddressLimit::new(2, Arc::new(Metrics::new()));
-        let a: IpAddr = "10.0.0.1".parse().expect("ip");
-        let b: IpAddr = "10.0.0.2".parse().expect("ip");
-        let first = limit.admit(a).expect("first");
-        let _second = limit.admit(a).expect("second");
-        assert!(limit.admit(a).is_none(), "third from the same address");
-        let _other = limit.admit(b).expect("another address has its own count");
-        // The same client seen over IPv6 as a mapped IPv4 address is the same address.
-        let mapped: IpAddr = "::ffff:10.0.0.1".parse().expect("ip");
-        assert!(limit.admit(mapped).is_none());
-        drop(first);
-        let _again = limit.admit(a).expect("a place came free");
-        let encoded = limit.metrics.encode();
-        assert!(
-            encoded.contains(
-                "flagd_proxy_rejected_requests_total{reason=\"max_connections_per_address\"} 2"
-            ),
-            "{encoded}"
-        );
-        let unlimited = AddressLimit::new(0, Arc::new(Metrics::new()));
-        let slots: Vec<_> = (0..1_000).filter_map(|_| unlimited.admit(a)).collect();
-        assert_eq!(slots.len(), 1_000);
-        assert!(lock(&unlimited.open).is_empty(), "nothing is tracked");
-    }
 
     #[test]
     fn header_size_counts_like_http2() {

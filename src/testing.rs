@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use tokio::sync::Notify;
 
 use crate::hub::Publisher;
+use crate::hub::Source;
 use crate::selector::ResourceKey;
-use crate::source::Source;
 
 /// A `FeatureFlag` with one string flag `f` whose default variant is `variant`.
 pub fn flag_resource(variant: &str) -> Value {

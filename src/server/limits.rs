@@ -1,9 +1,11 @@
 //! Budgets that keep hostile or broken clients from holding memory and file descriptors: a
-//! bound on open connections in total, a deadline for a new connection's first bytes, and a
+//! bound on open connections per client address and in total, a deadline for a new connection's first bytes, and a
 //! deadline for a request message to arrive.
+use std::collections::HashMap;
+use std::net::IpAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -12,8 +14,8 @@ use http_body::{Body as _, Frame};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::net::TcpStream;
 
+use crate::connection::ConnectionInfo;
 use crate::metrics::{Metrics, PortLabels};
-use crate::server::{AddressLimit, AddressSlot, ConnectionInfo};
 
 /// The HTTP/2 connection preface every client sends first.
 pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -377,9 +379,112 @@ where
     }
 }
 
+/// Open connections per client IP address, bounded by `max_connections_per_address`.
+#[derive(Clone)]
+pub(crate) struct AddressLimit {
+    limit: usize,
+    open: OpenPerAddress,
+    metrics: Arc<Metrics>,
+    reason: &'static str,
+}
+
+type OpenPerAddress = Arc<Mutex<HashMap<IpAddr, usize>>>;
+
+impl AddressLimit {
+    pub(crate) fn new(limit: usize, metrics: Arc<Metrics>) -> Self {
+        Self {
+            limit,
+            open: Arc::default(),
+            metrics,
+            reason: "max_connections_per_address",
+        }
+    }
+
+    /// The same limit, counted under another reason in the rejection metric.
+    pub(crate) fn with_reason(self, reason: &'static str) -> Self {
+        Self { reason, ..self }
+    }
+
+    /// A place for one more connection from `ip`, or `None` (counted) when it has the most.
+    pub(crate) fn admit(&self, ip: IpAddr) -> Option<AddressSlot> {
+        if self.limit == 0 {
+            return Some(AddressSlot(None));
+        }
+        let ip = ip.to_canonical();
+        let mut open = lock(&self.open);
+        let count = open.entry(ip).or_insert(0);
+        if *count >= self.limit {
+            drop(open);
+            self.metrics.reject(self.reason);
+            return None;
+        }
+        *count += 1;
+        Some(AddressSlot(Some((self.open.clone(), ip))))
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Only short, non-panicking sections hold it; a poisoned map is still consistent.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One connection's place in [`AddressLimit`]; dropping it gives the place back.
+pub(crate) struct AddressSlot(Option<(OpenPerAddress, IpAddr)>);
+
+impl AddressSlot {
+    /// A connection that counts against no address (a unix socket's).
+    pub(crate) fn none() -> Self {
+        Self(None)
+    }
+}
+
+impl Drop for AddressSlot {
+    fn drop(&mut self) {
+        let Some((open, ip)) = self.0.take() else {
+            return;
+        };
+        let mut open = lock(&open);
+        if let Some(count) = open.get_mut(&ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&ip);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn connections_per_address_are_bounded_and_given_back() {
+        let limit = AddressLimit::new(2, Arc::new(Metrics::new()));
+        let a: IpAddr = "10.0.0.1".parse().expect("ip");
+        let b: IpAddr = "10.0.0.2".parse().expect("ip");
+        let first = limit.admit(a).expect("first");
+        let _second = limit.admit(a).expect("second");
+        assert!(limit.admit(a).is_none(), "third from the same address");
+        let _other = limit.admit(b).expect("another address has its own count");
+        // The same client seen over IPv6 as a mapped IPv4 address is the same address.
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().expect("ip");
+        assert!(limit.admit(mapped).is_none());
+        drop(first);
+        let _again = limit.admit(a).expect("a place came free");
+        let encoded = limit.metrics.encode();
+        assert!(
+            encoded.contains(
+                "flagd_proxy_rejected_requests_total{reason=\"max_connections_per_address\"} 2"
+            ),
+            "{encoded}"
+        );
+        let unlimited = AddressLimit::new(0, Arc::new(Metrics::new()));
+        let slots: Vec<_> = (0..1_000).filter_map(|_| unlimited.admit(a)).collect();
+        assert_eq!(slots.len(), 1_000);
+        assert!(lock(&unlimited.open).is_empty(), "nothing is tracked");
+    }
 
     #[test]
     fn total_connections_are_bounded_and_given_back() {

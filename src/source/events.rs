@@ -28,6 +28,7 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::Value;
 use tokio::sync::watch;
 
+use crate::hub::{EventSink, ResourceEventSink};
 use crate::selector::ResourceKey;
 
 /// The shortest time between two Event writes for one resource.
@@ -80,6 +81,22 @@ impl EventRecorder {
             tx,
             kept: std::sync::Mutex::new(None),
         }
+    }
+}
+
+impl EventSink for EventRecorder {
+    fn watch(&self, key: ResourceKey) -> Box<dyn ResourceEventSink> {
+        Box::new(EventRecorder::watch(self, key))
+    }
+}
+
+impl ResourceEventSink for ResourceEvents {
+    fn accepted(&self, resource: &Value) {
+        ResourceEvents::accepted(self, resource);
+    }
+
+    fn rejected(&self, resource: &Value, problem: &str) {
+        ResourceEvents::rejected(self, resource, problem);
     }
 }
 

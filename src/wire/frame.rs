@@ -1,11 +1,11 @@
 //! Pre-encoded stream messages.
 //!
-//! A [`Frame`] is a `SyncFlagsResponse` already encoded in protobuf. The server's generated code
-//! sends frames where it would send messages, so a version is encoded once and every stream
-//! copies the same bytes into its connection.
-use bytes::{Buf, BufMut, Bytes};
-use prost::encoding::{DecodeContext, WireType};
-use prost::{DecodeError, Message};
+//! A [`Frame`] is a `SyncFlagsResponse` already encoded as a whole gRPC message (the 5-byte
+//! prefix, then the protobuf), made once per version and protocol (the snapshot's encoding
+//! named after the protocol) and shared by every stream, which hands it to HTTP/2 as one DATA
+//! frame without copying it (see [`crate::wire::body`]).
+use bytes::{BufMut, Bytes, BytesMut};
+use prost::Message;
 use prost_types::value::Kind;
 use prost_types::{Struct, Value as ProtoValue};
 use serde_json::Value;
@@ -14,32 +14,34 @@ use crate::hub::Snapshot;
 use crate::selector::ResourceKey;
 use crate::wire::proto::client::{flagd_sync_v1, sync_v1};
 
-/// An encoded `SyncFlagsResponse` (of either protocol).
+/// Length of the gRPC message prefix: a compression flag and a big-endian length.
+pub(crate) const PREFIX: usize = 5;
+
+/// An encoded `SyncFlagsResponse` (of either protocol) with its gRPC message prefix. Empty when
+/// the message is too large for the prefix's length field.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Frame(pub Bytes);
 
-impl Message for Frame {
-    fn encode_raw(&self, buf: &mut impl BufMut) {
-        buf.put_slice(&self.0);
+impl Frame {
+    /// The protobuf message, without the prefix.
+    pub fn message(&self) -> Bytes {
+        self.0.slice(PREFIX.min(self.0.len())..)
     }
+}
 
-    fn merge_field(
-        &mut self,
-        tag: u32,
-        wire_type: WireType,
-        buf: &mut impl Buf,
-        ctx: DecodeContext,
-    ) -> Result<(), DecodeError> {
-        // Frames are only ever sent; decoding one keeps nothing.
-        prost::encoding::skip_field(wire_type, tag, buf, ctx)
-    }
-
-    fn encoded_len(&self) -> usize {
-        self.0.len()
-    }
-
-    fn clear(&mut self) {
-        self.0.clear();
+/// `message` as a whole gRPC message (uncompressed); empty if its length does not fit.
+fn grpc_message(message: &impl Message) -> Bytes {
+    let length = message.encoded_len();
+    let Ok(prefix) = u32::try_from(length) else {
+        return Bytes::new();
+    };
+    let mut buffer = BytesMut::with_capacity(PREFIX + length);
+    buffer.put_u8(0);
+    buffer.put_u32(prefix);
+    match message.encode(&mut buffer) {
+        Ok(()) => buffer.freeze(),
+        // A growing buffer always has room.
+        Err(_) => Bytes::new(),
     }
 }
 
@@ -64,19 +66,19 @@ impl Protocol {
     /// `identity` is the proxy's part of `sync_context` ([`proxy_identity`]).
     pub fn frame(self, snapshot: &Snapshot, key: &ResourceKey, identity: &Struct) -> Frame {
         let bytes = match self {
-            Protocol::FlagdSyncV1 => snapshot.encoded(0, |s| {
+            Protocol::FlagdSyncV1 => snapshot.encoded(self.label(), |s| {
                 let message = flagd_sync_v1::SyncFlagsResponse {
                     flag_configuration: s.flag_configuration.to_string(),
                     sync_context: Some(sync_context(&s.flag_configuration, key, identity)),
                 };
-                message.encode_to_vec().into()
+                grpc_message(&message)
             }),
-            Protocol::LegacySyncV1 => snapshot.encoded(1, |s| {
+            Protocol::LegacySyncV1 => snapshot.encoded(self.label(), |s| {
                 let message = sync_v1::SyncFlagsResponse {
                     flag_configuration: s.flag_configuration.to_string(),
                     state: sync_v1::SyncState::All as i32,
                 };
-                message.encode_to_vec().into()
+                grpc_message(&message)
             }),
         };
         Frame(bytes)
@@ -135,12 +137,14 @@ mod tests {
 
     #[test]
     fn frames_decode_as_the_protocol_messages() {
-        let snapshot = crate::hub::tests_support::snapshot(
-            r#"{"flags":{},"metadata":{"flagSetId":"s","n":2}}"#,
-        );
+        let snapshot = Snapshot::for_test(r#"{"flags":{},"metadata":{"flagSetId":"s","n":2}}"#);
         let key = ResourceKey::new("ns", "a");
         let v1 = Protocol::FlagdSyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
-        let decoded = flagd_sync_v1::SyncFlagsResponse::decode(v1.0.clone()).expect("decodes");
+        // One whole gRPC message: uncompressed, then the big-endian length of the rest.
+        let length = u32::try_from(v1.message().len()).expect("a small message");
+        assert_eq!(v1.0[0], 0);
+        assert_eq!(v1.0[1..PREFIX], length.to_be_bytes());
+        let decoded = flagd_sync_v1::SyncFlagsResponse::decode(v1.message()).expect("decodes");
         assert_eq!(
             decoded.flag_configuration,
             snapshot.flag_configuration.as_ref()
@@ -154,14 +158,11 @@ mod tests {
         assert_eq!(context.fields["proxy"], string("flagd-proxy"));
 
         let legacy = Protocol::LegacySyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
-        let decoded = sync_v1::SyncFlagsResponse::decode(legacy.0).expect("decodes");
+        let decoded = sync_v1::SyncFlagsResponse::decode(legacy.message()).expect("decodes");
         assert_eq!(decoded.state, sync_v1::SyncState::All as i32);
 
         // The same bytes are shared, not encoded again.
         let again = Protocol::FlagdSyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
         assert_eq!(again.0.as_ptr(), v1.0.as_ptr());
-        let mut buf = Vec::new();
-        again.encode(&mut buf).expect("encodes");
-        assert_eq!(buf, v1.0.to_vec());
     }
 }

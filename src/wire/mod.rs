@@ -1,8 +1,16 @@
-//! The wire: the gRPC sync services, their messages, and how errors become statuses.
-pub mod direct;
+//! The wire, the proxy's inbound adapter: the gRPC sync services and their messages.
+//!
+//! [`routes`] routes each protocol's methods to the [`SyncService`] (what every method does,
+//! whatever the protocol); [`stream`] is one open `SyncFlags` stream; [`body`] the bytes of a
+//! streaming call on the wire; [`frame`] the snapshot encodings; [`error`] the one mapping from
+//! errors to gRPC statuses.
+pub mod body;
 pub mod error;
 pub mod frame;
 pub mod proto;
-pub mod sync;
+pub mod routes;
+pub mod service;
+pub mod stream;
 
-pub use sync::{SELECTOR_HEADER, SyncService};
+pub use routes::{FlagdSyncV1, LegacySyncV1, SyncRoutes};
+pub use service::{SELECTOR_HEADER, SyncService};

@@ -1,22 +1,13 @@
-//! Generated protocol types (see `build.rs` and `proto/`).
+//! Generated protocol messages and clients (see `build.rs` and `proto/`). The server side is
+//! written by hand in [`crate::wire::routes`]; the clients serve the upstream source, tests and
+//! benchmarks.
 #![allow(clippy::all, clippy::pedantic, missing_docs)]
 
-/// The server side: `SyncFlagsResponse` is [`crate::wire::frame::Frame`], encoded once per version.
-pub mod server {
-    pub mod flagd_sync_v1 {
-        include!(concat!(env!("OUT_DIR"), "/server/flagd.sync.v1.rs"));
-    }
-    pub mod sync_v1 {
-        include!(concat!(env!("OUT_DIR"), "/server/sync.v1.rs"));
-    }
-}
-
-/// Ordinary messages and clients, for encoding, tests, benchmarks and chained proxies.
 pub mod client {
     pub mod flagd_sync_v1 {
-        include!(concat!(env!("OUT_DIR"), "/client/flagd.sync.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/flagd.sync.v1.rs"));
     }
     pub mod sync_v1 {
-        include!(concat!(env!("OUT_DIR"), "/client/sync.v1.rs"));
+        include!(concat!(env!("OUT_DIR"), "/sync.v1.rs"));
     }
 }

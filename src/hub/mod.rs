@@ -1,0 +1,238 @@
+//! The hub, the core of the proxy: subscriptions and fan-out. It knows no protocol and no
+//! backend: sources feed it through the ports in [`ports`], and whoever serves clients reads
+//! [`Subscription`]s.
+//!
+//! One upstream watch per resource, started by its first subscriber and shared by all of them
+//! through a `tokio::sync::watch` channel that holds only the newest state. A subscriber that is
+//! slow simply finds a newer version when it looks again: it never blocks the source or other
+//! subscribers, and it always ends on the newest version. Each version is kept as one shared
+//! [`Snapshot`]; its encodings (named by whoever sends them) are made once, on first use, and
+//! shared.
+//!
+//! The watch is stopped once the resource has had no subscriber for the idle time, or as soon
+//! as it has none when the resource does not exist and never did.
+//!
+//! Waiting for resources that do not exist is bounded: at most `max_waiting_resources` watches
+//! may wait on a resource the source reports absent and that has never had a version. Beyond
+//! that, the subscriptions to such a resource end (`TooManyWaiting`) and its watch stops at once,
+//! so clients that name random resources cannot make the proxy hold unbounded watches.
+//!
+//! Files: [`ports`] (the `Source` and event traits), [`publisher`] (what sources report
+//! through), [`snapshot`] (versions and availability), [`subscription`] (a subscriber's view),
+//! `waiting` (the bound above).
+use std::collections::HashMap;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::metrics::Metrics;
+use crate::selector::ResourceKey;
+
+pub mod ports;
+pub mod publisher;
+pub mod snapshot;
+pub mod subscription;
+#[cfg(test)]
+mod tests;
+mod waiting;
+
+pub use ports::{EventSink, ResourceEventSink, Source};
+pub use publisher::Publisher;
+pub use snapshot::{Availability, EncodingName, ResourceState, Snapshot};
+pub use subscription::{Subscription, SubscriptionEnd};
+use waiting::WaitingPlace;
+
+/// Hub settings.
+#[derive(Clone, Debug)]
+pub struct HubOptions {
+    /// How long a watch stays open after its last subscriber has gone.
+    pub idle_timeout: Duration,
+    /// The most resources watched at once; further new resources are refused.
+    pub max_watches: usize,
+    /// The largest flag configuration pushed to clients, in bytes.
+    pub max_document_bytes: usize,
+    /// The most resources waited on that do not exist (absent, and never had a version).
+    pub max_waiting_resources: usize,
+}
+
+impl Default for HubOptions {
+    fn default() -> Self {
+        Self {
+            idle_timeout: Duration::from_secs(30),
+            max_watches: 10_000,
+            max_document_bytes: 4 * 1024 * 1024 - 1024,
+            max_waiting_resources: 1_000,
+        }
+    }
+}
+
+/// Why a subscription could not be made.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum HubError {
+    #[error("the proxy already watches {limit} resources, the configured maximum")]
+    TooManyWatches { limit: usize },
+}
+
+type StateSender = Arc<watch::Sender<ResourceState>>;
+
+/// The subscription registry. Cheap to clone.
+#[derive(Clone)]
+pub struct Hub {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    source: Arc<dyn Source>,
+    options: HubOptions,
+    metrics: Arc<Metrics>,
+    upstreams: Mutex<HashMap<ResourceKey, StateSender>>,
+    /// Resources waited on that do not exist yet, over all watches.
+    waiting: Arc<AtomicUsize>,
+    /// Where the outcome of each version is reported, when it is.
+    events: OnceLock<Arc<dyn EventSink>>,
+}
+
+impl Hub {
+    pub fn new(source: Arc<dyn Source>, options: HubOptions, metrics: Arc<Metrics>) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                source,
+                options,
+                metrics,
+                upstreams: Mutex::new(HashMap::new()),
+                waiting: Arc::new(AtomicUsize::new(0)),
+                events: OnceLock::new(),
+            }),
+        }
+    }
+
+    /// Reports the outcome of each version of the resources watched from now on to `sink`.
+    /// Only the first sink given is used.
+    pub fn record_events(&self, sink: Arc<dyn EventSink>) {
+        let _ = self.inner.events.set(sink);
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Subscribes to a resource, starting its watch if nobody watches it yet.
+    pub fn subscribe(&self, key: ResourceKey) -> Result<Subscription, HubError> {
+        let mut upstreams = self.inner.lock();
+        if let Some(tx) = upstreams.get(&key) {
+            return Ok(Subscription::new(key, tx.subscribe()));
+        }
+        if upstreams.len() >= self.inner.options.max_watches {
+            self.inner.metrics.reject("max_watches");
+            return Err(HubError::TooManyWatches {
+                limit: self.inner.options.max_watches,
+            });
+        }
+        let (tx, rx) = watch::channel(ResourceState {
+            snapshot: None,
+            availability: Availability::Pending,
+        });
+        let tx = Arc::new(tx);
+        upstreams.insert(key.clone(), tx.clone());
+        drop(upstreams);
+        tokio::spawn(run_upstream(self.inner.clone(), key.clone(), tx));
+        Ok(Subscription::new(key, rx))
+    }
+
+    /// The resources watched right now, with their state.
+    pub fn resources(&self) -> Vec<(ResourceKey, ResourceState, usize)> {
+        let upstreams = self.inner.lock();
+        let mut out: Vec<_> = upstreams
+            .iter()
+            .map(|(key, tx)| (key.clone(), tx.borrow().clone(), tx.receiver_count()))
+            .collect();
+        out.sort_by(|a, b| a.0.cmp(&b.0));
+        out
+    }
+}
+
+impl Inner {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ResourceKey, StateSender>> {
+        // The map is only touched in short, non-panicking sections; a poisoned lock still holds
+        // a consistent map.
+        self.upstreams
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+}
+
+/// Runs one resource's watch for as long as it has subscribers (plus the idle time).
+async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
+    inner.metrics.upstream_watches.inc();
+    tracing::debug!(resource = %key, source = inner.source.name(), "watch started");
+    let waiting = Arc::new(WaitingPlace::new(
+        inner.waiting.clone(),
+        inner.options.max_waiting_resources,
+        inner.metrics.clone(),
+    ));
+    let events = inner
+        .events
+        .get()
+        .map(|sink| Arc::from(sink.watch(key.clone())));
+    let publisher = Publisher::new(
+        inner.source.name(),
+        key.clone(),
+        tx.clone(),
+        inner.metrics.clone(),
+        inner.options.max_document_bytes,
+        waiting.clone(),
+        events,
+    );
+    let mut watch = inner.source.watch(key.clone(), publisher.clone());
+    let why = loop {
+        tokio::select! {
+            () = &mut watch => {
+                tracing::warn!(resource = %key, source = inner.source.name(), "watch ended; restarting");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                watch = inner.source.watch(key.clone(), publisher.clone());
+            }
+            () = waiting.refused.cancelled() => {
+                // Subscribers see the final state and end; new ones start a fresh watch.
+                inner.lock().remove(&key);
+                break "too many resources that do not exist are waited on";
+            }
+            () = idle(&tx, inner.options.idle_timeout) => {
+                let mut upstreams = inner.lock();
+                if tx.receiver_count() == 0 {
+                    upstreams.remove(&key);
+                    break "no subscribers";
+                }
+            }
+        }
+    };
+    drop(watch);
+    // Under the channel's lock, like every change of the waiting place (see `WaitingPlace`).
+    tx.send_if_modified(|_| {
+        waiting.close();
+        false
+    });
+    inner.metrics.upstream_watches.dec();
+    tracing::debug!(resource = %key, "watch stopped: {why}");
+}
+
+/// Resolves once the channel has had no receiver for `timeout`, or at once when it has none
+/// and the resource does not exist and never did: nobody waits for it any more, and its place
+/// among the resources waited on goes back at once (a `FetchAllFlags` for a name that does not
+/// exist must not hold one).
+async fn idle(tx: &watch::Sender<ResourceState>, timeout: Duration) {
+    loop {
+        tx.closed().await;
+        let never_existed = {
+            let state = tx.borrow();
+            state.snapshot.is_none() && state.availability == Availability::Absent
+        };
+        if !never_existed {
+            tokio::time::sleep(timeout).await;
+        }
+        if tx.receiver_count() == 0 {
+            return;
+        }
+    }
+}

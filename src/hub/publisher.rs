@@ -1,0 +1,206 @@
+//! The handle a source reports through: resources become checked, versioned snapshots.
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use serde_json::Value;
+
+use crate::document;
+use crate::hub::StateSender;
+use crate::hub::ports::ResourceEventSink;
+use crate::hub::snapshot::{Availability, Snapshot};
+use crate::hub::waiting::WaitingPlace;
+use crate::metrics::{Metrics, ResourceLabels};
+use crate::selector::ResourceKey;
+
+/// The handle a source reports through. Turns resources into checked, versioned snapshots and
+/// publishes them; identical content is not published again.
+#[derive(Clone)]
+pub struct Publisher {
+    source: &'static str,
+    key: ResourceKey,
+    tx: StateSender,
+    metrics: Arc<Metrics>,
+    max_document_bytes: usize,
+    next_version: Arc<AtomicU64>,
+    waiting: Arc<WaitingPlace>,
+    events: Option<Arc<dyn ResourceEventSink>>,
+}
+
+impl Publisher {
+    pub(super) fn new(
+        source: &'static str,
+        key: ResourceKey,
+        tx: StateSender,
+        metrics: Arc<Metrics>,
+        max_document_bytes: usize,
+        waiting: Arc<WaitingPlace>,
+        events: Option<Arc<dyn ResourceEventSink>>,
+    ) -> Self {
+        Self {
+            source,
+            key,
+            tx,
+            metrics,
+            max_document_bytes,
+            next_version: Arc::new(AtomicU64::new(1)),
+            waiting,
+            events,
+        }
+    }
+
+    pub fn key(&self) -> &ResourceKey {
+        &self.key
+    }
+
+    /// The resource exists with this content (a `FeatureFlag` object as JSON).
+    pub fn resource(&self, resource: &Value, changed_at: Instant) {
+        match document::from_resource(resource) {
+            Ok(document) => self.accept(document, changed_at),
+            Err(error) => self.invalid(error.to_string()),
+        }
+        if let Some(events) = &self.events {
+            let state = self.tx.borrow();
+            match &state.availability {
+                Availability::Present => events.accepted(resource),
+                // Only resources that are served: someone is waiting for this version.
+                Availability::Invalid(reason) if self.tx.receiver_count() > 0 => {
+                    events.rejected(resource, reason);
+                }
+                _ => {}
+            }
+        }
+    }
+
+    /// The resource exists and this is its flag configuration document (as another proxy
+    /// serves it). It is checked like a converted resource.
+    pub fn flag_configuration(&self, document: String, changed_at: Instant) {
+        let checked = serde_json::from_str::<Value>(&document)
+            .map_err(|e| format!("the flag configuration is not JSON: {e}"))
+            .and_then(|value| document::validate(&value).map_err(|e| e.to_string()));
+        match checked {
+            Ok(()) => self.accept(document, changed_at),
+            Err(reason) => self.invalid(reason),
+        }
+    }
+
+    /// Publishes a checked document unless it is too large for clients or unchanged.
+    fn accept(&self, document: String, changed_at: Instant) {
+        if document.len() > self.max_document_bytes {
+            let reason = format!(
+                "the flag configuration is {} bytes, over the limit of {} bytes that clients accept",
+                document.len(),
+                self.max_document_bytes
+            );
+            return self.invalid(reason);
+        }
+        let tx = &self.tx;
+        let mut published = None;
+        tx.send_if_modified(|state| {
+            if matches!(state.availability, Availability::TooManyWaiting { .. }) {
+                return false;
+            }
+            let same = state
+                .snapshot
+                .as_ref()
+                .is_some_and(|s| *s.flag_configuration == *document);
+            let was = std::mem::replace(&mut state.availability, Availability::Present);
+            if same {
+                return was != Availability::Present;
+            }
+            let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+            let snapshot = Arc::new(Snapshot::new(
+                version,
+                document.into(),
+                changed_at,
+                tx.receiver_count(),
+            ));
+            published = Some(version);
+            state.snapshot = Some(snapshot);
+            // The resource exists: it no longer counts as waited on.
+            self.waiting.release();
+            true
+        });
+        if let Some(version) = published {
+            self.metrics.versions_published.inc();
+            tracing::info!(resource = %self.key, version, "new flag configuration");
+        }
+    }
+
+    /// The resource does not exist. Subscribers keep the last flags they had. A resource that
+    /// never had a version takes one of the places for resources waited on; when none is left,
+    /// its subscriptions end and its watch stops.
+    pub fn absent(&self) {
+        let mut refused = false;
+        let changed = self.tx.send_if_modified(|state| {
+            if matches!(state.availability, Availability::TooManyWaiting { .. }) {
+                return false;
+            }
+            let availability = if state.snapshot.is_none() && !self.waiting.take() {
+                refused = true;
+                Availability::TooManyWaiting {
+                    limit: self.waiting.limit,
+                }
+            } else {
+                Availability::Absent
+            };
+            replace(&mut state.availability, availability)
+        });
+        if refused {
+            self.metrics.reject("max_waiting_resources");
+            tracing::warn!(
+                resource = %self.key,
+                limit = self.waiting.limit,
+                "resource not found and too many resources that do not exist are waited on already; ending its streams"
+            );
+            self.waiting.refused.cancel();
+        } else if changed {
+            tracing::info!(resource = %self.key, "resource not found; waiting for it to appear");
+        }
+    }
+
+    /// The source may not read the resource.
+    pub fn forbidden(&self, reason: String) {
+        self.metrics.source_error(self.source, "forbidden");
+        if self.set(Availability::Forbidden(reason.clone().into())) {
+            tracing::error!(resource = %self.key, %reason, "access denied");
+        }
+    }
+
+    /// The source cannot reach its backend; it keeps retrying and subscribers keep their flags.
+    pub fn unreachable(&self, reason: String) {
+        if self.set(Availability::Unreachable(reason.clone().into())) {
+            tracing::warn!(resource = %self.key, %reason, "source unreachable");
+        }
+    }
+
+    fn invalid(&self, reason: String) {
+        self.metrics
+            .invalid_documents
+            .get_or_create(&ResourceLabels {
+                namespace: self.key.namespace.clone(),
+                name: self.key.name.clone(),
+            })
+            .inc();
+        tracing::error!(resource = %self.key, %reason, "invalid flag configuration; keeping the last good version");
+        self.set(Availability::Invalid(reason.into()));
+    }
+
+    /// Sets the availability; true if it changed. A refused resource stays refused.
+    fn set(&self, availability: Availability) -> bool {
+        self.tx.send_if_modified(|state| {
+            !matches!(state.availability, Availability::TooManyWaiting { .. })
+                && replace(&mut state.availability, availability)
+        })
+    }
+}
+
+/// Replaces `current` with `new`; true if that changed it.
+fn replace(current: &mut Availability, new: Availability) -> bool {
+    if *current == new {
+        false
+    } else {
+        *current = new;
+        true
+    }
+}

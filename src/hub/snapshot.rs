@@ -1,0 +1,125 @@
+//! What subscribers see: versions of a resource's flag configuration and its availability.
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, RwLock};
+use std::time::Instant;
+
+use bytes::Bytes;
+
+/// One version of a resource's flag configuration.
+#[derive(Debug)]
+pub struct Snapshot {
+    /// Increases by one with every new version of this resource while it is watched.
+    pub version: u64,
+    /// The flag configuration document (JSON).
+    pub flag_configuration: Arc<str>,
+    /// When the source saw the change that produced this version.
+    pub changed_at: Instant,
+    /// Subscribers counted when this version was published that have not been sent it yet.
+    pub(super) pending: AtomicUsize,
+    encodings: Encodings,
+}
+
+/// The name of one encoding of a snapshot. The hub knows no protocol: whoever sends snapshots
+/// names its encodings (the wire names them after its protocols).
+pub type EncodingName = &'static str;
+
+/// Encodings made so far: few (one per protocol in use), made once, read by every subscriber.
+#[derive(Debug, Default)]
+struct Encodings(RwLock<Vec<(EncodingName, Bytes)>>);
+
+impl Encodings {
+    fn find(entries: &[(EncodingName, Bytes)], name: EncodingName) -> Option<Bytes> {
+        entries
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, bytes)| bytes.clone())
+    }
+}
+
+impl Snapshot {
+    pub(super) fn new(
+        version: u64,
+        flag_configuration: Arc<str>,
+        changed_at: Instant,
+        pending: usize,
+    ) -> Self {
+        Self {
+            version,
+            flag_configuration,
+            changed_at,
+            pending: AtomicUsize::new(pending),
+            encodings: Encodings::default(),
+        }
+    }
+
+    /// This version's encoding called `name`, made by `encode` the first time any subscriber
+    /// asks for it and shared afterwards. Subscribers asking while it is made wait for it.
+    pub fn encoded(&self, name: EncodingName, encode: impl FnOnce(&Snapshot) -> Bytes) -> Bytes {
+        // Entries are only ever appended whole, so a poisoned lock still holds good ones.
+        let read = self.encodings.0.read().unwrap_or_else(|e| e.into_inner());
+        if let Some(bytes) = Encodings::find(&read, name) {
+            return bytes;
+        }
+        drop(read);
+        let mut write = self.encodings.0.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(bytes) = Encodings::find(&write, name) {
+            return bytes;
+        }
+        let bytes = encode(self);
+        write.push((name, bytes.clone()));
+        bytes
+    }
+
+    /// A snapshot of `flag_configuration` as version 1, for tests of what is made from one.
+    #[cfg(test)]
+    pub(crate) fn for_test(flag_configuration: &str) -> Self {
+        Self::new(1, flag_configuration.into(), Instant::now(), 0)
+    }
+}
+
+/// What the source last said about a resource.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Availability {
+    /// The source has not answered yet.
+    Pending,
+    /// The resource exists and its newest version is the current snapshot.
+    Present,
+    /// The resource does not exist (yet, or any more). A snapshot may remain from before.
+    Absent,
+    /// The resource exists but its newest version was rejected; the snapshot is the last good one.
+    Invalid(Arc<str>),
+    /// The source may not read this resource.
+    Forbidden(Arc<str>),
+    /// The source cannot reach its backend at the moment; it keeps retrying.
+    Unreachable(Arc<str>),
+    /// The resource does not exist and `limit` other resources that do not exist are already
+    /// waited on. Final: subscriptions end and the watch stops.
+    TooManyWaiting { limit: usize },
+}
+
+/// The state of one watched resource, as seen by its subscribers.
+#[derive(Clone, Debug)]
+pub struct ResourceState {
+    pub snapshot: Option<Arc<Snapshot>>,
+    pub availability: Availability,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_encoding_is_made_once_and_shared() {
+        let snapshot = Snapshot::for_test("{}");
+        let mut made = 0;
+        let a = snapshot.encoded("a", |_| {
+            made += 1;
+            Bytes::from_static(b"A")
+        });
+        let again = snapshot.encoded("a", |_| unreachable!("made once"));
+        let b = snapshot.encoded("b", |_| Bytes::from_static(b"B"));
+        assert_eq!(made, 1);
+        assert_eq!(a.as_ptr(), again.as_ptr());
+        assert_eq!((&a[..], &b[..]), (&b"A"[..], &b"B"[..]));
+    }
+}

@@ -1,0 +1,370 @@
+//! Unit tests of the hub, with a scripted source.
+use std::time::Instant;
+
+use serde_json::Value;
+
+use super::*;
+use crate::metrics::ResourceLabels;
+use crate::testing::{FakeSource, flag_resource};
+
+fn hub(source: &Arc<FakeSource>, idle: Duration) -> Hub {
+    Hub::new(
+        source.clone(),
+        HubOptions {
+            idle_timeout: idle,
+            ..HubOptions::default()
+        },
+        Arc::new(Metrics::new()),
+    )
+}
+
+async fn next(sub: &mut Subscription) -> Arc<Snapshot> {
+    tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("a snapshot arrives")
+        .expect("not forbidden")
+}
+
+fn variant(snapshot: &Arc<Snapshot>) -> String {
+    let doc: Value = serde_json::from_str(&snapshot.flag_configuration).expect("json");
+    doc["flags"]["f"]["defaultVariant"]
+        .as_str()
+        .expect("string")
+        .to_owned()
+}
+
+#[tokio::test]
+async fn one_watch_serves_all_subscribers() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut subs: Vec<_> = (0..5)
+        .map(|_| hub.subscribe(key.clone()).expect("subscribe"))
+        .collect();
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    for sub in &mut subs {
+        assert_eq!(variant(&next(sub).await), "on");
+    }
+    assert_eq!(source.watches_started(&key), 1);
+    assert_eq!(hub.metrics().upstream_watches.get(), 1);
+}
+
+#[tokio::test]
+async fn identical_content_is_not_published_again() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    let first = next(&mut sub).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    publisher.resource(&flag_resource("off"), Instant::now());
+    let second = next(&mut sub).await;
+    assert_eq!(
+        (first.version, variant(&second), second.version),
+        (1, "off".into(), 2)
+    );
+}
+
+#[tokio::test]
+async fn slow_subscriber_skips_to_the_newest_version() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut fast = hub.subscribe(key.clone()).expect("subscribe");
+    let mut slow = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    for (i, v) in ["a", "b", "c", "d"].iter().enumerate() {
+        let _ = i;
+        publisher.resource(&flag_resource(v), Instant::now());
+        assert_eq!(variant(&next(&mut fast).await), *v);
+    }
+    // The slow subscriber never looked in between: it gets the newest version only.
+    let got = next(&mut slow).await;
+    assert_eq!((variant(&got), got.version), ("d".into(), 4));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), slow.next())
+            .await
+            .is_err(),
+        "nothing newer"
+    );
+}
+
+#[tokio::test]
+async fn invalid_versions_keep_the_last_good_one() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    next(&mut sub).await;
+    publisher.resource(
+        &serde_json::json!({"spec": {"flagSpec": {"flags": {"f": {"state": "BROKEN"}}}}}),
+        Instant::now(),
+    );
+    let state = sub.settled().await;
+    assert!(
+        matches!(state.availability, Availability::Invalid(ref r) if r.contains("state")),
+        "{state:?}"
+    );
+    assert_eq!(variant(state.snapshot.as_ref().expect("kept")), "on");
+    let labels = ResourceLabels {
+        namespace: "ns".into(),
+        name: "a".into(),
+    };
+    assert_eq!(
+        hub.metrics().invalid_documents.get_or_create(&labels).get(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn oversized_documents_are_not_pushed() {
+    let source = FakeSource::new();
+    let hub = Hub::new(
+        source.clone(),
+        HubOptions {
+            max_document_bytes: 100,
+            ..HubOptions::default()
+        },
+        Arc::new(Metrics::new()),
+    );
+    let key = ResourceKey::new("ns", "a");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&flag_resource(&"x".repeat(200)), Instant::now());
+    let state = sub.settled().await;
+    assert!(
+        matches!(state.availability, Availability::Invalid(ref r) if r.contains("over the limit"))
+    );
+    assert!(state.snapshot.is_none());
+}
+
+#[tokio::test]
+async fn forbidden_ends_subscriptions() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    source
+        .wait_for_watch(&key)
+        .await
+        .forbidden("no get on featureflags".into());
+    let end = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("ends");
+    assert!(matches!(end, Err(SubscriptionEnd::Forbidden(ref r)) if r.contains("no get")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn watch_stops_after_the_idle_time_and_restarts_on_demand() {
+    let source = FakeSource::new();
+    let idle_time = Duration::from_secs(30);
+    let hub = hub(&source, idle_time);
+    let key = ResourceKey::new("ns", "a");
+    let sub = hub.subscribe(key.clone()).expect("subscribe");
+    source.wait_for_watch(&key).await;
+    drop(sub);
+    // A subscriber that comes back within the idle time reuses the watch.
+    tokio::time::sleep(idle_time / 2).await;
+    let sub = hub.subscribe(key.clone()).expect("subscribe");
+    tokio::time::sleep(idle_time * 2).await;
+    assert_eq!(
+        (source.active_watches(&key), source.watches_started(&key)),
+        (1, 1)
+    );
+    drop(sub);
+    tokio::time::sleep(idle_time + Duration::from_secs(1)).await;
+    assert_eq!(
+        source.active_watches(&key),
+        0,
+        "watch dropped after the idle time"
+    );
+    assert!(hub.resources().is_empty());
+    assert_eq!(hub.metrics().upstream_watches.get(), 0);
+    let _sub = hub.subscribe(key.clone()).expect("subscribe");
+    source.wait_for_watch(&key).await;
+    assert_eq!(source.watches_started(&key), 2);
+}
+
+#[tokio::test]
+async fn watch_limit_refuses_new_resources_only() {
+    let source = FakeSource::new();
+    let hub = Hub::new(
+        source.clone(),
+        HubOptions {
+            max_watches: 1,
+            ..HubOptions::default()
+        },
+        Arc::new(Metrics::new()),
+    );
+    let _a = hub.subscribe(ResourceKey::new("ns", "a")).expect("first");
+    let _a2 = hub
+        .subscribe(ResourceKey::new("ns", "a"))
+        .expect("same resource");
+    let err = hub
+        .subscribe(ResourceKey::new("ns", "b"))
+        .err()
+        .expect("refused");
+    assert_eq!(err, HubError::TooManyWatches { limit: 1 });
+}
+
+fn waiting_hub(source: &Arc<FakeSource>, max_waiting_resources: usize) -> Hub {
+    Hub::new(
+        source.clone(),
+        HubOptions {
+            idle_timeout: Duration::from_secs(30),
+            max_waiting_resources,
+            ..HubOptions::default()
+        },
+        Arc::new(Metrics::new()),
+    )
+}
+
+fn availability(hub: &Hub, key: &ResourceKey) -> Option<Availability> {
+    hub.resources()
+        .into_iter()
+        .find(|(k, _, _)| k == key)
+        .map(|(_, state, _)| state.availability)
+}
+
+fn refused_count(hub: &Hub) -> u64 {
+    hub.metrics()
+        .rejected_requests
+        .get_or_create(&crate::metrics::ReasonLabels {
+            reason: "max_waiting_resources",
+        })
+        .get()
+}
+
+/// Waits (bounded) until `condition` holds; the hub's watch tasks run concurrently.
+async fn eventually(mut condition: impl FnMut() -> bool) {
+    tokio::time::timeout(Duration::from_secs(10), async {
+        while !condition() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await
+    .expect("the condition holds in time");
+}
+
+#[tokio::test]
+async fn waiting_limit_ends_subscriptions_to_further_missing_resources() {
+    let source = FakeSource::new();
+    let hub = waiting_hub(&source, 1);
+    let (a, b) = (ResourceKey::new("ns", "a"), ResourceKey::new("ns", "b"));
+    let mut waits = hub.subscribe(a.clone()).expect("subscribe");
+    source.wait_for_watch(&a).await.absent();
+    assert_eq!(availability(&hub, &a), Some(Availability::Absent));
+    assert_eq!(hub.metrics().waiting_resources.get(), 1);
+
+    let mut refused: Vec<_> = (0..2)
+        .map(|_| hub.subscribe(b.clone()).expect("subscribe"))
+        .collect();
+    source.wait_for_watch(&b).await.absent();
+    for sub in &mut refused {
+        let end = tokio::time::timeout(Duration::from_secs(10), sub.next())
+            .await
+            .expect("ends")
+            .expect_err("refused");
+        assert_eq!(end, SubscriptionEnd::TooManyWaiting { limit: 1 });
+    }
+    // The refused resource's watch stops at once, not after the idle time.
+    eventually(|| source.active_watches(&b) == 0).await;
+    assert_eq!(availability(&hub, &b), None);
+    eventually(|| hub.metrics().upstream_watches.get() == 1).await;
+    assert_eq!(refused_count(&hub), 1);
+    assert_eq!(hub.metrics().waiting_resources.get(), 1);
+
+    // The resource waited on is unaffected: it is delivered when it appears, and then no
+    // longer counts as waited on.
+    source
+        .wait_for_watch(&a)
+        .await
+        .resource(&flag_resource("on"), Instant::now());
+    assert_eq!(variant(&next(&mut waits).await), "on");
+    assert_eq!(hub.metrics().waiting_resources.get(), 0);
+
+    // So `b` may wait now, on a new watch.
+    let _b = hub.subscribe(b.clone()).expect("subscribe");
+    eventually(|| source.watches_started(&b) == 2).await;
+    source.wait_for_watch(&b).await.absent();
+    assert_eq!(availability(&hub, &b), Some(Availability::Absent));
+    assert_eq!(refused_count(&hub), 1);
+}
+
+#[tokio::test]
+async fn resources_with_a_version_are_never_refused() {
+    let source = FakeSource::new();
+    let hub = waiting_hub(&source, 1);
+    let (a, c) = (ResourceKey::new("ns", "a"), ResourceKey::new("ns", "c"));
+    let _waits = hub.subscribe(a.clone()).expect("subscribe");
+    source.wait_for_watch(&a).await.absent();
+    let mut sub = hub.subscribe(c.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&c).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    next(&mut sub).await;
+    // Deleted while every waiting place is taken: clients keep the last flags.
+    publisher.absent();
+    assert_eq!(availability(&hub, &c), Some(Availability::Absent));
+    publisher.resource(&flag_resource("off"), Instant::now());
+    assert_eq!(variant(&next(&mut sub).await), "off");
+    assert_eq!(refused_count(&hub), 0);
+    // A refused resource stays refused: later reports do not revive its subscribers.
+    let d = ResourceKey::new("ns", "d");
+    let mut refused = hub.subscribe(d.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&d).await;
+    publisher.absent();
+    publisher.resource(&flag_resource("on"), Instant::now());
+    assert!(matches!(
+        refused.next().await,
+        Err(SubscriptionEnd::TooManyWaiting { limit: 1 })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_waiting_place_is_given_back_when_the_watch_stops() {
+    let source = FakeSource::new();
+    let hub = waiting_hub(&source, 1);
+    let (a, b) = (ResourceKey::new("ns", "a"), ResourceKey::new("ns", "b"));
+    let sub = hub.subscribe(a.clone()).expect("subscribe");
+    let stale = source.wait_for_watch(&a).await;
+    stale.absent();
+    drop(sub);
+    tokio::time::sleep(Duration::from_secs(31)).await;
+    assert!(hub.resources().is_empty());
+    assert_eq!(hub.metrics().waiting_resources.get(), 0);
+    // A late report from the stopped watch takes no place.
+    stale.unreachable("late".into());
+    stale.absent();
+    assert_eq!(hub.metrics().waiting_resources.get(), 0);
+    let _b = hub.subscribe(b.clone()).expect("subscribe");
+    source.wait_for_watch(&b).await.absent();
+    assert_eq!(availability(&hub, &b), Some(Availability::Absent));
+    assert_eq!(hub.metrics().waiting_resources.get(), 1);
+}
+
+#[tokio::test]
+async fn propagation_is_measured_once_all_counted_subscribers_have_it() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut a = hub.subscribe(key.clone()).expect("subscribe");
+    let mut b = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    let snapshot = next(&mut a).await;
+    a.delivered(&snapshot, hub.metrics());
+    let count = || {
+        hub.metrics()
+            .encode()
+            .contains("flagd_proxy_propagation_seconds_count 1")
+    };
+    assert!(!count(), "one of two subscribers still waits");
+    let snapshot = next(&mut b).await;
+    b.delivered(&snapshot, hub.metrics());
+    assert!(count(), "{}", hub.metrics().encode());
+}

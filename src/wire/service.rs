@@ -1,0 +1,187 @@
+//! What the sync services do, whatever the protocol: find the resource a request names,
+//! check the client may read it, and open a stream of it or fetch it once.
+use std::sync::Arc;
+use std::time::Duration;
+
+use prost_types::Struct;
+use tokio_util::sync::CancellationToken;
+use tonic::Request;
+
+use crate::authz::{Authorizer, AuthzError};
+use crate::connection::ConnectionInfo;
+use crate::hub::{Availability, Hub};
+use crate::metrics::Metrics;
+use crate::selector::{self, ResourceKey};
+use crate::wire::error::RequestError;
+use crate::wire::frame::{Protocol, proxy_identity};
+use crate::wire::stream::{self, FrameStream, Grant};
+
+/// The metadata header flagd providers send the selector in.
+pub const SELECTOR_HEADER: &str = "flagd-selector";
+
+/// Both sync protocols over one hub. Cheap to clone.
+#[derive(Clone)]
+pub struct SyncService {
+    hub: Hub,
+    authz: Option<Arc<Authorizer>>,
+    shutdown: CancellationToken,
+    fetch_timeout: Duration,
+    /// The proxy's part of every `sync_context` and of `GetMetadata`.
+    identity: Arc<Struct>,
+}
+
+impl SyncService {
+    /// `shutdown` ends every open stream with `UNAVAILABLE` when cancelled.
+    pub fn new(hub: Hub, shutdown: CancellationToken) -> Self {
+        Self {
+            hub,
+            authz: None,
+            shutdown,
+            fetch_timeout: Duration::from_secs(10),
+            identity: Arc::new(proxy_identity(&[])),
+        }
+    }
+
+    /// Adds `--context-value` entries to every `sync_context` and to `GetMetadata`.
+    pub fn with_context_values(mut self, values: &[(String, String)]) -> Self {
+        self.identity = Arc::new(proxy_identity(values));
+        self
+    }
+
+    /// Checks every request with `authz` (when it is enabled).
+    pub fn with_authorizer(mut self, authz: Arc<Authorizer>) -> Self {
+        self.authz = authz.enabled().then_some(authz);
+        self
+    }
+
+    /// Identifies the client and checks that it may read `key`.
+    async fn authorize<T>(
+        &self,
+        request: &Request<T>,
+        key: &ResourceKey,
+    ) -> Result<Option<Grant>, RequestError> {
+        let Some(authz) = &self.authz else {
+            return Ok(None);
+        };
+        let connection = request.extensions().get::<ConnectionInfo>();
+        let result = async {
+            let identity = authz.identify(request.metadata(), connection).await?;
+            authz.check(&identity, key).await?;
+            Ok::<_, AuthzError>(identity)
+        }
+        .await;
+        match result {
+            Ok(identity) => {
+                tracing::debug!(resource = %key, %identity, "authorized");
+                Ok(Some(Grant {
+                    authz: authz.clone(),
+                    identity,
+                }))
+            }
+            Err(error) => {
+                self.metrics().reject("unauthorized");
+                tracing::info!(resource = %key, %error, "request refused");
+                Err(error.into())
+            }
+        }
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        self.hub.metrics()
+    }
+
+    /// Opens a `SyncFlags` stream for a request whose body named `body_selector`.
+    pub(crate) async fn open_sync<T>(
+        &self,
+        request: &Request<T>,
+        body_selector: &str,
+        protocol: Protocol,
+    ) -> Result<FrameStream, RequestError> {
+        let key = self.resource(request, body_selector)?;
+        let grant = self.authorize(request, &key).await?;
+        self.stream(key, protocol, grant)
+    }
+
+    /// The resource a request names: the `flagd-selector` header first, then the body field.
+    fn resource<T>(
+        &self,
+        request: &Request<T>,
+        body_selector: &str,
+    ) -> Result<ResourceKey, RequestError> {
+        let header = request
+            .metadata()
+            .get(SELECTOR_HEADER)
+            .and_then(|v| v.to_str().ok());
+        let selector = header
+            .filter(|s| !s.trim().is_empty())
+            .unwrap_or(body_selector);
+        selector::parse(selector)
+            .inspect_err(|_| self.metrics().reject("invalid_selector"))
+            .map_err(Into::into)
+    }
+
+    fn stream(
+        &self,
+        key: ResourceKey,
+        protocol: Protocol,
+        grant: Option<Grant>,
+    ) -> Result<FrameStream, RequestError> {
+        if self.shutdown.is_cancelled() {
+            return Err(RequestError::ShuttingDown);
+        }
+        let subscription = self.hub.subscribe(key)?;
+        Ok(stream::open(
+            subscription,
+            protocol,
+            self.identity.clone(),
+            grant,
+            self.metrics(),
+            self.shutdown.clone(),
+        ))
+    }
+
+    /// Answers a `FetchAllFlags` request that named `body_selector`: the resource's current
+    /// flag configuration, once the source has answered.
+    pub(crate) async fn fetch_all_flags<T>(
+        &self,
+        request: &Request<T>,
+        body_selector: &str,
+    ) -> Result<String, RequestError> {
+        let key = self.resource(request, body_selector)?;
+        self.authorize(request, &key).await?;
+        self.fetch(key).await
+    }
+
+    /// The proxy's identity and context values, as `GetMetadata` reports them.
+    pub(crate) fn metadata(&self) -> Struct {
+        Struct::clone(&self.identity)
+    }
+
+    async fn fetch(&self, key: ResourceKey) -> Result<String, RequestError> {
+        let mut subscription = self.hub.subscribe(key.clone())?;
+        let state = tokio::time::timeout(self.fetch_timeout, subscription.settled())
+            .await
+            .map_err(|_| RequestError::SourceTimeout(key.clone()))?;
+        match (state.snapshot, state.availability) {
+            (_, Availability::Forbidden(reason)) => Err(RequestError::Forbidden {
+                key,
+                reason: reason.to_string(),
+            }),
+            (Some(snapshot), _) => Ok(snapshot.flag_configuration.to_string()),
+            (None, Availability::Absent | Availability::TooManyWaiting { .. }) => {
+                Err(RequestError::NotFound(key))
+            }
+            (None, Availability::Invalid(reason)) => Err(RequestError::Invalid {
+                key,
+                reason: reason.to_string(),
+            }),
+            (None, Availability::Unreachable(reason)) => Err(RequestError::Unreachable {
+                key,
+                reason: reason.to_string(),
+            }),
+            (None, Availability::Pending | Availability::Present) => {
+                Err(RequestError::SourceTimeout(key))
+            }
+        }
+    }
+}

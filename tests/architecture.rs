@@ -1,0 +1,140 @@
+//! The crate's shape, checked: the hub is a core that knows no adapter, and no two top-level
+//! modules import each other, directly or around a circle.
+//!
+//! Read from the sources: every `crate::<module>` path in code (comments left out) is an edge
+//! from the file's top-level module to `<module>`. `testing` (unit-test support) is left out.
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+type Graph = BTreeMap<String, BTreeSet<String>>;
+
+/// What the hub may import: the document it builds snapshots from, its metrics, the resource
+/// names, and nothing that serves clients or fetches resources.
+const HUB_MAY_IMPORT: &[&str] = &["document", "metrics", "selector"];
+
+#[test]
+fn the_hub_imports_no_adapter() {
+    let graph = module_graph();
+    let hub = graph.get("hub").expect("a hub module");
+    let extra: Vec<_> = hub
+        .iter()
+        .filter(|m| !HUB_MAY_IMPORT.contains(&m.as_str()))
+        .collect();
+    assert!(extra.is_empty(), "the hub imports {extra:?}");
+}
+
+#[test]
+fn no_import_circle_among_modules() {
+    let graph = module_graph();
+    for start in graph.keys() {
+        if let Some(circle) = circle_from(&graph, start) {
+            panic!("import circle: {}", circle.join(" -> "));
+        }
+    }
+}
+
+#[test]
+fn the_check_finds_a_circle() {
+    let graph: Graph = [("a", "b"), ("b", "c"), ("c", "a"), ("d", "a")]
+        .into_iter()
+        .fold(Graph::new(), |mut g, (from, to)| {
+            g.entry(from.into()).or_default().insert(to.into());
+            g
+        });
+    assert_eq!(
+        circle_from(&graph, "a"),
+        Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
+    );
+    assert_eq!(circle_from(&graph, "d"), None, "d is on no circle");
+    assert_eq!(
+        imports("use crate::hub::{Hub, Snapshot}; // crate::wire\nuse crate::{metrics::M, tls};"),
+        BTreeSet::from(["hub".to_owned(), "metrics".to_owned(), "tls".to_owned()])
+    );
+}
+
+/// A path of imports from `start` back to `start`, if there is one.
+fn circle_from(graph: &Graph, start: &str) -> Option<Vec<String>> {
+    fn walk(graph: &Graph, start: &str, path: &mut Vec<String>) -> bool {
+        let last = path.last().cloned().unwrap_or_default();
+        for next in graph.get(&last).into_iter().flatten() {
+            if next == start {
+                path.push(next.clone());
+                return true;
+            }
+            if path.contains(next) {
+                continue;
+            }
+            path.push(next.clone());
+            if walk(graph, start, path) {
+                return true;
+            }
+            path.pop();
+        }
+        false
+    }
+    let mut path = vec![start.to_owned()];
+    walk(graph, start, &mut path).then_some(path)
+}
+
+/// Top-level module -> the top-level modules its files import.
+fn module_graph() -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut graph = Graph::new();
+    for file in rust_files(&src) {
+        let relative = file.strip_prefix(&src).expect("under src");
+        let first = relative.components().next().expect("a component");
+        let module = first.as_os_str().to_string_lossy();
+        let module = module.trim_end_matches(".rs").to_owned();
+        if ["lib", "main", "testing"].contains(&module.as_str()) {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("read a source file");
+        let edges = graph.entry(module.clone()).or_default();
+        edges.extend(
+            imports(&text)
+                .into_iter()
+                .filter(|m| *m != module && m != "testing"),
+        );
+    }
+    assert!(graph.len() > 5, "found the modules: {graph:?}");
+    graph
+}
+
+/// The top-level modules named by `crate::<module>` paths outside comments.
+fn imports(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        for (at, _) in code.match_indices("crate::") {
+            let rest = &code[at + "crate::".len()..];
+            // `crate::{a::X, b}` names several; nested groups name no further top-level module.
+            let names = match rest.strip_prefix('{') {
+                Some(group) => group.split(',').map(str::trim).collect(),
+                None => vec![rest],
+            };
+            for name in names {
+                let name: String = name
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                if name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                    found.insert(name);
+                }
+            }
+        }
+    }
+    found
+}
+
+fn rust_files(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read a source folder") {
+        let path = entry.expect("a folder entry").path();
+        if path.is_dir() {
+            files.extend(rust_files(&path));
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    files
+}
