@@ -351,6 +351,7 @@ impl Bound {
 
     /// Starts the hub, the management server and the sync server (not yet reported healthy).
     fn start(self) -> Running {
+        let listening = self.listening();
         let Bound {
             prepared,
             sync,
@@ -373,28 +374,19 @@ impl Bound {
         if let Some(events) = events {
             hub.record_events(events);
         }
-        let listening = Listening {
-            sync: sync.as_ref().and_then(|sync| sync.local_addr().ok()),
-            socket: socket.as_ref().map(|socket| socket.path().to_owned()),
-            management: management.local_addr().ok(),
-            tls: tls.is_some(),
-            source: source.name(),
-        };
         let readiness = Readiness::default();
         let (health, health_service) = tonic_health::server::health_reporter();
         let management_done = CancellationToken::new();
-        let management_metrics = hub.metrics().clone();
-        let router = management::router(
-            hub.clone(),
-            source,
-            readiness.clone(),
-            tonic::service::Routes::new(health_service.clone()),
-        );
         let management_task = tokio::spawn(management::run(
             management,
-            router,
+            management::router(
+                hub.clone(),
+                source,
+                readiness.clone(),
+                tonic::service::Routes::new(health_service.clone()),
+            ),
             management_options,
-            management_metrics,
+            hub.metrics().clone(),
             management_done.clone(),
         ));
         let streams_end = CancellationToken::new();
@@ -404,13 +396,9 @@ impl Bound {
         if let Some(tls) = &tls {
             tls.spawn_reloader(streams_end.clone());
         }
-        let listeners: Vec<SyncListener> = sync
-            .map(SyncListener::Tcp)
-            .into_iter()
-            .chain(socket.map(SyncListener::Unix))
-            .collect();
+        let listeners = sync.map(SyncListener::Tcp).into_iter();
         let sync_task = tokio::spawn(server::run(
-            listeners,
+            listeners.chain(socket.map(SyncListener::Unix)).collect(),
             tls,
             service,
             health_service,
@@ -425,6 +413,17 @@ impl Bound {
             management_task,
             management_done,
             listening,
+        }
+    }
+
+    /// Where the proxy is about to serve.
+    fn listening(&self) -> Listening {
+        Listening {
+            sync: self.sync.as_ref().and_then(|sync| sync.local_addr().ok()),
+            socket: self.socket.as_ref().map(|socket| socket.path().to_owned()),
+            management: self.management.local_addr().ok(),
+            tls: self.prepared.tls.is_some(),
+            source: self.prepared.source.name(),
         }
     }
 }

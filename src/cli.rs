@@ -17,8 +17,6 @@ use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, Value
 mod config_file;
 mod docs;
 mod start;
-#[cfg(test)]
-mod tests;
 
 pub use config_file::ConfigFileError;
 pub use docs::markdown;
@@ -143,3 +141,6 @@ fn config_for_start(matches: &ArgMatches) -> Option<(&ArgMatches, PathBuf)> {
         .or_else(|| matches.get_one::<PathBuf>("config"))?;
     Some((start, path.clone()))
 }
+
+#[cfg(test)]
+mod tests;
