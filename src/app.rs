@@ -66,7 +66,7 @@ pub enum RunError {
 }
 
 /// Everything the proxy is configured with, one settings value per component.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Settings {
     pub serve: ServeSettings,
     pub source: SourceSettings,
@@ -528,3 +528,6 @@ fn flatten(
         Err(_) => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests;

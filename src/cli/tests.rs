@@ -527,6 +527,14 @@ fn empty_command_line_gives_every_components_default() {
         args.management.into_settings(&server),
         ManagementOptions::default()
     );
+    // And all of them together.
+    let settings = crate::app::Settings::from(start_args(
+        Cli::try_parse_from(["flagd-proxy", "start"]).expect("parses"),
+    ));
+    assert_eq!(
+        format!("{settings:?}"),
+        format!("{:?}", crate::app::Settings::default())
+    );
 }
 
 /// Flags land in the settings of their component.
