@@ -1,17 +1,22 @@
-//! Wiring: turns the `start` arguments into a running proxy (source, hub, servers) and shuts it
-//! down in order.
-use std::net::SocketAddr;
+//! Wiring: the proxy's [`Settings`] (built once from the command line, see
+//! [`crate::cli::StartArgs`]), and the steps that turn them into a running proxy: [`prepare`]
+//! checks them and loads the source and TLS, [`Prepared::bind`] listens, [`Bound::run`] starts
+//! the hub and the servers, serves, and shuts down in order.
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
 
 use crate::authz::{Authorizer, AuthzConfigError, AuthzSettings};
-use crate::cli::StartArgs;
-use crate::hub::Source;
-use crate::hub::{Hub, HubOptions};
+use crate::hub::{Hub, HubOptions, Source};
 use crate::listener::{SocketError, SyncListener, UnixSocket};
-use crate::management::{self, Readiness};
+use crate::management::{self, ManagementOptions, Readiness};
 use crate::metrics::Metrics;
 use crate::server::{self, ServerOptions};
 use crate::source::events::EventRecorder;
@@ -59,9 +64,96 @@ pub enum RunError {
     Management(std::io::Error),
 }
 
+/// Everything the proxy is configured with, one settings value per component.
+#[derive(Clone, Debug, Default)]
+pub struct Settings {
+    pub serve: ServeSettings,
+    pub source: SourceSettings,
+    /// TLS on the sync port; plaintext without it.
+    pub tls: Option<TlsFiles>,
+    pub authz: AuthzSettings,
+    pub hub: HubOptions,
+    pub server: ServerOptions,
+    pub management: ManagementOptions,
+    /// Entries of every message's sync context (`--context-value`).
+    pub context_values: Vec<(String, String)>,
+}
+
+/// Default of [`ServeSettings::port`] (and of `--port`).
+pub const DEFAULT_PORT: u16 = 8015;
+/// Default of [`ServeSettings::management_port`].
+pub const DEFAULT_MANAGEMENT_PORT: u16 = 8016;
+/// Default of [`ServeSettings::bind_address`]: every IPv4 interface.
+pub const DEFAULT_BIND_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+/// Default of [`ServeSettings::sync_socket_mode`].
+pub const DEFAULT_SYNC_SOCKET_MODE: u32 = 0o660;
+/// Default of [`ServeSettings::shutdown_timeout`].
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Whether Kubernetes Events are recorded unless told otherwise (`--events`).
+pub const DEFAULT_EVENTS: bool = true;
+
+/// Where the proxy listens, and how long it drains at shutdown.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServeSettings {
+    pub bind_address: IpAddr,
+    /// The sync port (0: any free port).
+    pub port: u16,
+    /// The management port (0: any free port).
+    pub management_port: u16,
+    /// Also serve the sync protocols on a unix socket at this path.
+    pub sync_socket_path: Option<PathBuf>,
+    /// Permission bits of the unix socket file.
+    pub sync_socket_mode: u32,
+    /// Serve the sync protocols on the unix socket only, not on `port`.
+    pub sync_socket_only: bool,
+    /// How long shutdown waits for streams to close.
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for ServeSettings {
+    fn default() -> Self {
+        Self {
+            bind_address: DEFAULT_BIND_ADDRESS,
+            port: DEFAULT_PORT,
+            management_port: DEFAULT_MANAGEMENT_PORT,
+            sync_socket_path: None,
+            sync_socket_mode: DEFAULT_SYNC_SOCKET_MODE,
+            sync_socket_only: false,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+/// Where resources come from.
+#[derive(Clone, Debug)]
+pub enum SourceSettings {
+    /// FeatureFlag objects in YAML/JSON files under these directories.
+    Manifests(Vec<PathBuf>),
+    /// Another flagd-proxy.
+    Upstream(UpstreamSettings),
+    /// The Kubernetes API, recording Events on served resources when `events` is set.
+    Kubernetes {
+        settings: KubeSettings,
+        events: bool,
+    },
+}
+
+impl Default for SourceSettings {
+    fn default() -> Self {
+        Self::Kubernetes {
+            settings: KubeSettings::default(),
+            events: DEFAULT_EVENTS,
+        }
+    }
+}
+
 /// Everything checked and loaded, nothing listening yet.
 pub struct Prepared {
-    args: StartArgs,
+    serve: ServeSettings,
+    hub: HubOptions,
+    server: ServerOptions,
+    management: ManagementOptions,
+    context_values: Vec<(String, String)>,
     metrics: Arc<Metrics>,
     source: Arc<dyn Source>,
     tls: Option<Arc<ReloadingTls>>,
@@ -69,81 +161,104 @@ pub struct Prepared {
     events: Option<EventRecorder>,
 }
 
-/// Checks the arguments and loads what they point at.
-pub async fn prepare(args: StartArgs) -> Result<Prepared, ConfigError> {
-    if args.port == args.management_port && args.port != 0 {
-        return Err(ConfigError::SamePort(args.port));
-    }
-    if args.sync_socket_path.is_some() && args.client_ca_path.is_some() {
-        return Err(ConfigError::SocketWithoutClientCertificates);
-    }
-    let metrics = Arc::new(Metrics::new());
-    let tls = match (&args.server_cert_path, &args.server_key_path) {
-        (Some(cert), Some(key)) => Some(
-            ReloadingTls::load(TlsFiles {
-                cert: cert.clone(),
-                key: key.clone(),
-                client_ca: args.client_ca_path.clone(),
-            })
-            .map_err(ConfigError::Tls)?,
-        ),
-        _ => None,
-    };
-    if let Some(tls) = &tls {
-        tls.report_expiry(metrics.tls_certificate_expiry.clone());
-    }
-    let mut kube_client = None;
-    let source: Arc<dyn Source> = if !args.manifests.is_empty() {
-        Arc::new(
-            ManifestSource::start(args.manifests.clone(), metrics.clone())
-                .map_err(ConfigError::Manifests)?,
-        )
-    } else if let Some(address) = &args.upstream {
-        let settings = UpstreamSettings {
-            address: address.clone(),
-            tls: args.upstream_tls,
-            ca_path: args.upstream_ca_path.clone(),
-        };
-        Arc::new(UpstreamSource::new(settings, metrics.clone()).map_err(ConfigError::Upstream)?)
-    } else {
-        let settings = KubeSettings {
-            api_server: args.kube_api_server.clone(),
-            ca_path: args.kube_ca_path.clone(),
-            token_path: args.kube_token_path.clone(),
-        };
-        let kubernetes = KubernetesSource::connect(settings, metrics.clone())
-            .await
-            .map_err(ConfigError::Kubernetes)?;
-        kube_client = Some(kubernetes.client());
-        Arc::new(kubernetes)
-    };
-    let events = match &kube_client {
-        Some(client) if args.events => Some(EventRecorder::new(
-            client.clone(),
-            std::env::var("POD_NAME")
-                .ok()
-                .filter(|name| !name.is_empty()),
-        )),
-        _ => None,
-    };
-    let authz = Authorizer::new(
-        AuthzSettings {
-            mode: args.authz,
-            allow_namespaces: args.authz_allow_namespaces.clone(),
-            token_audiences: args.authz_token_audiences.clone(),
-            pod_ip: args.authz_pod_ip,
-            cache_ttl: args.authz_cache_ttl,
-        },
-        kube_client,
-    )
-    .map_err(ConfigError::Authz)?;
-    Ok(Prepared {
-        args,
-        metrics,
+/// Checks the settings and loads what they point at.
+pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
+    check(&settings)?;
+    let Settings {
+        serve,
         source,
         tls,
+        authz,
+        hub,
+        server,
+        management,
+        context_values,
+    } = settings;
+    let metrics = Arc::new(Metrics::new());
+    let tls = load_tls(tls, &metrics)?;
+    let started = start_source(source, &metrics).await?;
+    let authz = Authorizer::new(authz, started.kube_client).map_err(ConfigError::Authz)?;
+    Ok(Prepared {
+        serve,
+        hub,
+        server,
+        management,
+        context_values,
+        metrics,
+        source: started.source,
+        tls,
         authz: Arc::new(authz),
-        events,
+        events: started.events,
+    })
+}
+
+/// Combinations of settings that cannot work.
+fn check(settings: &Settings) -> Result<(), ConfigError> {
+    let serve = &settings.serve;
+    if serve.port == serve.management_port && serve.port != 0 {
+        return Err(ConfigError::SamePort(serve.port));
+    }
+    let client_certificates = settings
+        .tls
+        .as_ref()
+        .is_some_and(|tls| tls.client_ca.is_some());
+    if serve.sync_socket_path.is_some() && client_certificates {
+        return Err(ConfigError::SocketWithoutClientCertificates);
+    }
+    Ok(())
+}
+
+/// The TLS configuration of the sync port, loaded, with its expiry reported in the metrics.
+fn load_tls(
+    files: Option<TlsFiles>,
+    metrics: &Metrics,
+) -> Result<Option<Arc<ReloadingTls>>, ConfigError> {
+    let Some(files) = files else {
+        return Ok(None);
+    };
+    let tls = ReloadingTls::load(files).map_err(ConfigError::Tls)?;
+    tls.report_expiry(metrics.tls_certificate_expiry.clone());
+    Ok(Some(tls))
+}
+
+/// A started source, with the Kubernetes client and Event recorder when it is the API.
+struct StartedSource {
+    source: Arc<dyn Source>,
+    kube_client: Option<kube::Client>,
+    events: Option<EventRecorder>,
+}
+
+async fn start_source(
+    settings: SourceSettings,
+    metrics: &Arc<Metrics>,
+) -> Result<StartedSource, ConfigError> {
+    let source: Arc<dyn Source> = match settings {
+        SourceSettings::Manifests(directories) => Arc::new(
+            ManifestSource::start(directories, metrics.clone()).map_err(ConfigError::Manifests)?,
+        ),
+        SourceSettings::Upstream(settings) => {
+            Arc::new(UpstreamSource::new(settings, metrics.clone()).map_err(ConfigError::Upstream)?)
+        }
+        SourceSettings::Kubernetes { settings, events } => {
+            let kubernetes = KubernetesSource::connect(settings, metrics.clone())
+                .await
+                .map_err(ConfigError::Kubernetes)?;
+            let client = kubernetes.client();
+            // The reporting instance is the pod, named through the downward API.
+            let pod = std::env::var("POD_NAME")
+                .ok()
+                .filter(|name| !name.is_empty());
+            return Ok(StartedSource {
+                events: events.then(|| EventRecorder::new(client.clone(), pod)),
+                kube_client: Some(client),
+                source: Arc::new(kubernetes),
+            });
+        }
+    };
+    Ok(StartedSource {
+        source,
+        kube_client: None,
+        events: None,
     })
 }
 
@@ -157,19 +272,20 @@ pub struct Bound {
 
 impl Prepared {
     pub async fn bind(self) -> Result<Bound, RunError> {
-        let sync_addr = SocketAddr::new(self.args.bind_address, self.args.port);
-        let sync = if self.args.sync_socket_only {
+        let serve = &self.serve;
+        let sync_addr = SocketAddr::new(serve.bind_address, serve.port);
+        let sync = if serve.sync_socket_only {
             None
         } else {
             Some(bind_tcp(sync_addr, "--port", SYNC_BACKLOG)?)
         };
-        let socket = match &self.args.sync_socket_path {
+        let socket = match &serve.sync_socket_path {
             Some(path) => {
-                Some(UnixSocket::bind(path, self.args.sync_socket_mode).map_err(RunError::Socket)?)
+                Some(UnixSocket::bind(path, serve.sync_socket_mode).map_err(RunError::Socket)?)
             }
             None => None,
         };
-        let management_addr = SocketAddr::new(self.args.bind_address, self.args.management_port);
+        let management_addr = SocketAddr::new(serve.bind_address, serve.management_port);
         let management = bind_tcp(management_addr, "--management-port", MANAGEMENT_BACKLOG)?;
         Ok(Bound {
             prepared: self,
@@ -220,6 +336,21 @@ impl Bound {
     /// Serves until `shutdown` is cancelled; then readiness goes false, every stream ends with
     /// `UNAVAILABLE`, and the servers drain for at most the shutdown timeout.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
+        let shutdown_timeout = self.prepared.serve.shutdown_timeout;
+        let mut running = self.start();
+        running.set_serving(true).await;
+        running.log_serving();
+        let early = tokio::select! {
+            () = shutdown.cancelled() => None,
+            result = &mut running.sync_task => Some(result),
+        };
+        running.set_serving(false).await;
+        running.stop(early, shutdown_timeout).await
+    }
+
+    /// Starts the hub, the management server and the sync server (not yet reported healthy).
+    fn start(self) -> Running {
+        let listening = self.listening();
         let Bound {
             prepared,
             sync,
@@ -227,151 +358,159 @@ impl Bound {
             management,
         } = self;
         let Prepared {
-            args,
+            hub: hub_options,
+            server: server_options,
+            management: management_options,
+            context_values,
             metrics,
             source,
             tls,
             authz,
             events,
+            ..
         } = prepared;
-        let hub = Hub::new(
-            source.clone(),
-            HubOptions {
-                idle_timeout: args.idle_timeout,
-                max_watches: args.max_watches,
-                max_document_bytes: args.max_document_bytes,
-                max_waiting_resources: args.max_waiting_resources,
-            },
-            metrics,
-        );
+        let hub = Hub::new(source.clone(), hub_options, metrics);
         if let Some(events) = events {
             hub.record_events(Arc::new(events));
         }
         let readiness = Readiness::default();
         let (health, health_service) = tonic_health::server::health_reporter();
+        let management_done = CancellationToken::new();
+        let management_task = tokio::spawn(management::run(
+            management,
+            management::router(
+                hub.clone(),
+                source,
+                readiness.clone(),
+                tonic::service::Routes::new(health_service.clone()),
+            ),
+            management_options,
+            hub.metrics().clone(),
+            management_done.clone(),
+        ));
         let streams_end = CancellationToken::new();
-        let service = SyncService::new(hub.clone(), streams_end.clone())
+        let service = SyncService::new(hub, streams_end.clone())
             .with_authorizer(authz)
-            .with_context_values(&args.context_values);
+            .with_context_values(&context_values);
         if let Some(tls) = &tls {
             tls.spawn_reloader(streams_end.clone());
         }
-        let sync_addr = sync.as_ref().and_then(|sync| sync.local_addr().ok());
-        let sync_socket = socket.as_ref().map(|socket| socket.path().to_owned());
-        let listeners: Vec<SyncListener> = sync
-            .map(SyncListener::Tcp)
-            .into_iter()
-            .chain(socket.map(SyncListener::Unix))
-            .collect();
-        let management_addr = management.local_addr().ok();
-        let management_done = CancellationToken::new();
-        let management_metrics = hub.metrics().clone();
-        let router = management::router(
-            hub,
-            source.clone(),
-            readiness.clone(),
-            tonic::service::Routes::new(health_service.clone()),
-        );
-        let management_options = management::ManagementOptions {
-            max_connections: args.max_management_connections,
-            max_connections_per_address: args.max_management_connections_per_address,
-            header_timeout: args.handshake_timeout,
-            keepalive_interval: args.keepalive_interval,
-            keepalive_timeout: args.keepalive_timeout,
-        };
-        let management_task = tokio::spawn(management::run(
-            management,
-            router,
-            management_options,
-            management_metrics,
-            management_done.clone(),
-        ));
-        let options = ServerOptions {
-            keepalive_interval: args.keepalive_interval,
-            keepalive_timeout: args.keepalive_timeout,
-            max_concurrent_streams: args.max_streams_per_connection,
-            max_header_list_size: args.max_header_bytes,
-            max_request_bytes: args.max_request_bytes,
-            max_connections_per_address: args.max_connections_per_address,
-            max_connection_age: args
-                .max_connection_age
-                .map(|age| (age, args.max_connection_age_grace)),
-            max_connections: args.max_connections,
-            handshake_timeout: args.handshake_timeout,
-            request_timeout: args.request_timeout,
-            max_pending_requests_per_address: args.max_pending_requests_per_address,
-        };
-        let mut sync_task = tokio::spawn(server::run(
-            listeners,
-            tls.clone(),
+        let listeners = sync.map(SyncListener::Tcp).into_iter();
+        let sync_task = tokio::spawn(server::run(
+            listeners.chain(socket.map(SyncListener::Unix)).collect(),
+            tls,
             service,
             health_service,
-            options,
+            server_options,
             streams_end.clone(),
         ));
+        Running {
+            readiness,
+            health,
+            streams_end,
+            sync_task,
+            management_task,
+            management_done,
+            listening,
+        }
+    }
 
-        health
-            .set_service_status("", tonic_health::ServingStatus::Serving)
-            .await;
-        health
-            .set_service_status(
-                "flagd.sync.v1.FlagSyncService",
-                tonic_health::ServingStatus::Serving,
-            )
-            .await;
-        health
-            .set_service_status(
-                "sync.v1.FlagSyncService",
-                tonic_health::ServingStatus::Serving,
-            )
-            .await;
-        readiness.set(true);
+    /// Where the proxy is about to serve.
+    fn listening(&self) -> Listening {
+        Listening {
+            sync: self.sync.as_ref().and_then(|sync| sync.local_addr().ok()),
+            socket: self.socket.as_ref().map(|socket| socket.path().to_owned()),
+            management: self.management.local_addr().ok(),
+            tls: self.prepared.tls.is_some(),
+            source: self.prepared.source.name(),
+        }
+    }
+}
+
+/// The services whose gRPC health the proxy reports: the server as a whole and both sync
+/// protocols.
+const HEALTH_SERVICES: [&str; 3] = [
+    "",
+    "flagd.sync.v1.FlagSyncService",
+    "sync.v1.FlagSyncService",
+];
+
+/// The proxy between start and shutdown.
+struct Running {
+    readiness: Readiness,
+    health: HealthReporter,
+    /// Ends every sync stream with `UNAVAILABLE`.
+    streams_end: CancellationToken,
+    sync_task: JoinHandle<Result<(), server::ServerError>>,
+    management_task: JoinHandle<std::io::Result<()>>,
+    management_done: CancellationToken,
+    listening: Listening,
+}
+
+/// Where the proxy serves, for the log.
+struct Listening {
+    sync: Option<SocketAddr>,
+    socket: Option<PathBuf>,
+    management: Option<SocketAddr>,
+    tls: bool,
+    source: &'static str,
+}
+
+impl Running {
+    /// Readiness and the gRPC health of every service, together.
+    async fn set_serving(&self, serving: bool) {
+        if !serving {
+            self.readiness.set(false);
+        }
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        for service in HEALTH_SERVICES {
+            self.health.set_service_status(service, status).await;
+        }
+        if serving {
+            self.readiness.set(true);
+        }
+    }
+
+    fn log_serving(&self) {
+        let listening = &self.listening;
         tracing::info!(
-            sync = ?sync_addr,
-            ?sync_socket,
-            management = ?management_addr,
-            tls = tls.is_some(),
-            source = source.name(),
+            sync = ?listening.sync,
+            sync_socket = ?listening.socket,
+            management = ?listening.management,
+            tls = listening.tls,
+            source = listening.source,
             "flagd-proxy is serving"
         );
+    }
 
-        let early = tokio::select! {
-            () = shutdown.cancelled() => None,
-            result = &mut sync_task => Some(result),
-        };
-        readiness.set(false);
-        health
-            .set_service_status("", tonic_health::ServingStatus::NotServing)
-            .await;
-        health
-            .set_service_status(
-                "flagd.sync.v1.FlagSyncService",
-                tonic_health::ServingStatus::NotServing,
-            )
-            .await;
-        health
-            .set_service_status(
-                "sync.v1.FlagSyncService",
-                tonic_health::ServingStatus::NotServing,
-            )
-            .await;
-        streams_end.cancel();
+    /// Ends the streams, waits for the sync server (unless it has already ended, with `early`)
+    /// for at most `timeout`, then stops the management server.
+    async fn stop(
+        mut self,
+        early: Option<Result<Result<(), server::ServerError>, tokio::task::JoinError>>,
+        timeout: Duration,
+    ) -> Result<(), RunError> {
+        self.streams_end.cancel();
         let result = match early {
             Some(result) => flatten(result),
             None => {
-                tracing::info!(timeout = ?args.shutdown_timeout, "shutting down: ending streams with UNAVAILABLE");
-                match tokio::time::timeout(args.shutdown_timeout, &mut sync_task).await {
+                tracing::info!(?timeout, "shutting down: ending streams with UNAVAILABLE");
+                match tokio::time::timeout(timeout, &mut self.sync_task).await {
                     Ok(result) => flatten(result),
                     Err(_) => {
                         tracing::warn!("shutdown timeout reached; closing remaining connections");
-                        sync_task.abort();
+                        self.sync_task.abort();
                         Ok(())
                     }
                 }
             }
         };
-        management_done.cancel();
-        if let Ok(Err(error)) = management_task.await {
+        self.management_done.cancel();
+        if let Ok(Err(error)) = self.management_task.await {
             return Err(RunError::Management(error));
         }
         tracing::info!("stopped");
@@ -388,3 +527,6 @@ fn flatten(
         Err(_) => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests;

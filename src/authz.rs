@@ -40,8 +40,13 @@ pub enum AuthzMode {
     Rbac,
 }
 
+/// Default of [`AuthzSettings::mode`] (and of `--authz`).
+pub const DEFAULT_MODE: AuthzMode = AuthzMode::None;
+/// Default of [`AuthzSettings::cache_ttl`] (and of `--authz-cache-ttl`).
+pub const DEFAULT_CACHE_TTL: Duration = Duration::from_secs(30);
+
 /// Authorization settings.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AuthzSettings {
     pub mode: AuthzMode,
     /// Namespaces every identified client may read (namespace mode).
@@ -52,6 +57,18 @@ pub struct AuthzSettings {
     pub pod_ip: bool,
     /// How long decisions are cached, and how often open streams are checked again.
     pub cache_ttl: Duration,
+}
+
+impl Default for AuthzSettings {
+    fn default() -> Self {
+        Self {
+            mode: DEFAULT_MODE,
+            allow_namespaces: Vec::new(),
+            token_audiences: Vec::new(),
+            pod_ip: false,
+            cache_ttl: DEFAULT_CACHE_TTL,
+        }
+    }
 }
 
 /// Who a client is.

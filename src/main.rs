@@ -1,4 +1,6 @@
-//! The `flagd-proxy` command: parses the command line and runs the library's [`app`](flagd_proxy::app).
+//! The `flagd-proxy` command: parses the command line, sets up logging, turns the `start`
+//! arguments into [`Settings`](flagd_proxy::app::Settings) and runs the library's
+//! [`app`](flagd_proxy::app) until a stop signal.
 #![forbid(unsafe_code)]
 
 use std::process::ExitCode;
@@ -39,7 +41,8 @@ fn main() -> ExitCode {
 }
 
 fn start(args: StartArgs) -> ExitCode {
-    init_logging(args.log_format, args.debug);
+    init_logging(args.log.log_format, args.log.debug);
+    let settings = app::Settings::from(args);
     // One TLS crypto provider for the sync port and the Kubernetes client.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Runtime::new() {
@@ -50,7 +53,7 @@ fn start(args: StartArgs) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        let prepared = match app::prepare(args).await {
+        let prepared = match app::prepare(settings).await {
             Ok(prepared) => prepared,
             Err(error) => {
                 eprintln!("flagd-proxy: invalid configuration: {error}");

@@ -65,9 +65,14 @@ pub fn router(
     grpc.into_axum_router().merge(http)
 }
 
+/// Default of [`ManagementOptions::max_connections`] (and of `--max-management-connections`).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 256;
+/// Default of [`ManagementOptions::max_connections_per_address`].
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 32;
+
 /// Budgets of the management port, so that nothing on it can exhaust file descriptors or memory
 /// and starve the sync port or the probes.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ManagementOptions {
     /// The most open connections in total (0: no limit).
     pub max_connections: usize,
@@ -80,6 +85,19 @@ pub struct ManagementOptions {
     /// connection.
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+}
+
+/// The timeouts are the sync port's defaults: the command line sets both ports' together.
+impl Default for ManagementOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            header_timeout: crate::server::DEFAULT_HANDSHAKE_TIMEOUT,
+            keepalive_interval: crate::server::DEFAULT_KEEPALIVE_INTERVAL,
+            keepalive_timeout: crate::server::DEFAULT_KEEPALIVE_TIMEOUT,
+        }
+    }
 }
 
 /// The most concurrent HTTP/2 streams on one management connection.

@@ -39,8 +39,22 @@ const MAX_PENDING_ACCEPT_RESETS: usize = 20;
 const STREAM_WINDOW: u32 = 64 * 1024;
 const CONNECTION_WINDOW: u32 = 128 * 1024;
 
+/// Defaults of [`ServerOptions`] (and of the command line's flags for them).
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1_000;
+pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024;
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
+pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_MAX_PENDING_REQUESTS_PER_ADDRESS: usize = 1_000;
+/// The grace period of [`ServerOptions::max_connection_age`] when only the age is given.
+pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(10);
+
 /// Transport settings of the sync port.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServerOptions {
     /// Interval of server pings that find dead peers.
     pub keepalive_interval: Duration,
@@ -74,17 +88,17 @@ pub struct ServerOptions {
 impl Default for ServerOptions {
     fn default() -> Self {
         Self {
-            keepalive_interval: Duration::from_secs(30),
-            keepalive_timeout: Duration::from_secs(20),
-            max_concurrent_streams: 1_000,
-            max_header_list_size: 16 * 1024,
-            max_request_bytes: 64 * 1024,
-            max_connections_per_address: 256,
+            keepalive_interval: DEFAULT_KEEPALIVE_INTERVAL,
+            keepalive_timeout: DEFAULT_KEEPALIVE_TIMEOUT,
+            max_concurrent_streams: DEFAULT_MAX_CONCURRENT_STREAMS,
+            max_header_list_size: DEFAULT_MAX_HEADER_LIST_SIZE,
+            max_request_bytes: DEFAULT_MAX_REQUEST_BYTES,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             max_connection_age: None,
-            max_connections: 16_384,
-            handshake_timeout: Duration::from_secs(10),
-            request_timeout: Duration::from_secs(10),
-            max_pending_requests_per_address: 1_000,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
+            max_pending_requests_per_address: DEFAULT_MAX_PENDING_REQUESTS_PER_ADDRESS,
         }
     }
 }

@@ -2,6 +2,10 @@
 //! flagd-proxy's `--config` reads them. This module turns the file into command-line arguments
 //! (`--<flag>=<value>`) for the flags that the command line and the environment leave unset;
 //! the command-line parser then checks them like any other ([`super::parse_from`]).
+//!
+//! [`read`] goes in three steps: [`load`] reads and parses the file, [`flag_of`] maps each key
+//! to its flag, and [`arguments`] checks the value and spells it as arguments; [`rejected`]
+//! names the key behind a value that the parser then refuses.
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 
@@ -76,6 +80,42 @@ pub(super) fn read(
     start: &clap::Command,
     matches: &ArgMatches,
 ) -> Result<Vec<Setting>, ConfigFileError> {
+    let mut settings: Vec<Setting> = Vec::new();
+    for (key, value) in load(path)? {
+        let key = key_text(key);
+        let arg = flag_of(path, &key, start)?;
+        let flag = arg.get_long().expect("found by its long name").to_owned();
+        if let Some(first) = settings.iter().find(|s| s.flag == flag) {
+            return Err(ConfigFileError::DuplicateKey {
+                path: path.to_owned(),
+                first: first.key.clone(),
+                second: key,
+                flag,
+            });
+        }
+        let arguments = arguments(arg.get_action(), &flag, value).map_err(|problem| {
+            ConfigFileError::BadValue {
+                path: path.to_owned(),
+                key: key.clone(),
+                problem,
+            }
+        })?;
+        let given = matches!(
+            matches.value_source(arg.get_id().as_str()),
+            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
+        );
+        settings.push(Setting {
+            key,
+            flag,
+            arguments: if given { Vec::new() } else { arguments },
+        });
+    }
+    settings.retain(|setting| !setting.arguments.is_empty());
+    Ok(settings)
+}
+
+/// The file's mapping from keys to values: YAML, or JSON when the name ends in `.json`.
+fn load(path: &Path) -> Result<serde_norway::Mapping, ConfigFileError> {
     let text = std::fs::read_to_string(path).map_err(|source| ConfigFileError::Read {
         path: path.to_owned(),
         source,
@@ -102,132 +142,110 @@ pub(super) fn read(
         format,
         message,
     })?;
-    let mapping = match document {
-        serde_norway::Value::Mapping(mapping) => mapping,
+    match document {
+        serde_norway::Value::Mapping(mapping) => Ok(mapping),
         // An empty file, or one with only comments, sets nothing.
-        serde_norway::Value::Null => serde_norway::Mapping::new(),
-        other => {
-            return Err(ConfigFileError::NotAMapping {
-                path: path.to_owned(),
-                found: kind_of(&other),
-            });
-        }
-    };
+        serde_norway::Value::Null => Ok(serde_norway::Mapping::new()),
+        other => Err(ConfigFileError::NotAMapping {
+            path: path.to_owned(),
+            found: kind_of(&other),
+        }),
+    }
+}
 
-    let mut settings: Vec<Setting> = Vec::new();
-    for (key, value) in mapping {
-        let key = match key {
-            serde_norway::Value::String(key) => key,
-            serde_norway::Value::Bool(key) => key.to_string(),
-            serde_norway::Value::Number(key) => key.to_string(),
-            other => kind_of(&other).to_owned(),
-        };
-        // Keys are case-insensitive, as in the Go proxy.
-        let name = key.to_lowercase();
-        if RESERVED_KEYS.contains(&name.as_str()) {
-            return Err(ConfigFileError::ReservedKey {
-                path: path.to_owned(),
-                key,
-            });
-        }
-        let Some(arg) = start.get_arguments().find(|arg| {
+/// A key as written in the file.
+fn key_text(key: serde_norway::Value) -> String {
+    match key {
+        serde_norway::Value::String(key) => key,
+        serde_norway::Value::Bool(key) => key.to_string(),
+        serde_norway::Value::Number(key) => key.to_string(),
+        other => kind_of(&other).to_owned(),
+    }
+}
+
+/// The flag of `start` that a key names, by its long name or an alias (case-insensitive, as in
+/// the Go proxy).
+fn flag_of<'a>(
+    path: &Path,
+    key: &str,
+    start: &'a clap::Command,
+) -> Result<&'a clap::Arg, ConfigFileError> {
+    let name = key.to_lowercase();
+    if RESERVED_KEYS.contains(&name.as_str()) {
+        return Err(ConfigFileError::ReservedKey {
+            path: path.to_owned(),
+            key: key.to_owned(),
+        });
+    }
+    start
+        .get_arguments()
+        .find(|arg| {
             arg.get_long() == Some(name.as_str())
                 || arg
                     .get_all_aliases()
                     .is_some_and(|aliases| aliases.contains(&name.as_str()))
-        }) else {
-            return Err(ConfigFileError::UnknownKey {
-                path: path.to_owned(),
-                suggestion: closest_flag(&name, start),
-                key,
-            });
-        };
-        let flag = arg.get_long().expect("found by its long name").to_owned();
-        if let Some(first) = settings.iter().find(|s| s.flag == flag) {
-            return Err(ConfigFileError::DuplicateKey {
-                path: path.to_owned(),
-                first: first.key.clone(),
-                second: key,
-                flag,
-            });
-        }
-        let bad_value = |problem: String| ConfigFileError::BadValue {
+        })
+        .ok_or_else(|| ConfigFileError::UnknownKey {
             path: path.to_owned(),
-            key: key.clone(),
-            problem,
-        };
-        let arguments: Vec<OsString> = match (arg.get_action(), value) {
-            (_, serde_norway::Value::Null) => {
-                return Err(bad_value(
-                    "no value (remove the key to use the default)".into(),
-                ));
-            }
-            (ArgAction::SetTrue, value) => match value {
-                serde_norway::Value::Bool(true) => vec![format!("--{flag}").into()],
-                serde_norway::Value::Bool(false) => Vec::new(),
-                serde_norway::Value::String(text) if text.eq_ignore_ascii_case("true") => {
-                    vec![format!("--{flag}").into()]
-                }
-                serde_norway::Value::String(text) if text.eq_ignore_ascii_case("false") => {
-                    Vec::new()
-                }
-                other => {
-                    return Err(bad_value(format!(
-                        "expected true or false, found {}",
-                        kind_of(&other)
-                    )));
-                }
-            },
-            (ArgAction::Append, serde_norway::Value::Sequence(items)) => items
+            suggestion: closest_flag(&name, start),
+            key: key.to_owned(),
+        })
+}
+
+/// The command-line arguments that give `--flag` the value, or what is wrong with the value.
+fn arguments(
+    action: &ArgAction,
+    flag: &str,
+    value: serde_norway::Value,
+) -> Result<Vec<OsString>, String> {
+    match (action, value) {
+        (_, serde_norway::Value::Null) => {
+            Err("no value (remove the key to use the default)".into())
+        }
+        (ArgAction::SetTrue, value) => switch(flag, value),
+        (ArgAction::Append, serde_norway::Value::Sequence(items)) => items
+            .iter()
+            .map(|item| scalar(item).map(|text| format!("--{flag}={text}").into()))
+            .collect::<Result<_, _>>()
+            .map_err(|found| format!("expected a list of plain values, found {found} in it")),
+        // `context-value: {region: eu}`, the natural spelling of `key=value` entries.
+        (ArgAction::Append, serde_norway::Value::Mapping(entries))
+            if KEY_VALUE_FLAGS.contains(&flag) =>
+        {
+            entries
                 .iter()
-                .map(|item| scalar(item).map(|text| format!("--{flag}={text}").into()))
-                .collect::<Result<_, _>>()
+                .map(|(name, item)| {
+                    let name = scalar(name)?;
+                    let item = scalar(item)?;
+                    Ok(format!("--{flag}={name}={item}").into())
+                })
+                .collect::<Result<_, &'static str>>()
                 .map_err(|found| {
-                    bad_value(format!(
-                        "expected a list of plain values, found {found} in it"
-                    ))
-                })?,
-            // `context-value: {region: eu}`, the natural spelling of `key=value` entries.
-            (ArgAction::Append, serde_norway::Value::Mapping(entries))
-                if KEY_VALUE_FLAGS.contains(&flag.as_str()) =>
-            {
-                entries
-                    .iter()
-                    .map(|(name, item)| {
-                        let name = scalar(name)?;
-                        let item = scalar(item)?;
-                        Ok(format!("--{flag}={name}={item}").into())
-                    })
-                    .collect::<Result<_, &'static str>>()
-                    .map_err(|found| {
-                        bad_value(format!(
-                            "expected a mapping of plain keys to plain values, found {found} in it"
-                        ))
-                    })?
-            }
-            (_, serde_norway::Value::Sequence(_)) => {
-                return Err(bad_value(format!(
-                    "--{flag} takes a single value, not a list"
-                )));
-            }
-            (_, value) => vec![
-                scalar(&value)
-                    .map(|text| format!("--{flag}={text}").into())
-                    .map_err(|found| bad_value(format!("expected a plain value, found {found}")))?,
-            ],
-        };
-        let given = matches!(
-            matches.value_source(arg.get_id().as_str()),
-            Some(ValueSource::CommandLine | ValueSource::EnvVariable)
-        );
-        settings.push(Setting {
-            key,
-            flag,
-            arguments: if given { Vec::new() } else { arguments },
-        });
+                    format!("expected a mapping of plain keys to plain values, found {found} in it")
+                })
+        }
+        (_, serde_norway::Value::Sequence(_)) => {
+            Err(format!("--{flag} takes a single value, not a list"))
+        }
+        (_, value) => Ok(vec![
+            scalar(&value)
+                .map(|text| format!("--{flag}={text}").into())
+                .map_err(|found| format!("expected a plain value, found {found}"))?,
+        ]),
     }
-    settings.retain(|setting| !setting.arguments.is_empty());
-    Ok(settings)
+}
+
+/// The arguments for an on/off flag: the flag when true, nothing when false.
+fn switch(flag: &str, value: serde_norway::Value) -> Result<Vec<OsString>, String> {
+    match value {
+        serde_norway::Value::Bool(true) => Ok(vec![format!("--{flag}").into()]),
+        serde_norway::Value::Bool(false) => Ok(Vec::new()),
+        serde_norway::Value::String(text) if text.eq_ignore_ascii_case("true") => {
+            Ok(vec![format!("--{flag}").into()])
+        }
+        serde_norway::Value::String(text) if text.eq_ignore_ascii_case("false") => Ok(Vec::new()),
+        other => Err(format!("expected true or false, found {}", kind_of(&other))),
+    }
 }
 
 /// Repeatable flags of `key=value` entries, which the file may also give as a mapping.

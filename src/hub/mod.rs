@@ -44,8 +44,18 @@ pub use snapshot::{Availability, EncodingName, ResourceState, Snapshot};
 pub use subscription::{Subscription, SubscriptionEnd};
 use waiting::WaitingPlace;
 
+/// Default of [`HubOptions::idle_timeout`] (and of `--idle-timeout`).
+pub const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+/// Default of [`HubOptions::max_watches`].
+pub const DEFAULT_MAX_WATCHES: usize = 10_000;
+/// Default of [`HubOptions::max_document_bytes`]: 4 MiB, the clients' limit on a message, less
+/// room for the message's other fields.
+pub const DEFAULT_MAX_DOCUMENT_BYTES: usize = 4 * 1024 * 1024 - 4096;
+/// Default of [`HubOptions::max_waiting_resources`].
+pub const DEFAULT_MAX_WAITING_RESOURCES: usize = 1_000;
+
 /// Hub settings.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HubOptions {
     /// How long a watch stays open after its last subscriber has gone.
     pub idle_timeout: Duration,
@@ -60,10 +70,10 @@ pub struct HubOptions {
 impl Default for HubOptions {
     fn default() -> Self {
         Self {
-            idle_timeout: Duration::from_secs(30),
-            max_watches: 10_000,
-            max_document_bytes: 4 * 1024 * 1024 - 1024,
-            max_waiting_resources: 1_000,
+            idle_timeout: DEFAULT_IDLE_TIMEOUT,
+            max_watches: DEFAULT_MAX_WATCHES,
+            max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
+            max_waiting_resources: DEFAULT_MAX_WAITING_RESOURCES,
         }
     }
 }
