@@ -960,15 +960,7 @@ fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
     let ns = "cluster-authz";
     cluster.restricted_namespace(ns);
     cluster.apply(&feature_flag(ns, "demo", "red"));
-    cluster.apply(&format!(
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: {ns}}}\n---\n\
-         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: stranger, namespace: {ns}}}\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
-         rules:\n- {{apiGroups: [core.openfeature.dev], resources: [featureflags], resourceNames: [demo], verbs: [get]}}\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
-         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-demo}}\n\
-         subjects: [{{kind: ServiceAccount, name: reader, namespace: {ns}}}]\n"
-    ));
+    reader_and_stranger(cluster, ns);
     let uri = format!("flagd-proxy-svc-authz.{proxy_ns}.svc.cluster.local:8015");
     let selector = format!("core.openfeature.dev/{ns}/demo");
     let before = wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
@@ -1030,87 +1022,24 @@ fn in_process_go_provider_pod_syncs_through_the_service_name() {
 
     // The Go provider does not report READY when its very first connection fails, even after it
     // connects on retry: start it once kube-proxy routes the new Service to a proxy.
-    let cluster_ip = cluster
-        .kubectl(&[
-            "-n",
-            &proxy_ns,
-            "get",
-            "service",
-            "flagd-proxy-svc-inprocess",
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ])
-        .expect("Service address");
-    wait_for("the Service to route to a proxy", CLUSTER_TIMEOUT, || {
-        cluster.exec(&[
-            "curl",
-            "-sS",
-            "-o",
-            "/dev/null",
-            "--max-time",
-            "5",
-            "--http2-prior-knowledge",
-            &format!("http://{cluster_ip}:8015/"),
-        ])
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_proxy_service(cluster, &proxy_ns, "flagd-proxy-svc-inprocess");
 
     let ns = "cluster-inprocess";
     cluster.restricted_namespace(ns);
     cluster.apply(&feature_flag(ns, "demo", "red"));
-    cluster.apply(
-        &json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "app", "namespace": ns},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "app"}},
-                "template": {
-                    "metadata": {"labels": {"app": "app"}},
-                    "spec": {
-                        "automountServiceAccountToken": false,
-                        "containers": [{
-                            "name": "app",
-                            "image": client_image,
-                            "imagePullPolicy": "IfNotPresent",
-                            // The client exits when its stdin ends: keep it open.
-                            "stdin": true,
-                            "env": [
-                                {"name": "FLAGD_HOST",
-                                 "value": format!("flagd-proxy-svc-inprocess.{proxy_ns}.svc.cluster.local")},
-                                {"name": "FLAGD_PORT", "value": "8015"},
-                                {"name": "FLAGD_SOURCE_SELECTOR",
-                                 "value": format!("core.openfeature.dev/{ns}/demo")},
-                                {"name": "INTEROP_FLAG_KEY", "value": "color"}
-                            ],
-                            "securityContext": restricted_container(),
-                        }]
-                    }
-                }
-            }
-        })
-        .to_string(),
-    );
+    let env = vec![
+        json!({"name": "FLAGD_HOST",
+               "value": format!("flagd-proxy-svc-inprocess.{proxy_ns}.svc.cluster.local")}),
+        json!({"name": "FLAGD_PORT", "value": "8015"}),
+        json!({"name": "FLAGD_SOURCE_SELECTOR",
+               "value": format!("core.openfeature.dev/{ns}/demo")}),
+        json!({"name": "INTEROP_FLAG_KEY", "value": "color"}),
+    ];
+    cluster.apply(&go_client(ns, "app", &client_image, "default", env, None));
     cluster.wait_rollout(ns, "app");
-    let logs = |want: &'static str| {
-        wait_for(
-            &format!("the client to print {want}"),
-            CLUSTER_TIMEOUT,
-            || {
-                let out = cluster.kubectl(&["-n", ns, "logs", "deployment/app"])?;
-                if out.lines().any(|l| l.trim() == want) {
-                    Ok(())
-                } else {
-                    Err(format!("output: {out:?}"))
-                }
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    };
-    logs("VALUE red");
+    wait_for_client_line(cluster, ns, "app", "VALUE red");
     set_default_color(cluster, ns, "demo", "blue");
-    logs("VALUE blue");
+    wait_for_client_line(cluster, ns, "app", "VALUE blue");
 }
 
 #[test]
@@ -1118,46 +1047,25 @@ fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
-    let Some(helm) = required_file(
-        &support::control_plane::bin_dir().join("helm"),
-        "scripts/install-helm.sh builds it",
-    ) else {
+    let Some(helm) = helm_binary() else {
         return;
     };
     let Some(flagd_image) = cluster.flagd_image() else {
         return;
     };
     cluster.install_crds();
-    let proxy_image = cluster.proxy_image();
-    let (repository, tag) = proxy_image.rsplit_once(':').expect("image:tag");
 
     // mode=both: central proxies (Deployment) and a node-local tier (DaemonSet, Service with
     // internalTrafficPolicy: Local) chained to them.
     let proxy_ns = "flagd-proxy-helm";
     cluster.restricted_namespace(proxy_ns);
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/flagd-proxy");
-    let kubeconfig = format!("KUBECONFIG={}", cluster.kubeconfig());
-    cluster
-        .exec(&[
-            "env",
-            &kubeconfig,
-            helm.to_str().expect("utf-8 path"),
-            "install",
-            "flagd-proxy",
-            chart.to_str().expect("utf-8 path"),
-            "--namespace",
-            proxy_ns,
-            "--set",
-            "mode=both",
-            "--set",
-            &format!("image.repository={repository}"),
-            "--set",
-            &format!("image.tag={tag}"),
-            "--wait",
-            "--timeout",
-            "4m",
-        ])
-        .unwrap_or_else(|e| panic!("helm install: {e}"));
+    helm_install(
+        cluster,
+        &helm,
+        "flagd-proxy",
+        proxy_ns,
+        &["mode=both".to_owned()],
+    );
     let services = cluster
         .kubectl(&["-n", proxy_ns, "get", "services", "-o", "name"])
         .expect("services");
@@ -1342,10 +1250,7 @@ fn helm_chart_central_and_node_modes_serve_flagd_shapes_and_rpc_providers() {
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
-    let Some(helm) = required_file(
-        &support::control_plane::cache_dir().join("bin/helm"),
-        "scripts/install-helm.sh builds it",
-    ) else {
+    let Some(helm) = helm_binary() else {
         return;
     };
     let Some(flagd_image) = cluster.flagd_image() else {
@@ -1467,32 +1372,11 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
     let ns = "cluster-tokens";
     cluster.restricted_namespace(ns);
     cluster.apply(&feature_flag(ns, "demo", "red"));
-    cluster.apply(&format!(
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: {ns}}}\n---\n\
-         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: stranger, namespace: {ns}}}\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
-         rules:\n- {{apiGroups: [core.openfeature.dev], resources: [featureflags], resourceNames: [demo], verbs: [get]}}\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
-         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-demo}}\n\
-         subjects: [{{kind: ServiceAccount, name: reader, namespace: {ns}}}]\n"
-    ));
+    reader_and_stranger(cluster, ns);
 
     // The Go provider does not recover from a failed first connection: start the clients once
     // the Service routes to a proxy.
-    let service_ip = cluster_ip(cluster, &proxy_ns, "flagd-proxy-svc-tokens");
-    wait_for("the Service to route to a proxy", CLUSTER_TIMEOUT, || {
-        cluster.exec(&[
-            "curl",
-            "-sS",
-            "-o",
-            "/dev/null",
-            "--max-time",
-            "5",
-            "--http2-prior-knowledge",
-            &format!("http://{service_ip}:8015/"),
-        ])
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_proxy_service(cluster, &proxy_ns, "flagd-proxy-svc-tokens");
     let before = wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
         unauthorized_rejections(cluster, &proxy_ns)
     })
@@ -1539,4 +1423,45 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
             .any(|l| l.starts_with("READY") || l.starts_with("VALUE")),
         "the stranger synced: {stranger}"
     );
+}
+
+/// helm (`scripts/install-helm.sh`): `None` with a notice, or a panic under `CI`, without it.
+fn helm_binary() -> Option<PathBuf> {
+    required_file(
+        &support::control_plane::bin_dir().join("helm"),
+        "scripts/install-helm.sh builds it",
+    )
+}
+
+/// Service accounts `reader` and `stranger` in `ns`; a Role lets only `reader` get the
+/// FeatureFlag `demo`.
+fn reader_and_stranger(cluster: &Cluster, ns: &str) {
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: {ns}}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: stranger, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
+         rules:\n- {{apiGroups: [core.openfeature.dev], resources: [featureflags], resourceNames: [demo], verbs: [get]}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-demo}}\n\
+         subjects: [{{kind: ServiceAccount, name: reader, namespace: {ns}}}]\n"
+    ));
+}
+
+/// Waits until the proxy Service `ns/name` answers HTTP/2 on 8015 from the node (kube-proxy
+/// routes it to a proxy).
+fn wait_for_proxy_service(cluster: &Cluster, ns: &str, name: &str) {
+    let ip = cluster_ip(cluster, ns, name);
+    wait_for("the Service to route to a proxy", CLUSTER_TIMEOUT, || {
+        cluster.exec(&[
+            "curl",
+            "-sS",
+            "-o",
+            "/dev/null",
+            "--max-time",
+            "5",
+            "--http2-prior-knowledge",
+            &format!("http://{ip}:8015/"),
+        ])
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
 }
