@@ -1349,25 +1349,29 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
+    let Some(helm) = helm_binary() else {
+        return;
+    };
     let Some(client_image) = cluster.interop_go_image() else {
         return;
     };
     cluster.install_crds();
-    let proxy_image = cluster.proxy_image();
-    let proxy_ns = install_deploy_overlay(cluster, "tokens", &proxy_image, &["authz-rbac"]);
-    // Only tokens issued for this audience are accepted (TokenReview with the audience).
+    // The chart's central tier with --authz rbac, accepting only tokens issued for the audience
+    // (TokenReview with the audience).
     let audience = "flagd-proxy";
-    cluster
-        .kubectl(&[
-            "-n",
-            &proxy_ns,
-            "set",
-            "env",
-            "deployment/flagd-proxy-tokens",
-            &format!("FLAGD_PROXY_AUTHZ_TOKEN_AUDIENCES={audience}"),
-        ])
-        .unwrap_or_else(|e| panic!("set the token audience: {e}"));
-    cluster.wait_rollout(&proxy_ns, "flagd-proxy-tokens");
+    let proxy_ns = "flagd-proxy-tokens";
+    cluster.restricted_namespace(proxy_ns);
+    helm_install(
+        cluster,
+        &helm,
+        "flagd-proxy",
+        proxy_ns,
+        &[
+            "central.replicas=1".to_owned(),
+            "central.authz.mode=rbac".to_owned(),
+            format!("central.authz.tokenAudiences={{{audience}}}"),
+        ],
+    );
 
     let ns = "cluster-tokens";
     cluster.restricted_namespace(ns);
@@ -1376,15 +1380,15 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
 
     // The Go provider does not recover from a failed first connection: start the clients once
     // the Service routes to a proxy.
-    wait_for_proxy_service(cluster, &proxy_ns, "flagd-proxy-svc-tokens");
+    wait_for_proxy_service(cluster, proxy_ns, "flagd-proxy-svc");
     let before = wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
-        unauthorized_rejections(cluster, &proxy_ns)
+        unauthorized_rejections(cluster, proxy_ns)
     })
     .unwrap_or_else(|e| panic!("{e}"));
 
     let env = vec![
         json!({"name": "FLAGD_HOST",
-               "value": format!("flagd-proxy-svc-tokens.{proxy_ns}.svc.cluster.local")}),
+               "value": format!("flagd-proxy-svc.{proxy_ns}.svc.cluster.local")}),
         json!({"name": "FLAGD_PORT", "value": "8015"}),
         json!({"name": "FLAGD_SOURCE_SELECTOR", "value": format!("core.openfeature.dev/{ns}/demo")}),
         json!({"name": "INTEROP_FLAG_KEY", "value": "color"}),
@@ -1405,7 +1409,7 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
     // The stranger's token authenticates, but its account may not get the FeatureFlag: refused
     // as unauthorized (it retries, so the count grows) ...
     wait_for("an unauthorized rejection", CLUSTER_TIMEOUT, || {
-        let now = unauthorized_rejections(cluster, &proxy_ns)?;
+        let now = unauthorized_rejections(cluster, proxy_ns)?;
         if now > before {
             Ok(())
         } else {

@@ -114,6 +114,16 @@ Naming, labels and the parts shared by both tiers.
 {{- fail "central.podDisruptionBudget: set either minAvailable or maxUnavailable (the other to null), not both" -}}
 {{- end -}}
 {{- end -}}
+{{- $authz := .Values.central.authz -}}
+{{- if and (eq $authz.mode "none") (or $authz.podIP $authz.tokenAudiences $authz.allowNamespaces) -}}
+{{- fail "central.authz.podIP, tokenAudiences and allowNamespaces need central.authz.mode namespace or rbac" -}}
+{{- end -}}
+{{- if and $authz.allowNamespaces (ne $authz.mode "namespace") -}}
+{{- fail "central.authz.allowNamespaces is for central.authz.mode=namespace" -}}
+{{- end -}}
+{{- if and (ne $authz.mode "none") (not (include "flagd-proxy.central" .)) -}}
+{{- fail "central.authz needs the central tier (mode central or both): the node tier has no Kubernetes API access" -}}
+{{- end -}}
 {{- if and (include "flagd-proxy.flagdEnabled" .) (not .Values.flagd.featureFlags) -}}
 {{- fail "flagd.deployment.enabled / flagd.daemonset.enabled need flagd.featureFlags: the FeatureFlags flagd serves, as namespace/name" -}}
 {{- end -}}
