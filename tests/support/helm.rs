@@ -79,4 +79,18 @@ impl ChartRenderer {
             .filter(|value| !value.is_null())
             .collect())
     }
+
+    /// [`Self::template`] that must succeed.
+    pub fn render(&self, release: &str, ns: &str, sets: &[&str]) -> Vec<Value> {
+        self.template(release, ns, sets)
+            .unwrap_or_else(|e| panic!("helm template {sets:?}: {e}"))
+    }
+
+    /// [`Self::template`] that must fail, saying `want`.
+    pub fn assert_refused(&self, release: &str, ns: &str, sets: &[&str], want: &str) {
+        match self.template(release, ns, sets) {
+            Ok(_) => panic!("{sets:?} rendered"),
+            Err(error) => assert!(error.contains(want), "{sets:?}: {error}"),
+        }
+    }
 }
