@@ -558,7 +558,7 @@ case "${1:-}" in
     in_ns "$bin/crane" push --insecure "$layout" "$REGISTRY/${3:?missing REF}" >&2
     ;;
   *)
-    sed -n '2,23p' "$0" >&2
+    sed -n '2,26p' "$0" >&2
     exit 2
     ;;
 esac
