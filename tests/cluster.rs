@@ -1276,21 +1276,50 @@ fn helm_chart_central_and_node_modes_serve_flagd_shapes_and_rpc_providers() {
         sets
     };
 
-    // mode=central alone, with both flagd shapes: the Deployment's flagd and the DaemonSet's
-    // both sync from the central Service.
+    // mode=central alone, serving TLS with a certificate for its Service name from the Secret
+    // the chart mounts (tls.crt, tls.key, and ca.crt for the flagd workloads), with both flagd
+    // shapes: the Deployment's flagd and the DaemonSet's both sync from the central Service
+    // over TLS and verify its name against that CA.
     let central_ns = "flagd-proxy-central";
+    let central_service = format!("flagd-proxy-svc.{central_ns}.svc.cluster.local");
+    let (ca, cert, key) = tls_material(&central_service);
     cluster.restricted_namespace(central_ns);
-    let mut sets = vec!["mode=central".to_owned(), "central.replicas=1".to_owned()];
+    cluster.apply(
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "flagd-proxy-tls", "namespace": central_ns},
+            "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
+        })
+        .to_string(),
+    );
+    let mut sets = vec![
+        "mode=central".to_owned(),
+        "central.replicas=1".to_owned(),
+        "tls.enabled=true".to_owned(),
+    ];
     sets.extend(flagd_values(&["deployment", "daemonset"]));
     helm_install(cluster, &helm, "flagd-proxy", central_ns, &sets);
 
-    // mode=node alone, chained to that central tier, with a flagd Deployment that syncs from
-    // the node Service.
+    // mode=node alone, chained over TLS to that central tier (the CA from a Secret of its own
+    // namespace), with a flagd Deployment that syncs from the node Service.
     let node_ns = "flagd-proxy-node";
     cluster.restricted_namespace(node_ns);
+    cluster.apply(
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "central-ca", "namespace": node_ns},
+            "stringData": {"ca.crt": ca}
+        })
+        .to_string(),
+    );
     let mut sets = vec![
         "mode=node".to_owned(),
-        format!("node.upstream.address=flagd-proxy-svc.{central_ns}.svc.cluster.local:8015"),
+        format!("node.upstream.address={central_service}:8015"),
+        "node.upstream.tls=true".to_owned(),
+        "node.upstream.ca.secretName=central-ca".to_owned(),
     ];
     sets.extend(flagd_values(&["deployment"]));
     helm_install(cluster, &helm, "flagd-proxy", node_ns, &sets);
