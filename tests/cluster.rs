@@ -1446,16 +1446,36 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
         }
     })
     .unwrap_or_else(|e| panic!("{e}"));
-    // ... and it never syncs, while its neighbour follows an edit.
+    // A token of the allowed account issued for another audience does not authenticate.
+    cluster.apply(&go_client(
+        ns,
+        "other-audience",
+        &client_image,
+        "reader",
+        env.clone(),
+        Some("another-service"),
+    ));
+    cluster.wait_rollout(ns, "other-audience");
+    wait_for("the proxy to reject a token", CLUSTER_TIMEOUT, || {
+        let log = cluster.kubectl(&["-n", proxy_ns, "logs", "deployment/flagd-proxy"])?;
+        if log.contains("the bearer token was rejected by the API server") {
+            Ok(())
+        } else {
+            Err("no token rejection logged yet".to_owned())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Neither ever syncs, while the reader follows an edit.
     set_default_color(cluster, ns, "demo", "blue");
     wait_for_client_line(cluster, ns, "reader", "VALUE blue");
-    let stranger = client_log(cluster, ns, "stranger").expect("stranger's log");
-    assert!(
-        !stranger
-            .lines()
-            .any(|l| l.starts_with("READY") || l.starts_with("VALUE")),
-        "the stranger synced: {stranger}"
-    );
+    for refused in ["stranger", "other-audience"] {
+        let log = client_log(cluster, ns, refused).expect("client log");
+        assert!(
+            !log.lines()
+                .any(|l| l.starts_with("READY") || l.starts_with("VALUE")),
+            "{refused} synced: {log}"
+        );
+    }
 }
 
 /// helm (`scripts/install-helm.sh`): `None` with a notice, or a panic under `CI`, without it.
