@@ -8,6 +8,9 @@
 #
 #   scripts/cluster.sh up             start it (cleaning up whatever an earlier run left first)
 #   scripts/cluster.sh down           stop everything and remove all its state
+#                                     (`up` and `run` hold the machine-wide lock
+#                                     /run/flagd-proxy-cluster.lock until the cluster is down:
+#                                     a second cluster waits for the first to finish)
 #   scripts/cluster.sh run            up, print "READY <dir>", wait for EOF on stdin, down
 #                                     (the test harness, tests/support/cluster.rs, uses this)
 #   scripts/cluster.sh restart-apiserver   stop the API server and start it again
@@ -35,6 +38,9 @@ POD_CIDR=10.88.0.0/16
 SVC_CIDR=10.96.0.0/16
 DNS_IP=10.96.0.10
 REGISTRY="$NODE_IP:5000"
+LOCK=/run/flagd-proxy-cluster.lock
+# The process that holds $LOCK for a cluster started by `up` (it outlives this script).
+LOCK_HOLDER=/run/flagd-proxy-cluster.lock-holder
 SOCK="$R/containerd/containerd.sock"
 
 log() { printf '[cluster %s] %s\n' "$(date +%T)" "$*" >&2; }
@@ -299,7 +305,8 @@ EOF
 start() {
   local name="$1"
   shift
-  setsid nsenter --net="/run/netns/$NS" "$@" >>"$D/logs/$name.log" 2>&1 </dev/null &
+  # Components do not inherit the lock (fd 8): a component left by a killed run must not keep it.
+  setsid nsenter --net="/run/netns/$NS" "$@" >>"$D/logs/$name.log" 2>&1 </dev/null 8>&- &
   echo $! >"$D/$name.pid"
 }
 
@@ -413,6 +420,27 @@ start_apiserver() {
     --enable-admission-plugins=NodeRestriction --profiling=false
 }
 
+# Takes the machine-wide cluster lock on fd 8, waiting for as long as another cluster lives
+# (one cluster per machine: a CI run or a test elsewhere on this machine takes the same lock).
+# Prints "LOCKED" on stdout once held (tests/support/cluster.rs reads it).
+lock() {
+  exec 8>"$LOCK"
+  if ! flock -n 8; then
+    log "waiting for another cluster on this machine to finish ($LOCK)"
+    echo "WAITING"
+    flock 8
+  fi
+  echo "LOCKED"
+}
+
+# Ends the process that holds the lock for a cluster started by `up`, if there is one.
+release_up_lock() {
+  if [[ -f "$LOCK_HOLDER" ]]; then
+    kill "$(cat "$LOCK_HOLDER")" 2>/dev/null || true
+    rm -f "$LOCK_HOLDER"
+  fi
+}
+
 up() {
   preflight
   local t0=$SECONDS
@@ -466,14 +494,25 @@ up() {
 }
 
 case "${1:-}" in
-  up) up ;;
+  up)
+    # A cluster an earlier `up` left is replaced: its lock goes with it.
+    release_up_lock
+    lock >/dev/null
+    if ! up; then
+      down
+      exit 1
+    fi
+    # Holds the lock (fd 8, inherited) until `down`.
+    setsid sleep infinity </dev/null >/dev/null 2>&1 &
+    echo $! >"$LOCK_HOLDER"
+    ;;
   down)
     down
+    release_up_lock
     log "down"
     ;;
   run)
-    exec 8>/run/flagd-proxy-cluster.lock
-    flock -w 600 8 || die "another cluster holds /run/flagd-proxy-cluster.lock"
+    lock
     if ! up; then
       down
       exit 1
@@ -519,7 +558,7 @@ case "${1:-}" in
     in_ns "$bin/crane" push --insecure "$layout" "$REGISTRY/${3:?missing REF}" >&2
     ;;
   *)
-    sed -n '2,23p' "$0" >&2
+    sed -n '2,26p' "$0" >&2
     exit 2
     ;;
 esac

@@ -960,15 +960,7 @@ fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
     let ns = "cluster-authz";
     cluster.restricted_namespace(ns);
     cluster.apply(&feature_flag(ns, "demo", "red"));
-    cluster.apply(&format!(
-        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: {ns}}}\n---\n\
-         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: stranger, namespace: {ns}}}\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
-         rules:\n- {{apiGroups: [core.openfeature.dev], resources: [featureflags], resourceNames: [demo], verbs: [get]}}\n---\n\
-         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
-         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-demo}}\n\
-         subjects: [{{kind: ServiceAccount, name: reader, namespace: {ns}}}]\n"
-    ));
+    reader_and_stranger(cluster, ns);
     let uri = format!("flagd-proxy-svc-authz.{proxy_ns}.svc.cluster.local:8015");
     let selector = format!("core.openfeature.dev/{ns}/demo");
     let before = wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
@@ -1030,87 +1022,24 @@ fn in_process_go_provider_pod_syncs_through_the_service_name() {
 
     // The Go provider does not report READY when its very first connection fails, even after it
     // connects on retry: start it once kube-proxy routes the new Service to a proxy.
-    let cluster_ip = cluster
-        .kubectl(&[
-            "-n",
-            &proxy_ns,
-            "get",
-            "service",
-            "flagd-proxy-svc-inprocess",
-            "-o",
-            "jsonpath={.spec.clusterIP}",
-        ])
-        .expect("Service address");
-    wait_for("the Service to route to a proxy", CLUSTER_TIMEOUT, || {
-        cluster.exec(&[
-            "curl",
-            "-sS",
-            "-o",
-            "/dev/null",
-            "--max-time",
-            "5",
-            "--http2-prior-knowledge",
-            &format!("http://{cluster_ip}:8015/"),
-        ])
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_proxy_service(cluster, &proxy_ns, "flagd-proxy-svc-inprocess");
 
     let ns = "cluster-inprocess";
     cluster.restricted_namespace(ns);
     cluster.apply(&feature_flag(ns, "demo", "red"));
-    cluster.apply(
-        &json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "app", "namespace": ns},
-            "spec": {
-                "replicas": 1,
-                "selector": {"matchLabels": {"app": "app"}},
-                "template": {
-                    "metadata": {"labels": {"app": "app"}},
-                    "spec": {
-                        "automountServiceAccountToken": false,
-                        "containers": [{
-                            "name": "app",
-                            "image": client_image,
-                            "imagePullPolicy": "IfNotPresent",
-                            // The client exits when its stdin ends: keep it open.
-                            "stdin": true,
-                            "env": [
-                                {"name": "FLAGD_HOST",
-                                 "value": format!("flagd-proxy-svc-inprocess.{proxy_ns}.svc.cluster.local")},
-                                {"name": "FLAGD_PORT", "value": "8015"},
-                                {"name": "FLAGD_SOURCE_SELECTOR",
-                                 "value": format!("core.openfeature.dev/{ns}/demo")},
-                                {"name": "INTEROP_FLAG_KEY", "value": "color"}
-                            ],
-                            "securityContext": restricted_container(),
-                        }]
-                    }
-                }
-            }
-        })
-        .to_string(),
-    );
+    let env = vec![
+        json!({"name": "FLAGD_HOST",
+               "value": format!("flagd-proxy-svc-inprocess.{proxy_ns}.svc.cluster.local")}),
+        json!({"name": "FLAGD_PORT", "value": "8015"}),
+        json!({"name": "FLAGD_SOURCE_SELECTOR",
+               "value": format!("core.openfeature.dev/{ns}/demo")}),
+        json!({"name": "INTEROP_FLAG_KEY", "value": "color"}),
+    ];
+    cluster.apply(&go_client(ns, "app", &client_image, "default", env, None));
     cluster.wait_rollout(ns, "app");
-    let logs = |want: &'static str| {
-        wait_for(
-            &format!("the client to print {want}"),
-            CLUSTER_TIMEOUT,
-            || {
-                let out = cluster.kubectl(&["-n", ns, "logs", "deployment/app"])?;
-                if out.lines().any(|l| l.trim() == want) {
-                    Ok(())
-                } else {
-                    Err(format!("output: {out:?}"))
-                }
-            },
-        )
-        .unwrap_or_else(|e| panic!("{e}"));
-    };
-    logs("VALUE red");
+    wait_for_client_line(cluster, ns, "app", "VALUE red");
     set_default_color(cluster, ns, "demo", "blue");
-    logs("VALUE blue");
+    wait_for_client_line(cluster, ns, "app", "VALUE blue");
 }
 
 #[test]
@@ -1118,46 +1047,25 @@ fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
-    let Some(helm) = required_file(
-        &support::control_plane::bin_dir().join("helm"),
-        "scripts/install-helm.sh builds it",
-    ) else {
+    let Some(helm) = helm_binary() else {
         return;
     };
     let Some(flagd_image) = cluster.flagd_image() else {
         return;
     };
     cluster.install_crds();
-    let proxy_image = cluster.proxy_image();
-    let (repository, tag) = proxy_image.rsplit_once(':').expect("image:tag");
 
     // mode=both: central proxies (Deployment) and a node-local tier (DaemonSet, Service with
     // internalTrafficPolicy: Local) chained to them.
     let proxy_ns = "flagd-proxy-helm";
     cluster.restricted_namespace(proxy_ns);
-    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/flagd-proxy");
-    let kubeconfig = format!("KUBECONFIG={}", cluster.kubeconfig());
-    cluster
-        .exec(&[
-            "env",
-            &kubeconfig,
-            helm.to_str().expect("utf-8 path"),
-            "install",
-            "flagd-proxy",
-            chart.to_str().expect("utf-8 path"),
-            "--namespace",
-            proxy_ns,
-            "--set",
-            "mode=both",
-            "--set",
-            &format!("image.repository={repository}"),
-            "--set",
-            &format!("image.tag={tag}"),
-            "--wait",
-            "--timeout",
-            "4m",
-        ])
-        .unwrap_or_else(|e| panic!("helm install: {e}"));
+    helm_install(
+        cluster,
+        &helm,
+        "flagd-proxy",
+        proxy_ns,
+        &["mode=both".to_owned()],
+    );
     let services = cluster
         .kubectl(&["-n", proxy_ns, "get", "services", "-o", "name"])
         .expect("services");
@@ -1200,4 +1108,413 @@ fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service
     wait_for_all(cluster, &ips, "red");
     set_default_color(cluster, ns, "demo", "blue");
     wait_for_all(cluster, &ips, "blue");
+}
+
+/// `helm install RELEASE charts/flagd-proxy` into `ns` with the proxy image under test and
+/// `sets`, waiting until every workload is ready.
+fn helm_install(cluster: &Cluster, helm: &Path, release: &str, ns: &str, sets: &[String]) {
+    let (repository, tag) = cluster
+        .proxy_image()
+        .rsplit_once(':')
+        .map(|(r, t)| (r.to_owned(), t.to_owned()))
+        .expect("image:tag");
+    let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/flagd-proxy");
+    let kubeconfig = format!("KUBECONFIG={}", cluster.kubeconfig());
+    let mut args = vec![
+        "env".to_owned(),
+        kubeconfig,
+        helm.display().to_string(),
+        "install".to_owned(),
+        release.to_owned(),
+        chart.display().to_string(),
+        "--namespace".to_owned(),
+        ns.to_owned(),
+        "--set".to_owned(),
+        format!("image.repository={repository}"),
+        "--set".to_owned(),
+        format!("image.tag={tag}"),
+        "--wait".to_owned(),
+        "--timeout".to_owned(),
+        "4m".to_owned(),
+    ];
+    for set in sets {
+        args.push("--set".to_owned());
+        args.push(set.clone());
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    if let Err(error) = cluster.exec(&args) {
+        let pods = cluster
+            .kubectl(&["-n", ns, "get", "pods", "-o", "wide"])
+            .unwrap_or_default();
+        panic!("helm install {release} in {ns}: {error}\npods:\n{pods}");
+    }
+}
+
+/// A Deployment `ns/name` of the Go provider client (interop/go) with `env`, running as
+/// service account `account`; with `token_audience`, the pod has a projected service-account
+/// token for that audience at /var/run/secrets/flagd-proxy/token and the client sends it.
+fn go_client(
+    ns: &str,
+    name: &str,
+    image: &str,
+    account: &str,
+    mut env: Vec<Value>,
+    token_audience: Option<&str>,
+) -> String {
+    let mut container = json!({
+        "name": "app",
+        "image": image,
+        "imagePullPolicy": "IfNotPresent",
+        // The client exits when its stdin ends: keep it open.
+        "stdin": true,
+        "securityContext": restricted_container(),
+    });
+    let mut pod = json!({
+        "serviceAccountName": account,
+        "automountServiceAccountToken": false,
+        "securityContext": {"fsGroup": 65532},
+    });
+    if let Some(audience) = token_audience {
+        env.push(
+            json!({"name": "INTEROP_TOKEN_PATH", "value": "/var/run/secrets/flagd-proxy/token"}),
+        );
+        container["volumeMounts"] = json!([{"name": "token", "mountPath": "/var/run/secrets/flagd-proxy", "readOnly": true}]);
+        pod["volumes"] = json!([{"name": "token", "projected": {"sources": [
+            {"serviceAccountToken": {"audience": audience, "expirationSeconds": 600, "path": "token"}}
+        ]}}]);
+    }
+    container["env"] = Value::Array(env);
+    pod["containers"] = json!([container]);
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": name}},
+            "template": {"metadata": {"labels": {"app": name}}, "spec": pod}
+        }
+    })
+    .to_string()
+}
+
+/// The Go client's environment for evaluating `color` in RPC mode through flagd at `host:8013`.
+fn rpc_client_env(host: &str) -> Vec<Value> {
+    vec![
+        json!({"name": "INTEROP_RESOLVER", "value": "rpc"}),
+        json!({"name": "FLAGD_HOST", "value": host}),
+        json!({"name": "FLAGD_PORT", "value": "8013"}),
+        json!({"name": "INTEROP_FLAG_KEY", "value": "color"}),
+    ]
+}
+
+/// The log of Deployment `ns/name` (the Go client) so far.
+fn client_log(cluster: &Cluster, ns: &str, name: &str) -> Result<String, String> {
+    cluster.kubectl(&["-n", ns, "logs", &format!("deployment/{name}")])
+}
+
+/// Waits until the Go client Deployment `ns/name` prints the line `want`.
+fn wait_for_client_line(cluster: &Cluster, ns: &str, name: &str, want: &str) {
+    wait_for(
+        &format!("{ns}/{name} to print {want}"),
+        CLUSTER_TIMEOUT,
+        || {
+            let out = client_log(cluster, ns, name)?;
+            if out.lines().any(|l| l.trim() == want) {
+                Ok(())
+            } else {
+                Err(format!("output: {out:?}"))
+            }
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// The ClusterIP of Service `ns/name`.
+fn cluster_ip(cluster: &Cluster, ns: &str, name: &str) -> String {
+    cluster
+        .kubectl(&[
+            "-n",
+            ns,
+            "get",
+            "service",
+            name,
+            "-o",
+            "jsonpath={.spec.clusterIP}",
+        ])
+        .unwrap_or_else(|e| panic!("address of Service {ns}/{name}: {e}"))
+}
+
+#[test]
+fn helm_chart_central_and_node_modes_serve_flagd_shapes_and_rpc_providers() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(helm) = helm_binary() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    let Some(client_image) = cluster.interop_go_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let (flagd_repository, flagd_tag) = flagd_image.rsplit_once(':').expect("image:tag");
+
+    let ns = "cluster-modes";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    let flagd_values = |shapes: &[&str]| {
+        let mut sets = vec![
+            format!("flagd.featureFlags={{{ns}/demo}}"),
+            format!("flagd.image.repository={flagd_repository}"),
+            format!("flagd.image.tag={flagd_tag}"),
+            "flagd.deployment.replicas=1".to_owned(),
+        ];
+        sets.extend(shapes.iter().map(|s| format!("flagd.{s}.enabled=true")));
+        sets
+    };
+
+    // mode=central alone, serving TLS with a certificate for its Service name from the Secret
+    // the chart mounts (tls.crt, tls.key, and ca.crt for the flagd workloads), with both flagd
+    // shapes: the Deployment's flagd and the DaemonSet's both sync from the central Service
+    // over TLS and verify its name against that CA.
+    let central_ns = "flagd-proxy-central";
+    let central_service = format!("flagd-proxy-svc.{central_ns}.svc.cluster.local");
+    let (ca, cert, key) = tls_material(&central_service);
+    cluster.restricted_namespace(central_ns);
+    cluster.apply(
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "flagd-proxy-tls", "namespace": central_ns},
+            "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
+        })
+        .to_string(),
+    );
+    let mut sets = vec![
+        "mode=central".to_owned(),
+        "central.replicas=1".to_owned(),
+        "tls.enabled=true".to_owned(),
+    ];
+    sets.extend(flagd_values(&["deployment", "daemonset"]));
+    helm_install(cluster, &helm, "flagd-proxy", central_ns, &sets);
+
+    // mode=node alone, chained over TLS to that central tier (the CA from a Secret of its own
+    // namespace), with a flagd Deployment that syncs from the node Service.
+    let node_ns = "flagd-proxy-node";
+    cluster.restricted_namespace(node_ns);
+    cluster.apply(
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "central-ca", "namespace": node_ns},
+            "stringData": {"ca.crt": ca}
+        })
+        .to_string(),
+    );
+    let mut sets = vec![
+        "mode=node".to_owned(),
+        format!("node.upstream.address={central_service}:8015"),
+        "node.upstream.tls=true".to_owned(),
+        "node.upstream.ca.secretName=central-ca".to_owned(),
+    ];
+    sets.extend(flagd_values(&["deployment"]));
+    helm_install(cluster, &helm, "flagd-proxy", node_ns, &sets);
+
+    let flagd_pods = [
+        (central_ns, "flagd-deployment"),
+        (central_ns, "flagd-daemonset"),
+        (node_ns, "flagd-deployment"),
+    ];
+    let ips: Vec<String> = flagd_pods
+        .iter()
+        .map(|(proxy_ns, component)| {
+            single_pod_ip(
+                cluster,
+                proxy_ns,
+                &format!("app.kubernetes.io/name=flagd,app.kubernetes.io/component={component}"),
+            )
+        })
+        .collect();
+    wait_for_all(cluster, &ips, "red");
+
+    // RPC-mode providers through the flagd Deployment's Service, the DaemonSet's node-local
+    // Service, and the node-mode release's flagd. The Go provider does not recover from a
+    // failed first connection: start each once its Service answers.
+    let services = [
+        ("rpc-deployment", central_ns, "flagd-proxy-flagd"),
+        ("rpc-daemonset", central_ns, "flagd-proxy-flagd-node"),
+        ("rpc-node-mode", node_ns, "flagd-proxy-flagd"),
+    ];
+    for (client, proxy_ns, service) in services {
+        wait_for_color(cluster, &cluster_ip(cluster, proxy_ns, service), "red");
+        let host = format!("{service}.{proxy_ns}.svc.cluster.local");
+        cluster.apply(&go_client(
+            ns,
+            client,
+            &client_image,
+            "default",
+            rpc_client_env(&host),
+            None,
+        ));
+    }
+    for (client, _, _) in services {
+        cluster.wait_rollout(ns, client);
+        wait_for_client_line(cluster, ns, client, "VALUE red");
+    }
+
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_all(cluster, &ips, "blue");
+    for (client, _, _) in services {
+        wait_for_client_line(cluster, ns, client, "VALUE blue");
+    }
+}
+
+#[test]
+fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neighbour() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let Some(helm) = helm_binary() else {
+        return;
+    };
+    let Some(client_image) = cluster.interop_go_image() else {
+        return;
+    };
+    cluster.install_crds();
+    // The chart's central tier with --authz rbac, accepting only tokens issued for the audience
+    // (TokenReview with the audience).
+    let audience = "flagd-proxy";
+    let proxy_ns = "flagd-proxy-tokens";
+    cluster.restricted_namespace(proxy_ns);
+    helm_install(
+        cluster,
+        &helm,
+        "flagd-proxy",
+        proxy_ns,
+        &[
+            "central.replicas=1".to_owned(),
+            "central.authz.mode=rbac".to_owned(),
+            format!("central.authz.tokenAudiences={{{audience}}}"),
+        ],
+    );
+
+    let ns = "cluster-tokens";
+    cluster.restricted_namespace(ns);
+    cluster.apply(&feature_flag(ns, "demo", "red"));
+    reader_and_stranger(cluster, ns);
+
+    // The Go provider does not recover from a failed first connection: start the clients once
+    // the Service routes to a proxy.
+    wait_for_proxy_service(cluster, proxy_ns, "flagd-proxy-svc");
+    let before = wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
+        unauthorized_rejections(cluster, proxy_ns)
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+
+    let env = vec![
+        json!({"name": "FLAGD_HOST",
+               "value": format!("flagd-proxy-svc.{proxy_ns}.svc.cluster.local")}),
+        json!({"name": "FLAGD_PORT", "value": "8015"}),
+        json!({"name": "FLAGD_SOURCE_SELECTOR", "value": format!("core.openfeature.dev/{ns}/demo")}),
+        json!({"name": "INTEROP_FLAG_KEY", "value": "color"}),
+    ];
+    for account in ["reader", "stranger"] {
+        cluster.apply(&go_client(
+            ns,
+            account,
+            &client_image,
+            account,
+            env.clone(),
+            Some(audience),
+        ));
+    }
+    cluster.wait_rollout(ns, "reader");
+    cluster.wait_rollout(ns, "stranger");
+    wait_for_client_line(cluster, ns, "reader", "VALUE red");
+    // The stranger's token authenticates, but its account may not get the FeatureFlag: refused
+    // as unauthorized (it retries, so the count grows) ...
+    wait_for("an unauthorized rejection", CLUSTER_TIMEOUT, || {
+        let now = unauthorized_rejections(cluster, proxy_ns)?;
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!("rejected {now}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // A token of the allowed account issued for another audience does not authenticate.
+    cluster.apply(&go_client(
+        ns,
+        "other-audience",
+        &client_image,
+        "reader",
+        env.clone(),
+        Some("another-service"),
+    ));
+    cluster.wait_rollout(ns, "other-audience");
+    wait_for("the proxy to reject a token", CLUSTER_TIMEOUT, || {
+        let log = cluster.kubectl(&["-n", proxy_ns, "logs", "deployment/flagd-proxy"])?;
+        if log.contains("the bearer token was rejected by the API server") {
+            Ok(())
+        } else {
+            Err("no token rejection logged yet".to_owned())
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+    // Neither ever syncs, while the reader follows an edit.
+    set_default_color(cluster, ns, "demo", "blue");
+    wait_for_client_line(cluster, ns, "reader", "VALUE blue");
+    for refused in ["stranger", "other-audience"] {
+        let log = client_log(cluster, ns, refused).expect("client log");
+        assert!(
+            !log.lines()
+                .any(|l| l.starts_with("READY") || l.starts_with("VALUE")),
+            "{refused} synced: {log}"
+        );
+    }
+}
+
+/// helm (`scripts/install-helm.sh`): `None` with a notice, or a panic under `CI`, without it.
+fn helm_binary() -> Option<PathBuf> {
+    required_file(
+        &support::control_plane::bin_dir().join("helm"),
+        "scripts/install-helm.sh builds it",
+    )
+}
+
+/// Service accounts `reader` and `stranger` in `ns`; a Role lets only `reader` get the
+/// FeatureFlag `demo`.
+fn reader_and_stranger(cluster: &Cluster, ns: &str) {
+    cluster.apply(&format!(
+        "apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: reader, namespace: {ns}}}\n---\n\
+         apiVersion: v1\nkind: ServiceAccount\nmetadata: {{name: stranger, namespace: {ns}}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: Role\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
+         rules:\n- {{apiGroups: [core.openfeature.dev], resources: [featureflags], resourceNames: [demo], verbs: [get]}}\n---\n\
+         apiVersion: rbac.authorization.k8s.io/v1\nkind: RoleBinding\nmetadata: {{name: read-demo, namespace: {ns}}}\n\
+         roleRef: {{apiGroup: rbac.authorization.k8s.io, kind: Role, name: read-demo}}\n\
+         subjects: [{{kind: ServiceAccount, name: reader, namespace: {ns}}}]\n"
+    ));
+}
+
+/// Waits until the proxy Service `ns/name` answers HTTP/2 on 8015 from the node (kube-proxy
+/// routes it to a proxy).
+fn wait_for_proxy_service(cluster: &Cluster, ns: &str, name: &str) {
+    let ip = cluster_ip(cluster, ns, name);
+    wait_for("the Service to route to a proxy", CLUSTER_TIMEOUT, || {
+        cluster.exec(&[
+            "curl",
+            "-sS",
+            "-o",
+            "/dev/null",
+            "--max-time",
+            "5",
+            "--http2-prior-knowledge",
+            &format!("http://{ip}:8015/"),
+        ])
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
 }

@@ -1,12 +1,16 @@
 // Interop client: the published Go flagd provider
-// (github.com/open-feature/go-sdk-contrib/providers/flagd), in-process resolver,
-// syncing from flagd-proxy over gRPC.
+// (github.com/open-feature/go-sdk-contrib/providers/flagd), by default with the in-process
+// resolver syncing from flagd-proxy over gRPC, or in RPC mode evaluating through a flagd.
 //
 // Environment:
 //
 //	FLAGD_HOST, FLAGD_PORT, FLAGD_SOURCE_SELECTOR, FLAGD_TLS (true/false),
 //	FLAGD_SERVER_CERT_PATH (CA file, TLS only), INTEROP_FLAG_KEY (a string flag),
-//	INTEROP_DEBUG (any value: provider debug logging on stderr).
+//	INTEROP_DEBUG (any value: provider debug logging on stderr),
+//	INTEROP_RESOLVER (in-process, the default, or rpc: flagd's evaluation API at
+//	FLAGD_HOST:FLAGD_PORT; FLAGD_SOURCE_SELECTOR is not used),
+//	INTEROP_TOKEN_PATH (in-process only: a file, e.g. a projected service-account token,
+//	read again for every call and sent as `authorization: Bearer <token>`).
 //
 // Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each time
 // the evaluated value differs from the last printed one. Provider events are logged on
@@ -29,6 +33,9 @@ import (
 	"github.com/go-logr/logr/funcr"
 	flagd "github.com/open-feature/go-sdk-contrib/providers/flagd/pkg"
 	"github.com/open-feature/go-sdk/openfeature"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 )
 
 const (
@@ -73,6 +80,23 @@ func logger() logr.Logger {
 	}, funcr.Options{Verbosity: verbosity})
 }
 
+// fileToken sends the token in a file as a bearer token, reading the file for every call so
+// that a rotated (projected) token is picked up.
+type fileToken struct {
+	path   string
+	secure bool
+}
+
+func (t fileToken) GetRequestMetadata(context.Context, ...string) (map[string]string, error) {
+	token, err := os.ReadFile(t.path)
+	if err != nil {
+		return nil, fmt.Errorf("reading INTEROP_TOKEN_PATH: %w", err)
+	}
+	return map[string]string{"authorization": "Bearer " + strings.TrimSpace(string(token))}, nil
+}
+
+func (t fileToken) RequireTransportSecurity() bool { return t.secure }
+
 func main() {
 	host := required("FLAGD_HOST")
 	portText := required("FLAGD_PORT")
@@ -84,6 +108,14 @@ func main() {
 	tls := strings.EqualFold(strings.TrimSpace(os.Getenv("FLAGD_TLS")), "true")
 	certPath := os.Getenv("FLAGD_SERVER_CERT_PATH")
 	flagKey := required("INTEROP_FLAG_KEY")
+	resolver := os.Getenv("INTEROP_RESOLVER")
+	tokenPath := os.Getenv("INTEROP_TOKEN_PATH")
+	if resolver != "" && resolver != "in-process" && resolver != "rpc" {
+		fail("INTEROP_RESOLVER is in-process or rpc, not %s", resolver)
+	}
+	if resolver == "rpc" && tokenPath != "" {
+		fail("INTEROP_TOKEN_PATH is for the in-process resolver (flagd-proxy checks tokens; flagd does not)")
+	}
 
 	// The provider falls back to insecure credentials when it cannot load the CA file;
 	// refuse that here so a wrong path is not mistaken for a server problem.
@@ -100,14 +132,32 @@ func main() {
 	}()
 
 	options := []flagd.ProviderOption{
-		flagd.WithInProcessResolver(),
 		flagd.WithHost(host),
 		flagd.WithPort(uint16(port)),
-		flagd.WithSelector(selector),
 		flagd.WithLogger(logger()),
+	}
+	if resolver == "rpc" {
+		options = append(options, flagd.WithRPCResolver())
+	} else {
+		options = append(options, flagd.WithInProcessResolver(), flagd.WithSelector(selector))
 	}
 	if tls {
 		options = append(options, flagd.WithTLS(certPath))
+	}
+	if tokenPath != "" {
+		// The override replaces the provider's own dial options (WithTLS included).
+		transport := insecure.NewCredentials()
+		if tls {
+			creds, err := credentials.NewClientTLSFromFile(certPath, "")
+			if err != nil {
+				fail("loading FLAGD_SERVER_CERT_PATH: %v", err)
+			}
+			transport = creds
+		}
+		options = append(options, flagd.WithGrpcDialOptionsOverride([]grpc.DialOption{
+			grpc.WithTransportCredentials(transport),
+			grpc.WithPerRPCCredentials(fileToken{path: tokenPath, secure: tls}),
+		}))
 	}
 	provider, err := flagd.NewProvider(options...)
 	if err != nil {

@@ -3,7 +3,9 @@
 //! scheduler, containerd, kubelet, bridge CNI, kube-proxy, CoreDNS and an image registry), and tears
 //! it down when its standard input closes, which happens when the test process exits however it
 //! exits (a panic, a signal). A run that was killed outright leaves state that the next run's
-//! `up` removes first.
+//! `up` removes first. The script holds the machine-wide lock `/run/flagd-proxy-cluster.lock`
+//! from before `up` until its teardown is done: a second cluster (another test process, a CI run,
+//! `scripts/cluster.sh up`) waits for the first, logging that it waits.
 //!
 //! The test process reaches the cluster only through commands run inside that namespace
 //! (`nsenter --net`): kubectl as cluster admin, curl to pod IPs. Nothing of the cluster is reachable
@@ -219,6 +221,12 @@ impl Cluster {
                 let Ok(line) = line else { break };
                 if let Some(dir) = line.strip_prefix("READY ") {
                     let _ = tx.send(Some(PathBuf::from(dir)));
+                } else if line == "WAITING" {
+                    // The script waits (without bound) for the machine-wide lock
+                    // /run/flagd-proxy-cluster.lock: one cluster per machine.
+                    eprintln!("waiting for another cluster on this machine to finish");
+                } else if line == "LOCKED" {
+                    let _ = tx.send(Some(PathBuf::new()));
                 }
             }
             let _ = tx.send(None);
@@ -228,9 +236,18 @@ impl Cluster {
             let lines: Vec<&str> = text.lines().collect();
             lines[lines.len().saturating_sub(40)..].join("\n")
         };
-        let dir = match rx.recv_timeout(Duration::from_secs(600)) {
-            Ok(Some(dir)) => dir,
-            Ok(None) | Err(_) => {
+        // First the lock, held by `scripts/cluster.sh run` until its teardown is done (so also
+        // after a panic here: closing its stdin starts the teardown), however long another
+        // cluster on this machine takes; then the cluster, within a bound.
+        let locked = matches!(rx.recv(), Ok(Some(dir)) if dir.as_os_str().is_empty());
+        let ready = if locked {
+            rx.recv_timeout(Duration::from_secs(600)).ok().flatten()
+        } else {
+            None
+        };
+        let dir = match ready {
+            Some(dir) => dir,
+            None => {
                 return Err(format!(
                     "scripts/cluster.sh run did not report READY; {}:\n{}",
                     log_path.display(),

@@ -4,6 +4,7 @@
 
 pub mod cluster;
 pub mod control_plane;
+pub mod helm;
 pub mod raw_h2;
 
 use std::io::{BufRead, BufReader};

@@ -114,6 +114,22 @@ Naming, labels and the parts shared by both tiers.
 {{- fail "central.podDisruptionBudget: set either minAvailable or maxUnavailable (the other to null), not both" -}}
 {{- end -}}
 {{- end -}}
+{{- $authz := .Values.central.authz -}}
+{{- if and (eq $authz.mode "none") (or $authz.podIP $authz.tokenAudiences $authz.allowNamespaces) -}}
+{{- fail "central.authz.podIP, tokenAudiences and allowNamespaces need central.authz.mode namespace or rbac" -}}
+{{- end -}}
+{{- if and $authz.allowNamespaces (ne $authz.mode "namespace") -}}
+{{- fail "central.authz.allowNamespaces is for central.authz.mode=namespace" -}}
+{{- end -}}
+{{- if and (ne $authz.mode "none") (not (include "flagd-proxy.central" .)) -}}
+{{- fail "central.authz needs the central tier (mode central or both): the node tier has no Kubernetes API access" -}}
+{{- end -}}
+{{- if and (include "flagd-proxy.flagdEnabled" .) (not .Values.flagd.featureFlags) -}}
+{{- fail "flagd.deployment.enabled / flagd.daemonset.enabled need flagd.featureFlags: the FeatureFlags flagd serves, as namespace/name" -}}
+{{- end -}}
+{{- if and .Values.flagd.deployment.enabled .Values.flagd.daemonset.enabled (eq (include "flagd-proxy.flagdServiceName" (dict "root" . "shape" "deployment")) (include "flagd-proxy.flagdServiceName" (dict "root" . "shape" "daemonset"))) -}}
+{{- fail "flagd.deployment.service.name and flagd.daemonset.service.name must differ" -}}
+{{- end -}}
 {{- if and (include "flagd-proxy.node" .) (include "flagd-proxy.central" .) (eq (include "flagd-proxy.centralServiceName" .) (include "flagd-proxy.nodeServiceName" .)) -}}
 {{- fail "central.service.name and node.service.name must differ in mode=both" -}}
 {{- end -}}
@@ -255,4 +271,183 @@ readinessProbe:
 - name: tls
   mountPath: {{ include "flagd-proxy.tlsDir" . }}
   readOnly: true
+{{- end -}}
+
+{{/*
+flagd workloads (off by default): a flagd Deployment + Service and a flagd DaemonSet with a
+node-local Service, both syncing their flags from the proxy and serving evaluations on 8013.
+*/}}
+
+{{/* Base name of one flagd shape; call with (dict "root" $ "shape" "deployment"|"daemonset"). */}}
+{{- define "flagd-proxy.flagdName" -}}
+{{- $base := include "flagd-proxy.fullname" .root | trunc 50 | trimSuffix "-" -}}
+{{- if eq .shape "daemonset" -}}
+{{- printf "%s-flagd-node" $base -}}
+{{- else -}}
+{{- printf "%s-flagd" $base -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flagd-proxy.flagdServiceName" -}}
+{{- index .root.Values.flagd .shape "service" "name" | default (include "flagd-proxy.flagdName" .) -}}
+{{- end -}}
+
+{{/* Which proxy tier of this release a flagd shape syncs from: "central" or "node". The
+Deployment prefers the central tier, the DaemonSet the node tier (a node-local chain). */}}
+{{- define "flagd-proxy.flagdTier" -}}
+{{- $central := include "flagd-proxy.central" .root -}}
+{{- $node := include "flagd-proxy.node" .root -}}
+{{- if eq .shape "daemonset" -}}
+{{- if $node }}node{{ else }}central{{ end -}}
+{{- else -}}
+{{- if $central }}central{{ else }}node{{ end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* host:port flagd dials: this release's Service of that tier. */}}
+{{- define "flagd-proxy.flagdUpstream" -}}
+{{- $root := .root -}}
+{{- $service := include "flagd-proxy.centralServiceName" $root -}}
+{{- if eq (include "flagd-proxy.flagdTier" .) "node" -}}
+{{- $service = include "flagd-proxy.nodeServiceName" $root -}}
+{{- end -}}
+{{- printf "%s.%s.svc.%s:8015" $service $root.Release.Namespace $root.Values.clusterDomain -}}
+{{- end -}}
+
+{{/* "true" when the tier a flagd shape syncs from serves TLS. */}}
+{{- define "flagd-proxy.flagdTLS" -}}
+{{- if eq (include "flagd-proxy.flagdTier" .) "node" -}}
+{{- include "flagd-proxy.nodeTLS" .root -}}
+{{- else -}}
+{{- include "flagd-proxy.centralTLS" .root -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "flagd-proxy.flagdCADir" -}}/etc/flagd/proxy-ca{{- end -}}
+
+{{/* flagd's --sources: one gRPC source per FeatureFlag (namespace/name). */}}
+{{- define "flagd-proxy.flagdSources" -}}
+{{- $uri := include "flagd-proxy.flagdUpstream" . -}}
+{{- $tls := include "flagd-proxy.flagdTLS" . -}}
+{{- $sources := list -}}
+{{- range .root.Values.flagd.featureFlags -}}
+{{- $source := dict "uri" $uri "provider" "grpc" "selector" (printf "core.openfeature.dev/%s" .) -}}
+{{- if $tls -}}
+{{- $_ := set $source "tls" true -}}
+{{- $_ := set $source "certPath" (printf "%s/ca.crt" (include "flagd-proxy.flagdCADir" $)) -}}
+{{- end -}}
+{{- $sources = append $sources $source -}}
+{{- end -}}
+{{- toJson $sources -}}
+{{- end -}}
+
+{{- define "flagd-proxy.flagdLabels" -}}
+helm.sh/chart: {{ include "flagd-proxy.chart" .root }}
+app.kubernetes.io/version: {{ .root.Values.flagd.image.tag | toString | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ .root.Release.Service }}
+app.kubernetes.io/part-of: openfeature
+{{ include "flagd-proxy.flagdSelectorLabels" . }}
+{{- with .root.Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end -}}
+
+{{/* Not the proxy's selector labels: the proxy's Services, PodDisruptionBudget and
+NetworkPolicy never select flagd pods. */}}
+{{- define "flagd-proxy.flagdSelectorLabels" -}}
+app.kubernetes.io/name: flagd
+app.kubernetes.io/instance: {{ .root.Release.Name }}
+app.kubernetes.io/component: {{ printf "flagd-%s" .shape }}
+{{- end -}}
+
+{{- define "flagd-proxy.flagdEnabled" -}}
+{{- if or .Values.flagd.deployment.enabled .Values.flagd.daemonset.enabled }}true{{ end -}}
+{{- end -}}
+
+{{/* The pod template of one flagd shape; call with (dict "root" $ "shape" ...). */}}
+{{- define "flagd-proxy.flagdPodTemplate" -}}
+{{- $root := .root -}}
+{{- $values := index $root.Values.flagd .shape -}}
+{{- $tls := include "flagd-proxy.flagdTLS" . -}}
+metadata:
+  labels:
+    {{- include "flagd-proxy.flagdLabels" . | nindent 4 }}
+    {{- with $root.Values.podLabels }}
+    {{- toYaml . | nindent 4 }}
+    {{- end }}
+  {{- with $root.Values.podAnnotations }}
+  annotations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+spec:
+  # flagd never calls the Kubernetes API: no token in the pod.
+  automountServiceAccountToken: false
+  enableServiceLinks: false
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  securityContext:
+    {{- include "flagd-proxy.podSecurityContext" $root | nindent 4 }}
+  {{- with $values.nodeSelector }}
+  nodeSelector:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $values.tolerations }}
+  tolerations:
+    {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: flagd
+      image: {{ printf "%s:%s" $root.Values.flagd.image.repository ($root.Values.flagd.image.tag | toString) }}
+      imagePullPolicy: {{ $root.Values.flagd.image.pullPolicy }}
+      args:
+        - start
+        - --port
+        - "8013"
+        - --management-port
+        - "8014"
+        - --sources
+        - {{ include "flagd-proxy.flagdSources" . | quote }}
+        {{- with $root.Values.flagd.extraArgs }}
+        {{- toYaml . | nindent 8 }}
+        {{- end }}
+      ports:
+        - name: evaluation
+          containerPort: 8013
+          protocol: TCP
+        - name: management
+          containerPort: 8014
+          protocol: TCP
+      livenessProbe:
+        httpGet:
+          path: /healthz
+          port: management
+        {{- toYaml $root.Values.probes.liveness | nindent 8 }}
+      readinessProbe:
+        httpGet:
+          path: /readyz
+          port: management
+        {{- toYaml $root.Values.probes.readiness | nindent 8 }}
+      resources:
+        {{- toYaml $values.resources | nindent 8 }}
+      securityContext:
+        {{- include "flagd-proxy.containerSecurityContext" $root | nindent 8 }}
+      {{- if $tls }}
+      volumeMounts:
+        - name: proxy-ca
+          mountPath: {{ include "flagd-proxy.flagdCADir" . }}
+          readOnly: true
+      {{- end }}
+  {{- if $tls }}
+  volumes:
+    # The CA that signs the proxy's certificate: ca.crt of the TLS Secret (cert-manager fills
+    # it for CA and self-signed issuers).
+    - name: proxy-ca
+      secret:
+        secretName: {{ include "flagd-proxy.tlsSecretName" $root }}
+        items:
+          - key: ca.crt
+            path: ca.crt
+  {{- end }}
 {{- end -}}

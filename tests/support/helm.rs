@@ -1,0 +1,96 @@
+//! `helm template` of the chart in `charts/flagd-proxy`, for render tests that need no cluster.
+//!
+//! helm comes from `FLAGD_PROXY_HELM`, the cache (`scripts/install-helm.sh`), or `PATH`. Without
+//! it the caller skips with a notice, or fails when `CI` is set.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::control_plane::cache_dir;
+
+/// A helm binary with homes of its own: nothing of the user's is read or written.
+pub struct ChartRenderer {
+    binary: PathBuf,
+    home: tempfile::TempDir,
+}
+
+impl ChartRenderer {
+    /// Finds helm; `None` with a notice (a panic under `CI`) when there is none.
+    pub fn find_or_skip() -> Option<ChartRenderer> {
+        let works = |path: &Path| {
+            Command::new(path)
+                .args(["version", "--short"])
+                .output()
+                .is_ok_and(|o| o.status.success())
+        };
+        let candidates = match std::env::var_os("FLAGD_PROXY_HELM").filter(|v| !v.is_empty()) {
+            Some(path) => vec![PathBuf::from(path)],
+            None => vec![cache_dir().join("bin/helm"), PathBuf::from("helm")],
+        };
+        match candidates.into_iter().find(|p| works(p)) {
+            Some(binary) => Some(ChartRenderer {
+                binary,
+                home: tempfile::tempdir().expect("tempdir"),
+            }),
+            None => {
+                let notice = "helm not found ($FLAGD_PROXY_HELM, the cache's bin/helm, PATH); \
+                              run scripts/install-helm.sh";
+                if std::env::var_os("CI").is_some() {
+                    panic!("{notice}");
+                }
+                eprintln!("SKIPPED ({notice})");
+                None
+            }
+        }
+    }
+
+    /// `helm template RELEASE charts/flagd-proxy --namespace NS --set S...`: the rendered
+    /// objects, or helm's error output.
+    pub fn template(&self, release: &str, ns: &str, sets: &[&str]) -> Result<Vec<Value>, String> {
+        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/flagd-proxy");
+        let home = self.home.path();
+        let mut command = Command::new(&self.binary);
+        command
+            .arg("template")
+            .arg(release)
+            .arg(&chart)
+            .args(["--namespace", ns])
+            .env("HELM_CACHE_HOME", home.join("cache"))
+            .env("HELM_CONFIG_HOME", home.join("config"))
+            .env("HELM_DATA_HOME", home.join("data"))
+            .env("KUBECONFIG", home.join("no-kubeconfig"))
+            .env_remove("HELM_KUBECONTEXT")
+            .env_remove("HELM_NAMESPACE");
+        for set in sets {
+            command.args(["--set", set]);
+        }
+        let output = command
+            .output()
+            .unwrap_or_else(|e| panic!("running {}: {e}", self.binary.display()));
+        if !output.status.success() {
+            return Err(String::from_utf8_lossy(&output.stderr).into_owned());
+        }
+        let text = String::from_utf8_lossy(&output.stdout);
+        Ok(serde_norway::Deserializer::from_str(&text)
+            .map(|document| Value::deserialize(document).expect("rendered YAML parses"))
+            .filter(|value| !value.is_null())
+            .collect())
+    }
+
+    /// [`Self::template`] that must succeed.
+    pub fn render(&self, release: &str, ns: &str, sets: &[&str]) -> Vec<Value> {
+        self.template(release, ns, sets)
+            .unwrap_or_else(|e| panic!("helm template {sets:?}: {e}"))
+    }
+
+    /// [`Self::template`] that must fail, saying `want`.
+    pub fn assert_refused(&self, release: &str, ns: &str, sets: &[&str], want: &str) {
+        match self.template(release, ns, sets) {
+            Ok(_) => panic!("{sets:?} rendered"),
+            Err(error) => assert!(error.contains(want), "{sets:?}: {error}"),
+        }
+    }
+}
