@@ -9,7 +9,7 @@
 #   scripts/cluster.sh up             start it (cleaning up whatever an earlier run left first)
 #   scripts/cluster.sh down           stop everything and remove all its state
 #   scripts/cluster.sh run            up, print "READY <dir>", wait for EOF on stdin, down
-#                                     (the test harness, tests/support/cluster.rs, uses this)
+#                                     (the test harness, testkit/src/cluster.rs, uses this)
 #   scripts/cluster.sh restart-apiserver   stop the API server and start it again
 #   scripts/cluster.sh kubectl ARGS   kubectl as cluster admin, from inside the namespace
 #   scripts/cluster.sh exec CMD ARGS  any command inside the namespace (curl to a pod IP, ...)

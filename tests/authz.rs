@@ -1,6 +1,6 @@
 //! Authorization: client identity (certificate, ServiceAccount token, pod address) and the
 //! `namespace` and `rbac` modes, against a real kube-apiserver where the API is involved.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::time::Duration;
 

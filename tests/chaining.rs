@@ -1,5 +1,5 @@
 //! Topologies: a node-local proxy chained to a central one, and connection ageing.
-mod support;
+use flagd_proxy_testkit as support;
 
 use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};

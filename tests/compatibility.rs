@@ -18,7 +18,7 @@
 //! installed fails the test when `CI` is set; otherwise it is skipped with a notice and the
 //! document is neither checked nor rewritten.
 
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::collections::{BTreeMap, VecDeque};
 use std::fmt::Write as _;

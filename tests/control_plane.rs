@@ -1,13 +1,12 @@
 //! Checks the test control plane itself: CRDs installed, RBAC for the proxy identity, the
 //! apiserver's open-watch metric, and an apiserver restart on the same port.
 
-#[path = "support/control_plane.rs"]
-mod control_plane;
-
 use std::pin::pin;
 use std::time::Duration;
 
-use control_plane::{ControlPlane, ControlPlaneError, feature_flag_resource};
+use flagd_proxy_testkit::control_plane::{
+    self, ControlPlane, ControlPlaneError, feature_flag_resource,
+};
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;

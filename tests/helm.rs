@@ -8,7 +8,7 @@
 //! helm comes from `scripts/install-helm.sh` (`${FLAGD_PROXY_CACHE:-~/.cache/flagd-proxy}/bin/helm`),
 //! `FLAGD_PROXY_HELM`, or `PATH`. Without helm, or without the control-plane binaries, these tests
 //! print a notice and pass, unless `CI` is set.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

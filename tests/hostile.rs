@@ -1,6 +1,6 @@
 //! Hostile and broken clients against the proxy binary, over real loopback sockets, while
 //! well-behaved subscribers keep receiving every change.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::net::IpAddr;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! The Kubernetes source speaks HTTP/2 to the API server: the watches of many resources share a
 //! few connections (100 streams each at most) instead of holding a connection each.
-mod support;
+use flagd_proxy_testkit as support;
 
 use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
 use kube::api::{Api, DynamicObject, PostParams};

@@ -4,7 +4,7 @@
 //! Each test starts its own control plane and uses its own namespaces. The tests that need one
 //! take turns (a lock), so a small machine never runs several API servers at once. Without the
 //! control-plane binaries these tests print a notice and pass, unless `CI` is set.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};

@@ -1,5 +1,5 @@
 //! The sync protocols over real sockets, against the proxy binary serving a manifests directory.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! TLS on the sync port: server certificates from files, rotation without a restart, and
 //! optional client-certificate verification.
-mod support;
+use flagd_proxy_testkit as support;
 
 use rustls_pki_types::pem::PemObject;
 

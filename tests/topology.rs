@@ -2,7 +2,7 @@
 //! `interop/js`): a node-local proxy chained to a central proxy that watches a real
 //! kube-apiserver, and two central replicas behind a round-robin balancer with a short
 //! `--max-connection-age`, so that streams move between them.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::path::PathBuf;
 use std::process::Stdio;

@@ -35,10 +35,7 @@ mod floor;
 mod storm;
 
 // The same control plane the integration tests use: etcd and kube-apiserver on loopback.
-#[path = "../tests/support/control_plane.rs"]
-mod control_plane;
-
-use control_plane::ControlPlane;
+use flagd_proxy_testkit::control_plane::{self, ControlPlane, free_port};
 
 const SYNC_PATH: &str = "/flagd.sync.v1.FlagSyncService/SyncFlags";
 /// Every version carries its sequence number as `"benchSeq":<n>` in a flag's metadata.
@@ -50,8 +47,6 @@ const NO_SEQ: u64 = u64::MAX;
 /// A phase (first-snapshot samples, paced updates) stops after this many failures in a row, so a
 /// proxy that has stopped serving does not hold the run for every timeout.
 const GIVE_UP_AFTER: u64 = 3;
-const RLIMIT_NOFILE: i32 = 7;
-const SC_CLK_TCK: i32 = 2;
 
 #[derive(Debug, Parser)]
 #[command(
@@ -449,12 +444,6 @@ impl Drop for ProxyProcess {
     }
 }
 
-fn free_port() -> io::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// CPU time and memory of a process, from /proc.
 #[derive(Clone, Copy, Debug, Default)]
 struct ProcSample {
@@ -494,59 +483,41 @@ fn proc_sample(pid: u32) -> ProcSample {
     sample
 }
 
-#[repr(C)]
-struct RLimit {
-    current: u64,
-    max: u64,
-}
-
-unsafe extern "C" {
-    fn getrlimit(resource: i32, limit: *mut RLimit) -> i32;
-    fn setrlimit(resource: i32, limit: *const RLimit) -> i32;
-    fn sysconf(name: i32) -> i64;
-}
-
 fn clock_ticks() -> f64 {
-    // SAFETY: sysconf has no preconditions.
-    let ticks = unsafe { sysconf(SC_CLK_TCK) };
+    let ticks = rustix::param::clock_ticks_per_second();
     if ticks > 0 { ticks as f64 } else { 100.0 }
 }
 
 /// Raises the open-file limit (inherited by the proxies started later) to at least `want`.
 fn raise_fd_limit(want: usize) -> anyhow::Result<()> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
     let want = want as u64;
-    let mut limit = RLimit { current: 0, max: 0 };
-    // SAFETY: `limit` is a valid, writable rlimit structure.
-    if unsafe { getrlimit(RLIMIT_NOFILE, &mut limit) } != 0 {
-        return Err(io::Error::last_os_error()).context("getrlimit");
-    }
-    if limit.current >= want {
+    // `None` is RLIM_INFINITY.
+    let limit = getrlimit(Resource::Nofile);
+    let current = limit.current.unwrap_or(u64::MAX);
+    let max = limit.maximum.unwrap_or(u64::MAX);
+    if current >= want {
         return Ok(());
     }
     let nr_open = std::fs::read_to_string("/proc/sys/fs/nr_open")
         .ok()
         .and_then(|s| s.trim().parse::<u64>().ok())
         .unwrap_or(1 << 20);
-    let raised = RLimit {
-        current: want.min(nr_open),
-        max: limit.max.max(want.min(nr_open)),
+    let raised = Rlimit {
+        current: Some(want.min(nr_open)),
+        maximum: Some(max.max(want.min(nr_open))),
     };
-    // SAFETY: `raised` is a valid rlimit structure.
-    if unsafe { setrlimit(RLIMIT_NOFILE, &raised) } == 0 {
+    if setrlimit(Resource::Nofile, raised).is_ok() {
         return Ok(());
     }
     // Not allowed to raise the hard limit: take what there is.
-    let capped = RLimit {
-        current: limit.max,
-        max: limit.max,
+    let capped = Rlimit {
+        current: limit.maximum,
+        maximum: limit.maximum,
     };
-    // SAFETY: as above.
-    unsafe { setrlimit(RLIMIT_NOFILE, &capped) };
-    if limit.max < want {
-        eprintln!(
-            "warning: open-file limit is {} (hard), below the {} this run needs",
-            limit.max, want
-        );
+    let _ = setrlimit(Resource::Nofile, capped);
+    if max < want {
+        eprintln!("warning: open-file limit is {max} (hard), below the {want} this run needs");
     }
     Ok(())
 }

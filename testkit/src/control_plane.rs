@@ -21,8 +21,6 @@
 //! Both server processes run under a small `sh` wrapper that holds a pipe from the test process and
 //! kills the server when that pipe closes, so nothing outlives a test binary that is interrupted.
 
-#![allow(dead_code)]
-
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
