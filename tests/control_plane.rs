@@ -13,29 +13,23 @@ use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn feature_flag(name: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "core.openfeature.dev/v1beta1",
-        "kind": "FeatureFlag",
-        "metadata": { "name": name },
-        "spec": {
-            "flagSpec": {
-                "flags": {
-                    "new-welcome-message": {
-                        "state": "ENABLED",
-                        "variants": { "on": true, "off": false },
-                        "defaultVariant": "on",
-                    },
-                },
+fn feature_flag(ns: &str, name: &str) -> DynamicObject {
+    control_plane::feature_flag_object(
+        ns,
+        name,
+        json!({
+            "new-welcome-message": {
+                "state": "ENABLED",
+                "variants": { "on": true, "off": false },
+                "defaultVariant": "on",
             },
-        },
-    }))
-    .expect("building a FeatureFlag object")
+        }),
+    )
 }
 
 async fn create_flag(cp: &ControlPlane, ns: &str, name: &str) {
     Api::<DynamicObject>::namespaced_with(cp.admin_client(), ns, &feature_flag_resource())
-        .create(&PostParams::default(), &feature_flag(name))
+        .create(&PostParams::default(), &feature_flag(ns, name))
         .await
         .unwrap_or_else(|e| panic!("creating FeatureFlag {ns}/{name} as admin: {e}"));
 }

@@ -82,6 +82,12 @@ const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Start attempts when a freshly picked port turns out to be taken.
 const START_ATTEMPTS: u32 = 3;
 
+/// A FeatureFlag object for the API (see [`crate::feature_flag`]).
+pub fn feature_flag_object(namespace: &str, name: &str, flags: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(crate::feature_flag(namespace, name, flags))
+        .expect("a FeatureFlag object")
+}
+
 /// The FeatureFlag resource (`core.openfeature.dev/v1beta1`, plural `featureflags`).
 pub fn feature_flag_resource() -> ApiResource {
     ApiResource::from_gvk_with_plural(

@@ -4,6 +4,7 @@
 //!
 //! Integration tests take it in as `use flagd_proxy_testkit as support;`.
 
+pub mod client;
 pub mod cluster;
 pub mod control_plane;
 pub mod raw_h2;
@@ -93,14 +94,20 @@ pub fn free_port() -> u16 {
     control_plane::free_port().expect("a free loopback port")
 }
 
-/// Writes (atomically, via rename) a FeatureFlag manifest `<dir>/<namespace>-<name>.yaml`.
-pub fn write_manifest(dir: &Path, namespace: &str, name: &str, flags: Value) -> PathBuf {
-    let object = serde_json::json!({
-        "apiVersion": "core.openfeature.dev/v1beta1",
+/// A FeatureFlag object (`core.openfeature.dev/v1beta1`) `namespace/name` whose flag spec holds
+/// `flags` (as [`string_flag`] makes them, or any flagd flag definitions).
+pub fn feature_flag(namespace: &str, name: &str, flags: Value) -> Value {
+    serde_json::json!({
+        "apiVersion": format!("{}/{}", control_plane::GROUP, control_plane::VERSION),
         "kind": "FeatureFlag",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"flagSpec": {"flags": flags}}
-    });
+    })
+}
+
+/// Writes (atomically, via rename) a FeatureFlag manifest `<dir>/<namespace>-<name>.yaml`.
+pub fn write_manifest(dir: &Path, namespace: &str, name: &str, flags: Value) -> PathBuf {
+    let object = feature_flag(namespace, name, flags);
     let path = dir.join(format!("{namespace}-{name}.yaml"));
     write_atomically(&path, &serde_norway::to_string(&object).expect("yaml"));
     path
