@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::client::{Client, default_variant, next, v1, with_selector};
+use support::client::{Client, default_variant, next, open, v1, with_selector};
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -79,11 +79,7 @@ impl Scene {
     /// Adds a subscriber on a connection of its own, once it has the current version.
     async fn subscribe(&mut self) {
         let mut client = Client::new(self.channel().await);
-        let mut stream = client
-            .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
-            .await
-            .expect("stream")
-            .into_inner();
+        let mut stream = open(&mut client, SELECTOR).await.expect("stream");
         let want = format!("v{}", self.version);
         assert_eq!(color(&next(&mut stream).await), want);
         self.subscribers.push(stream);
@@ -290,11 +286,9 @@ async fn oversized_headers_and_requests_are_refused() {
     assert_eq!(scene.rejected("max_request_bytes").await, 6.0);
 
     // The connection that sent the oversized header still works, within the limits.
-    let mut stream = client
-        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
+    let mut stream = open(&mut client, SELECTOR)
         .await
-        .expect("a request within the limits is served")
-        .into_inner();
+        .expect("a request within the limits is served");
     next(&mut stream).await;
     scene.subscribers.push(stream);
     scene.change().await;

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::client::{
-    Client, LegacyClient, client, default_variant, legacy, legacy_client, next, v1, with_selector,
+    Client, LegacyClient, client, default_variant, legacy, legacy_client, next, open, v1,
+    with_selector,
 };
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
 use tonic::Code;
@@ -254,11 +255,9 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
     let (_dir, proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
     let source = format!("source={SELECTOR}");
-    let mut stream = client
-        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), &source))
+    let mut stream = open(&mut client, &source)
         .await
-        .expect("source= in the header")
-        .into_inner();
+        .expect("source= in the header");
     assert_eq!(
         default_variant(&next(&mut stream).await.flag_configuration, "color"),
         "red"
@@ -326,11 +325,7 @@ async fn context_values_are_in_every_sync_context_and_in_get_metadata() {
     .await;
     let string = |s: &str| Some(prost_types::value::Kind::StringValue(s.into()));
     let mut client = client(&proxy).await;
-    let mut stream = client
-        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
     for variant in ["red", "blue"] {
         if variant == "blue" {
             write_demo(dir.path(), "blue");
@@ -434,11 +429,9 @@ async fn unix_socket_serves_both_protocols_and_health_and_is_removed_on_shutdown
 
     let channel = unix_channel(&socket).await;
     let mut v1_client = Client::new(channel.clone());
-    let mut stream = v1_client
-        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
+    let mut stream = open(&mut v1_client, SELECTOR)
         .await
-        .expect("flagd.sync.v1 over the socket")
-        .into_inner();
+        .expect("flagd.sync.v1 over the socket");
     assert_eq!(
         default_variant(&next(&mut stream).await.flag_configuration, "color"),
         "red"
@@ -528,11 +521,7 @@ async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_versio
     );
     let proxy = Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await;
     let mut client = client(&proxy).await;
-    let mut stream = client
-        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
     assert_eq!(
         default_variant(&next(&mut stream).await.flag_configuration, "color"),
         "red"
@@ -559,11 +548,7 @@ async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_versio
         "{status}"
     );
     // A new subscriber still gets the last good version.
-    let mut late = client
-        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut late = open(&mut client, SELECTOR).await.expect("stream");
     assert_eq!(
         default_variant(&next(&mut late).await.flag_configuration, "color"),
         "red"
@@ -599,11 +584,7 @@ async fn streams_share_one_watch_and_are_counted() {
     let mut streams = Vec::new();
     for _ in 0..5 {
         let mut client = client(&proxy).await;
-        let mut stream = client
-            .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
-            .await
-            .expect("stream")
-            .into_inner();
+        let mut stream = open(&mut client, SELECTOR).await.expect("stream");
         next(&mut stream).await;
         streams.push(stream);
     }
@@ -623,11 +604,7 @@ async fn streams_share_one_watch_and_are_counted() {
 async fn shutdown_ends_streams_with_unavailable_and_exits_zero() {
     let (_dir, mut proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
-    let mut stream = client
-        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
     next(&mut stream).await;
     let exit = tokio::spawn(async move { proxy.terminate().await });
     let end = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
