@@ -12,7 +12,7 @@
 #                                     /run/flagd-proxy-cluster.lock until the cluster is down:
 #                                     a second cluster waits for the first to finish)
 #   scripts/cluster.sh run            up, print "READY <dir>", wait for EOF on stdin, down
-#                                     (the test harness, tests/support/cluster.rs, uses this)
+#                                     (the test harness, testkit/src/cluster.rs, uses this)
 #   scripts/cluster.sh restart-apiserver   stop the API server and start it again
 #   scripts/cluster.sh kubectl ARGS   kubectl as cluster admin, from inside the namespace
 #   scripts/cluster.sh exec CMD ARGS  any command inside the namespace (curl to a pod IP, ...)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the clients that tests/compatibility.rs runs besides those of
+# Installs the clients that tests/compatibility/ runs besides those of
 # scripts/install-interop.sh (JS, Python, Rust):
 #   flagd          flagd v0.16.0, built from interop/flagd/current   -> $BIN/flagd-v0.16.0/flagd
 #   flagd-legacy   flagd v0.4.2 (legacy sync.v1 only), interop/flagd/legacy -> $BIN/flagd-v0.4.2/flagd

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the helm command line from Go modules, for the chart tests (tests/helm.rs).
+# Builds the helm command line from Go modules, for the chart tests (tests/helm/).
 #
 #   scripts/install-helm.sh            # builds helm v3.22.0 once
 #   HELM_VERSION=v3.21.4 scripts/install-helm.sh

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the JS, Python and Rust provider clients used by tests/compatibility.rs:
+# Installs the JS, Python and Rust provider clients used by tests/compatibility/:
 #   - interop/js      npm ci (node_modules inside interop/js)
 #   - interop/python  a virtualenv at $CACHE/venv with interop/python/requirements.txt
 #   - interop/rust    cargo build --release --locked into $CACHE/target-interop

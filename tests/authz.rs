@@ -1,26 +1,26 @@
 //! Authorization: client identity (certificate, ServiceAccount token, pod address) and the
 //! `namespace` and `rbac` modes, against a real kube-apiserver where the API is involved.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::time::Duration;
 
-use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::control_plane::{ControlPlane, feature_flag_resource, start_or_skip};
+use support::client::{
+    Client, channel as plain_channel, next_message, tls_channel, v1, with_selector,
+};
+use support::control_plane::{
+    ControlPlane, feature_flag_object, feature_flag_resource, start_or_skip,
+};
 use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-use v1::flag_sync_service_client::FlagSyncServiceClient;
 
 fn request(selector: &str, token: Option<&str>) -> tonic::Request<v1::SyncFlagsRequest> {
-    let mut request = tonic::Request::new(v1::SyncFlagsRequest::default());
-    request
-        .metadata_mut()
-        .insert("flagd-selector", selector.parse().expect("ascii"));
+    let mut request = with_selector(v1::SyncFlagsRequest::default(), selector);
     if let Some(token) = token {
         request.metadata_mut().insert(
             "authorization",
@@ -36,24 +36,11 @@ async fn first(
     selector: &str,
     token: Option<&str>,
 ) -> Result<String, tonic::Status> {
-    let mut stream = FlagSyncServiceClient::new(channel)
+    let mut stream = Client::new(channel)
         .sync_flags(request(selector, token))
         .await?
         .into_inner();
-    let message = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
-        .await
-        .expect("no hang")?;
-    Ok(message
-        .expect("a stream never ends with OK")
-        .flag_configuration)
-}
-
-async fn plain(proxy: &Proxy) -> Channel {
-    Channel::from_shared(proxy.endpoint())
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect")
+    Ok(next_message(&mut stream).await?.flag_configuration)
 }
 
 #[tokio::test]
@@ -96,16 +83,8 @@ async fn spiffe_client_certificates_in_namespace_mode() {
             ))
             .domain_name("localhost")
             .identity(Identity::from_pem(cert.0, cert.1));
-        let endpoint =
-            Endpoint::from_shared(format!("https://localhost:{}", proxy.port)).expect("uri");
-        async move {
-            endpoint
-                .tls_config(tls)
-                .expect("tls")
-                .connect()
-                .await
-                .expect("connect")
-        }
+        let port = proxy.port;
+        async move { tls_channel(port, tls).await.expect("connect") }
     };
     let web =
         connect(ca.issue_client_with_uri("web", Some("spiffe://cluster.local/ns/team-a/sa/web")))
@@ -189,12 +168,7 @@ async fn grant_review_permissions(cp: &ControlPlane) {
 async fn create_flag(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
     let api: Api<DynamicObject> =
         Api::namespaced_with(cp.admin_client(), ns, &feature_flag_resource());
-    let object: DynamicObject = serde_json::from_value(json!({
-        "apiVersion": "core.openfeature.dev/v1beta1", "kind": "FeatureFlag",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"flagSpec": {"flags": string_flag("color", variant, &[variant])}}
-    }))
-    .expect("object");
+    let object = feature_flag_object(ns, name, string_flag("color", variant, &[variant]));
     api.create(&PostParams::default(), &object)
         .await
         .expect("create FeatureFlag");
@@ -243,7 +217,7 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
         "--authz-pod-ip".into(),
     ]);
     let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
-    let channel = plain(&proxy).await;
+    let channel = plain_channel(proxy.port).await;
     let own = first(
         channel.clone(),
         "core.openfeature.dev/team-a/flags",
@@ -317,7 +291,7 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
         "500ms".into(),
     ]);
     let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
-    let channel = plain(&proxy).await;
+    let channel = plain_channel(proxy.port).await;
     let denied = first(
         channel.clone(),
         "core.openfeature.dev/team-a/flags",
@@ -354,7 +328,7 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     // RBAC takes effect asynchronously in the API server; ask until it does (cache TTL is short).
     let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
     let mut stream = loop {
-        match FlagSyncServiceClient::new(channel.clone())
+        match Client::new(channel.clone())
             .sync_flags(request("core.openfeature.dev/team-b/flags", Some(&token)))
             .await
         {

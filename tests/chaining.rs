@@ -1,42 +1,23 @@
 //! Topologies: a node-local proxy chained to a central one, and connection ageing.
-mod support;
+use flagd_proxy_testkit as support;
 
-use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
-use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
-use tonic::transport::Channel;
-use v1::flag_sync_service_client::FlagSyncServiceClient;
+use support::client::{Client, channel, default_variant, next_message, open, v1};
+use support::{Proxy, string_flag, write_manifest};
 
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
 
-async fn open(port: u16) -> tonic::Streaming<v1::SyncFlagsResponse> {
-    let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
-        .expect("uri")
-        .connect()
-        .await
-        .expect("connect");
-    let mut request = tonic::Request::new(v1::SyncFlagsRequest::default());
-    request
-        .metadata_mut()
-        .insert("flagd-selector", SELECTOR.parse().expect("ascii"));
-    FlagSyncServiceClient::new(channel)
-        .sync_flags(request)
+async fn open_demo(port: u16) -> tonic::Streaming<v1::SyncFlagsResponse> {
+    open(&mut Client::new(channel(port).await), SELECTOR)
         .await
         .expect("stream")
-        .into_inner()
 }
 
-async fn next(
+/// The variant of `color` in the stream's next message, or the status that ended the stream.
+async fn next_color(
     stream: &mut tonic::Streaming<v1::SyncFlagsResponse>,
 ) -> Result<String, tonic::Status> {
-    let message = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
-        .await
-        .expect("no hang")?;
-    let message = message.expect("a stream never ends with OK");
-    let doc: serde_json::Value = serde_json::from_str(&message.flag_configuration).expect("json");
-    Ok(doc["flags"]["color"]["defaultVariant"]
-        .as_str()
-        .expect("string")
-        .to_owned())
+    let message = next_message(stream).await?;
+    Ok(default_variant(&message.flag_configuration, "color"))
 }
 
 fn colors(default: &str) -> serde_json::Value {
@@ -54,8 +35,8 @@ async fn node_proxy_shares_one_upstream_stream_and_survives_central_restarts() {
 
     let mut streams = Vec::new();
     for _ in 0..5 {
-        let mut stream = open(node.port).await;
-        assert_eq!(next(&mut stream).await.expect("first"), "red");
+        let mut stream = open_demo(node.port).await;
+        assert_eq!(next_color(&mut stream).await.expect("first"), "red");
         streams.push(stream);
     }
     // However many clients the node serves, it holds one stream to the central proxy.
@@ -66,7 +47,7 @@ async fn node_proxy_shares_one_upstream_stream_and_survives_central_restarts() {
     write_manifest(dir.path(), "default", "demo", colors("blue"));
     for stream in &mut streams {
         assert_eq!(
-            next(stream).await.expect("update through both tiers"),
+            next_color(stream).await.expect("update through both tiers"),
             "blue"
         );
     }
@@ -80,7 +61,9 @@ async fn node_proxy_shares_one_upstream_stream_and_survives_central_restarts() {
     let _central = Proxy::start_on(port, management_port, &["--manifests", &manifests], &[]).await;
     for stream in &mut streams {
         assert_eq!(
-            next(stream).await.expect("caught up after the restart"),
+            next_color(stream)
+                .await
+                .expect("caught up after the restart"),
             "green"
         );
     }
@@ -100,11 +83,11 @@ async fn aged_connections_close_and_reconnecting_clients_stay_current() {
         "1s",
     ])
     .await;
-    let mut stream = open(proxy.port).await;
-    assert_eq!(next(&mut stream).await.expect("first"), "red");
+    let mut stream = open_demo(proxy.port).await;
+    assert_eq!(next_color(&mut stream).await.expect("first"), "red");
     // The connection is closed once it is old enough; the stream ends with an error, never OK.
     let ended = loop {
-        match next(&mut stream).await {
+        match next_color(&mut stream).await {
             Ok(_) => continue,
             Err(status) => break status,
         }
@@ -112,9 +95,9 @@ async fn aged_connections_close_and_reconnecting_clients_stay_current() {
     assert_ne!(ended.code(), tonic::Code::Ok);
     // A change made while the client reconnects is what it finds.
     write_manifest(dir.path(), "default", "demo", colors("white"));
-    let mut again = open(proxy.port).await;
-    let mut last = next(&mut again).await.expect("first after reconnect");
+    let mut again = open_demo(proxy.port).await;
+    let mut last = next_color(&mut again).await.expect("first after reconnect");
     while last != "white" {
-        last = next(&mut again).await.expect("newest version");
+        last = next_color(&mut again).await.expect("newest version");
     }
 }

@@ -6,7 +6,7 @@
 //! One cluster serves every test of this file; each test works in its own namespaces. Without the
 //! cluster's dependencies (root, Debian packages, the Go binaries) the tests print what is missing
 //! and pass, unless `CI` is set.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command};

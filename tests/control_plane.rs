@@ -1,42 +1,35 @@
 //! Checks the test control plane itself: CRDs installed, RBAC for the proxy identity, the
 //! apiserver's open-watch metric, and an apiserver restart on the same port.
 
-#[path = "support/control_plane.rs"]
-mod control_plane;
-
 use std::pin::pin;
 use std::time::Duration;
 
-use control_plane::{ControlPlane, ControlPlaneError, feature_flag_resource};
+use flagd_proxy_testkit::control_plane::{
+    self, ControlPlane, ControlPlaneError, feature_flag_resource,
+};
 use futures::StreamExt;
 use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-fn feature_flag(name: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "core.openfeature.dev/v1beta1",
-        "kind": "FeatureFlag",
-        "metadata": { "name": name },
-        "spec": {
-            "flagSpec": {
-                "flags": {
-                    "new-welcome-message": {
-                        "state": "ENABLED",
-                        "variants": { "on": true, "off": false },
-                        "defaultVariant": "on",
-                    },
-                },
+fn feature_flag(ns: &str, name: &str) -> DynamicObject {
+    control_plane::feature_flag_object(
+        ns,
+        name,
+        json!({
+            "new-welcome-message": {
+                "state": "ENABLED",
+                "variants": { "on": true, "off": false },
+                "defaultVariant": "on",
             },
-        },
-    }))
-    .expect("building a FeatureFlag object")
+        }),
+    )
 }
 
 async fn create_flag(cp: &ControlPlane, ns: &str, name: &str) {
     Api::<DynamicObject>::namespaced_with(cp.admin_client(), ns, &feature_flag_resource())
-        .create(&PostParams::default(), &feature_flag(name))
+        .create(&PostParams::default(), &feature_flag(ns, name))
         .await
         .unwrap_or_else(|e| panic!("creating FeatureFlag {ns}/{name} as admin: {e}"));
 }

@@ -1,7 +1,7 @@
 //! The chart's `central.authz` values, rendered with `helm template`: the `--authz` flags of the
 //! central Deployment and the permissions its ClusterRole gains for them. tests/cluster.rs runs
 //! `central.authz.mode=rbac` with token audiences in a real cluster.
-mod support;
+use flagd_proxy_testkit as support;
 
 use serde_json::{Value, json};
 use support::helm::ChartRenderer;

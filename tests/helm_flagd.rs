@@ -3,7 +3,7 @@
 //! RPC-mode providers dial, the restricted security context and probes, and that none of the
 //! proxy's selectors (Services, PodDisruptionBudget, NetworkPolicy) picks up flagd pods.
 //! The cluster tests (tests/cluster.rs) run the same workloads for real.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::collections::BTreeMap;
 

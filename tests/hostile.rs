@@ -1,20 +1,19 @@
 //! Hostile and broken clients against the proxy binary, over real loopback sockets, while
 //! well-behaved subscribers keep receiving every change.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
 use serde_json::Value;
+use support::client::{Client, default_variant, next, open, v1, with_selector};
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
 use tonic::transport::{Channel, Endpoint};
-use v1::flag_sync_service_client::FlagSyncServiceClient;
 
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
 const MAX_WATCHES: usize = 100;
@@ -79,12 +78,8 @@ impl Scene {
 
     /// Adds a subscriber on a connection of its own, once it has the current version.
     async fn subscribe(&mut self) {
-        let mut client = FlagSyncServiceClient::new(self.channel().await);
-        let mut stream = client
-            .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
-            .await
-            .expect("stream")
-            .into_inner();
+        let mut client = Client::new(self.channel().await);
+        let mut stream = open(&mut client, SELECTOR).await.expect("stream");
         let want = format!("v{}", self.version);
         assert_eq!(color(&next(&mut stream).await), want);
         self.subscribers.push(stream);
@@ -142,28 +137,8 @@ impl Scene {
     }
 }
 
-fn with_selector<T>(message: T, selector: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("flagd-selector", selector.parse().expect("ascii"));
-    request
-}
-
-async fn next(stream: &mut tonic::Streaming<v1::SyncFlagsResponse>) -> v1::SyncFlagsResponse {
-    tokio::time::timeout(EVENT_TIMEOUT, stream.message())
-        .await
-        .expect("a message arrives")
-        .expect("stream healthy")
-        .expect("stream still open")
-}
-
 fn color(response: &v1::SyncFlagsResponse) -> String {
-    let doc: Value = serde_json::from_str(&response.flag_configuration).expect("JSON");
-    doc["flags"]["color"]["defaultVariant"]
-        .as_str()
-        .expect("defaultVariant is a string")
-        .to_owned()
+    default_variant(&response.flag_configuration, "color")
 }
 
 /// Bytes from a fixed-seed xorshift generator: "random", but the same on every run.
@@ -256,7 +231,7 @@ async fn garbage_on_the_sync_port_is_dropped() {
 #[tokio::test]
 async fn oversized_headers_and_requests_are_refused() {
     let mut scene = Scene::start().await;
-    let mut client = FlagSyncServiceClient::new(scene.channel().await);
+    let mut client = Client::new(scene.channel().await);
 
     // Over the limit but under twice it: a gRPC status, counted.
     let big = format!(
@@ -287,7 +262,7 @@ async fn oversized_headers_and_requests_are_refused() {
 
     // A request message over the limit is refused before it is read.
     for _ in 0..3 {
-        let mut client = FlagSyncServiceClient::new(scene.channel().await);
+        let mut client = Client::new(scene.channel().await);
         let status = client
             .sync_flags(with_selector(
                 v1::SyncFlagsRequest {
@@ -311,11 +286,9 @@ async fn oversized_headers_and_requests_are_refused() {
     assert_eq!(scene.rejected("max_request_bytes").await, 6.0);
 
     // The connection that sent the oversized header still works, within the limits.
-    let mut stream = client
-        .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
+    let mut stream = open(&mut client, SELECTOR)
         .await
-        .expect("a request within the limits is served")
-        .into_inner();
+        .expect("a request within the limits is served");
     next(&mut stream).await;
     scene.subscribers.push(stream);
     scene.change().await;
@@ -328,7 +301,7 @@ async fn invented_selectors_are_bounded_and_let_go() {
     let mut scene = Scene::start().await;
     let mut clients = Vec::new();
     for _ in 0..CONNECTIONS {
-        clients.push(FlagSyncServiceClient::new(scene.channel().await));
+        clients.push(Client::new(scene.channel().await));
     }
     let ended = Arc::new(AtomicUsize::new(0));
     let unexpected = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -442,7 +415,7 @@ async fn connections_beyond_the_per_address_limit_are_closed() {
         .expect("endpoint")
         .local_address(Some(address));
     let call = |channel: Channel| async move {
-        FlagSyncServiceClient::new(channel)
+        Client::new(channel)
             .get_metadata(v1::GetMetadataRequest {})
             .await
     };
@@ -721,7 +694,7 @@ async fn idle_management_connections_cannot_starve_the_probes_or_the_sync_port()
 async fn fetch_all_flags_for_missing_resources_holds_no_waiting_place() {
     // Watches of resources that exist stay long after their last client; these must not.
     let mut scene = Scene::start_with(&["--idle-timeout", "10m"]).await;
-    let mut client = FlagSyncServiceClient::new(scene.channel().await);
+    let mut client = Client::new(scene.channel().await);
     for i in 0..MAX_WAITING * 3 {
         let status = client
             .fetch_all_flags(v1::FetchAllFlagsRequest {
@@ -840,7 +813,7 @@ async fn a_manifests_directory_swapped_by_symlink_is_followed() {
         .connect()
         .await
         .expect("connect");
-    let mut stream = FlagSyncServiceClient::new(channel)
+    let mut stream = Client::new(channel)
         .sync_flags(with_selector(v1::SyncFlagsRequest::default(), SELECTOR))
         .await
         .expect("stream")

@@ -1,6 +1,6 @@
 //! The Kubernetes source speaks HTTP/2 to the API server: the watches of many resources share a
 //! few connections (100 streams each at most) instead of holding a connection each.
-mod support;
+use flagd_proxy_testkit as support;
 
 use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
 use kube::api::{Api, DynamicObject, PostParams};
@@ -24,17 +24,15 @@ async fn watches_share_http2_connections_to_the_api_server() {
         Api::namespaced_with(cp.admin_client(), "many", &feature_flag_resource());
     let params = PostParams::default();
     for i in 0..RESOURCES {
-        let object: DynamicObject = serde_json::from_value(json!({
-            "apiVersion": "core.openfeature.dev/v1beta1",
-            "kind": "FeatureFlag",
-            "metadata": {"name": format!("f{i}"), "namespace": "many"},
-            "spec": {"flagSpec": {"flags": {"on": {
+        let object: DynamicObject = control_plane::feature_flag_object(
+            "many",
+            &format!("f{i}"),
+            json!({"on": {
                 "state": "ENABLED",
                 "variants": {"yes": true, "no": false},
                 "defaultVariant": "yes"
-            }}}}
-        }))
-        .expect("a FeatureFlag object");
+            }}),
+        );
         eventually(&format!("creating FeatureFlag many/f{i}"), || {
             api.create(&params, &object)
         })

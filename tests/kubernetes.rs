@@ -1,17 +1,16 @@
-//! The Kubernetes source against a real kube-apiserver and etcd (see `support/control_plane.rs`),
+//! The Kubernetes source against a real kube-apiserver and etcd (see `testkit/src/control_plane.rs`),
 //! with the proxy binary running as the restricted identity `system:serviceaccount:flagd:proxy`.
 //!
 //! Each test starts its own control plane and uses its own namespaces. The tests that need one
 //! take turns (a lock), so a small machine never runs several API servers at once. Without the
 //! control-plane binaries these tests print a notice and pass, unless `CI` is set.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
 use futures::StreamExt;
 use kube::api::{
     Api, DeleteParams, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -19,11 +18,10 @@ use kube::api::{
 use kube::discovery::Scope;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use support::client::{Client, client, default_variant, next_message, open, v1, with_selector};
 use support::control_plane::{self, ControlPlane, feature_flag_resource};
-use support::{EVENT_TIMEOUT, Proxy, eventually};
-use tonic::transport::Channel;
+use support::{EVENT_TIMEOUT, Proxy, eventually, string_flag};
 use tonic::{Code, Status, Streaming};
-use v1::flag_sync_service_client::FlagSyncServiceClient;
 
 /// One control plane at a time.
 static CONTROL_PLANE_TURN: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -37,17 +35,7 @@ const FORBIDDEN_METRIC: &str =
 
 /// A FeatureFlag `<ns>/<name>` with one string flag `color` defaulting to `variant`.
 fn feature_flag(ns: &str, name: &str, variant: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "core.openfeature.dev/v1beta1",
-        "kind": "FeatureFlag",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"flagSpec": {"flags": {"color": {
-            "state": "ENABLED",
-            "variants": {variant: variant, "other": "other"},
-            "defaultVariant": variant
-        }}}}
-    }))
-    .expect("a FeatureFlag object")
+    control_plane::feature_flag_object(ns, name, string_flag("color", variant, &[variant, "other"]))
 }
 
 fn flags_api(cp: &ControlPlane, ns: &str) -> Api<DynamicObject> {
@@ -91,68 +79,20 @@ fn selector(ns: &str, name: &str) -> String {
     format!("core.openfeature.dev/{ns}/{name}")
 }
 
-fn with_selector<T>(message: T, selector: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("flagd-selector", selector.parse().expect("ascii selector"));
-    request
-}
-
-async fn client(proxy: &Proxy) -> FlagSyncServiceClient<Channel> {
-    FlagSyncServiceClient::connect(proxy.endpoint())
-        .await
-        .expect("connecting to the proxy")
-}
-
-/// Opens a SyncFlags stream. A stream refused before its first message is an `Err`.
-async fn open(
-    client: &mut FlagSyncServiceClient<Channel>,
-    selector: &str,
-) -> Result<Streaming<v1::SyncFlagsResponse>, Status> {
-    let request = with_selector(v1::SyncFlagsRequest::default(), selector);
-    tokio::time::timeout(EVENT_TIMEOUT, client.sync_flags(request))
-        .await
-        .expect("the proxy answers SyncFlags")
-        .map(tonic::Response::into_inner)
-}
-
-/// The next message of a stream, or the status that ended it.
-async fn next_message(
-    stream: &mut Streaming<v1::SyncFlagsResponse>,
-) -> Result<v1::SyncFlagsResponse, Status> {
-    match tokio::time::timeout(EVENT_TIMEOUT, stream.message())
-        .await
-        .expect("a message (or the end of the stream) arrives in time")
-    {
-        Ok(Some(message)) => Ok(message),
-        Ok(None) => panic!("the stream ended with OK"),
-        Err(status) => Err(status),
-    }
-}
-
 /// The first message of a new stream, or the status that refused or ended it.
 async fn first_message(
-    client: &mut FlagSyncServiceClient<Channel>,
+    client: &mut Client,
     selector: &str,
 ) -> Result<v1::SyncFlagsResponse, Status> {
     let mut stream = open(client, selector).await?;
     next_message(&mut stream).await
 }
 
-fn variant_of(flag_configuration: &str) -> String {
-    let doc: Value = serde_json::from_str(flag_configuration).expect("the configuration is JSON");
-    doc["flags"]["color"]["defaultVariant"]
-        .as_str()
-        .unwrap_or_else(|| panic!("no color flag in {flag_configuration}"))
-        .to_owned()
-}
-
 async fn next_variant(stream: &mut Streaming<v1::SyncFlagsResponse>) -> String {
     let message = next_message(stream)
         .await
         .expect("the stream stays healthy");
-    variant_of(&message.flag_configuration)
+    default_variant(&message.flag_configuration, "color")
 }
 
 /// Reads a stream until it carries `want`; intermediate versions may come first.
@@ -365,7 +305,10 @@ async fn one_watch_per_resource_and_changes_propagate() {
         .await
         .expect("the last flags are still served")
         .into_inner();
-    assert_eq!(variant_of(&fetched.flag_configuration), "blue");
+    assert_eq!(
+        default_variant(&fetched.flag_configuration, "color"),
+        "blue"
+    );
     // ... and a re-creation delivers the new content.
     create_flag(&cp, "shared", "flags", "green").await;
     for stream in &mut streams {
@@ -453,7 +396,7 @@ async fn rbac_refusal_is_explained_and_recovers_when_granted() {
     loop {
         match first_message(&mut client, &b).await {
             Ok(message) => {
-                assert_eq!(variant_of(&message.flag_configuration), "red");
+                assert_eq!(default_variant(&message.flag_configuration, "color"), "red");
                 break;
             }
             Err(status) if status.code() == Code::PermissionDenied => {
@@ -1050,7 +993,7 @@ async fn rejected_versions_are_told_with_events_on_the_resource() {
     let quiet_args = cp.proxy_args(&["--events=false"]);
     let quiet_args: Vec<&str> = quiet_args.iter().map(String::as_str).collect();
     let quiet = Proxy::start_with_env(&quiet_args, &[("POD_NAME", "quiet-pod")]).await;
-    let mut quiet_client = FlagSyncServiceClient::connect(quiet.endpoint())
+    let mut quiet_client = Client::connect(quiet.endpoint())
         .await
         .expect("connecting to the quiet replica");
     let mut quiet_stream = open(&mut quiet_client, &selector("events", "demo"))
@@ -1187,5 +1130,8 @@ async fn missing_events_permission_is_logged_and_flags_still_flow() {
     let message = first_message(&mut client, &selector("no-events", "demo"))
         .await
         .expect("a new stream");
-    assert_eq!(variant_of(&message.flag_configuration), "green");
+    assert_eq!(
+        default_variant(&message.flag_configuration, "color"),
+        "green"
+    );
 }

@@ -1,7 +1,7 @@
 //! The flag-configuration check against flagd's published schema test vectors
 //! (github.com/open-feature/flagd-schemas, the version in tests/data/modules.txt, fetched by
 //! scripts/fetch-test-data.sh).
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::path::PathBuf;
 

@@ -1,47 +1,18 @@
 //! The sync protocols over real sockets, against the proxy binary serving a manifests directory.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::time::Duration;
 
-use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
-use flagd_proxy::wire::proto::client::sync_v1 as legacy;
-use serde_json::{Value, json};
+use serde_json::json;
+use support::client::{
+    Client, LegacyClient, client, default_variant, legacy, legacy_client, next, open, v1,
+    with_selector,
+};
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
 use tonic::Code;
 use tonic::transport::Channel;
-use v1::flag_sync_service_client::FlagSyncServiceClient;
 
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
-
-async fn client(proxy: &Proxy) -> FlagSyncServiceClient<Channel> {
-    FlagSyncServiceClient::connect(proxy.endpoint())
-        .await
-        .expect("connect")
-}
-
-fn with_header<T>(message: T, selector: &str) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request
-        .metadata_mut()
-        .insert("flagd-selector", selector.parse().expect("ascii"));
-    request
-}
-
-async fn next<T>(stream: &mut tonic::Streaming<T>) -> T {
-    tokio::time::timeout(EVENT_TIMEOUT, stream.message())
-        .await
-        .expect("a message arrives")
-        .expect("stream healthy")
-        .expect("stream still open")
-}
-
-fn default_variant(flag_configuration: &str, flag: &str) -> String {
-    let doc: Value = serde_json::from_str(flag_configuration).expect("flag configuration is JSON");
-    doc["flags"][flag]["defaultVariant"]
-        .as_str()
-        .expect("defaultVariant is a string")
-        .to_owned()
-}
 
 async fn manifests_proxy() -> (tempfile::TempDir, Proxy) {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -65,7 +36,7 @@ async fn header_selector_stream_gets_snapshot_then_each_real_change() {
         selector: "core.openfeature.dev/x/y".into(),
     };
     let mut stream = client
-        .sync_flags(with_header(request, SELECTOR))
+        .sync_flags(with_selector(request, SELECTOR))
         .await
         .expect("stream")
         .into_inner();
@@ -120,10 +91,7 @@ async fn body_selector_works_without_header() {
 #[tokio::test]
 async fn legacy_protocol_sends_sync_state_all() {
     let (dir, proxy) = manifests_proxy().await;
-    let mut client =
-        legacy::flag_sync_service_client::FlagSyncServiceClient::connect(proxy.endpoint())
-            .await
-            .expect("connect");
+    let mut client = legacy_client(&proxy).await;
     let request = legacy::SyncFlagsRequest {
         provider_id: String::new(),
         selector: SELECTOR.into(),
@@ -189,14 +157,14 @@ async fn get_metadata_and_fetch_all_flags() {
     );
 
     let fetched = client
-        .fetch_all_flags(with_header(v1::FetchAllFlagsRequest::default(), SELECTOR))
+        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), SELECTOR))
         .await
         .expect("fetch")
         .into_inner();
     assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
 
     let missing = client
-        .fetch_all_flags(with_header(
+        .fetch_all_flags(with_selector(
             v1::FetchAllFlagsRequest::default(),
             "core.openfeature.dev/default/nope",
         ))
@@ -215,7 +183,7 @@ async fn stream_for_a_missing_resource_waits_for_it() {
     let (dir, proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
     let mut stream = client
-        .sync_flags(with_header(
+        .sync_flags(with_selector(
             v1::SyncFlagsRequest::default(),
             "core.openfeature.dev/later/flags",
         ))
@@ -287,11 +255,9 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
     let (_dir, proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
     let source = format!("source={SELECTOR}");
-    let mut stream = client
-        .sync_flags(with_header(v1::SyncFlagsRequest::default(), &source))
+    let mut stream = open(&mut client, &source)
         .await
-        .expect("source= in the header")
-        .into_inner();
+        .expect("source= in the header");
     assert_eq!(
         default_variant(&next(&mut stream).await.flag_configuration, "color"),
         "red"
@@ -307,14 +273,14 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
     let first = next(&mut stream).await;
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
     let fetched = client
-        .fetch_all_flags(with_header(v1::FetchAllFlagsRequest::default(), &source))
+        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), &source))
         .await
         .expect("fetch with source=")
         .into_inner();
     assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
 
     let status = client
-        .sync_flags(with_header(
+        .sync_flags(with_selector(
             v1::SyncFlagsRequest::default(),
             "flagSetId=demo",
         ))
@@ -328,7 +294,7 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
         "the message names the forms that work: {status:?}"
     );
     let status = client
-        .sync_flags(with_header(
+        .sync_flags(with_selector(
             v1::SyncFlagsRequest::default(),
             "file=/etc/passwd",
         ))
@@ -359,11 +325,7 @@ async fn context_values_are_in_every_sync_context_and_in_get_metadata() {
     .await;
     let string = |s: &str| Some(prost_types::value::Kind::StringValue(s.into()));
     let mut client = client(&proxy).await;
-    let mut stream = client
-        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
     for variant in ["red", "blue"] {
         if variant == "blue" {
             write_demo(dir.path(), "blue");
@@ -466,18 +428,15 @@ async fn unix_socket_serves_both_protocols_and_health_and_is_removed_on_shutdown
     );
 
     let channel = unix_channel(&socket).await;
-    let mut v1_client = FlagSyncServiceClient::new(channel.clone());
-    let mut stream = v1_client
-        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
+    let mut v1_client = Client::new(channel.clone());
+    let mut stream = open(&mut v1_client, SELECTOR)
         .await
-        .expect("flagd.sync.v1 over the socket")
-        .into_inner();
+        .expect("flagd.sync.v1 over the socket");
     assert_eq!(
         default_variant(&next(&mut stream).await.flag_configuration, "color"),
         "red"
     );
-    let mut legacy_client =
-        legacy::flag_sync_service_client::FlagSyncServiceClient::new(channel.clone());
+    let mut legacy_client = LegacyClient::new(channel.clone());
     let mut legacy_stream = legacy_client
         .sync_flags(legacy::SyncFlagsRequest {
             provider_id: String::new(),
@@ -562,11 +521,7 @@ async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_versio
     );
     let proxy = Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await;
     let mut client = client(&proxy).await;
-    let mut stream = client
-        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
     assert_eq!(
         default_variant(&next(&mut stream).await.flag_configuration, "color"),
         "red"
@@ -593,11 +548,7 @@ async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_versio
         "{status}"
     );
     // A new subscriber still gets the last good version.
-    let mut late = client
-        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut late = open(&mut client, SELECTOR).await.expect("stream");
     assert_eq!(
         default_variant(&next(&mut late).await.flag_configuration, "color"),
         "red"
@@ -633,11 +584,7 @@ async fn streams_share_one_watch_and_are_counted() {
     let mut streams = Vec::new();
     for _ in 0..5 {
         let mut client = client(&proxy).await;
-        let mut stream = client
-            .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
-            .await
-            .expect("stream")
-            .into_inner();
+        let mut stream = open(&mut client, SELECTOR).await.expect("stream");
         next(&mut stream).await;
         streams.push(stream);
     }
@@ -657,11 +604,7 @@ async fn streams_share_one_watch_and_are_counted() {
 async fn shutdown_ends_streams_with_unavailable_and_exits_zero() {
     let (_dir, mut proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
-    let mut stream = client
-        .sync_flags(with_header(v1::SyncFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
     next(&mut stream).await;
     let exit = tokio::spawn(async move { proxy.terminate().await });
     let end = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
@@ -717,7 +660,7 @@ async fn client_keepalive_pings_without_streams_are_accepted() {
         .connect()
         .await
         .expect("connect");
-    let mut client = FlagSyncServiceClient::new(channel);
+    let mut client = Client::new(channel);
     client
         .get_metadata(v1::GetMetadataRequest {})
         .await

@@ -1,30 +1,20 @@
 //! TLS on the sync port: server certificates from files, rotation without a restart, and
 //! optional client-certificate verification.
-mod support;
+use flagd_proxy_testkit as support;
 
 use rustls_pki_types::pem::PemObject;
 
-use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
+use support::client::{Client, default_variant, next, open, tls_channel, v1};
 use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
-use v1::flag_sync_service_client::FlagSyncServiceClient;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
 
-async fn connect(proxy: &Proxy, tls: ClientTlsConfig) -> Result<Channel, tonic::transport::Error> {
-    Endpoint::from_shared(format!("https://localhost:{}", proxy.port))
-        .expect("endpoint")
-        .tls_config(tls)
-        .expect("tls config")
-        .connect()
-        .await
-}
-
 /// Whether a client with `tls` can complete a call.
 async fn usable(proxy: &Proxy, tls: ClientTlsConfig) -> bool {
-    match connect(proxy, tls).await {
+    match tls_channel(proxy.port, tls).await {
         Err(_) => false,
-        Ok(channel) => FlagSyncServiceClient::new(channel)
+        Ok(channel) => Client::new(channel)
             .get_metadata(v1::GetMetadataRequest {})
             .await
             .is_ok(),
@@ -39,25 +29,9 @@ fn trusting(ca_pem: &std::path::Path) -> ClientTlsConfig {
         .domain_name("localhost")
 }
 
-fn stream_request() -> tonic::Request<v1::SyncFlagsRequest> {
-    let mut request = tonic::Request::new(v1::SyncFlagsRequest::default());
-    request
-        .metadata_mut()
-        .insert("flagd-selector", SELECTOR.parse().expect("ascii"));
-    request
-}
-
-async fn next(stream: &mut tonic::Streaming<v1::SyncFlagsResponse>) -> String {
-    let message = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
-        .await
-        .expect("a message arrives")
-        .expect("stream healthy")
-        .expect("stream open");
-    let doc: serde_json::Value = serde_json::from_str(&message.flag_configuration).expect("json");
-    doc["flags"]["color"]["defaultVariant"]
-        .as_str()
-        .expect("string")
-        .to_owned()
+/// The variant of `color` in the stream's next message.
+async fn next_color(stream: &mut tonic::Streaming<v1::SyncFlagsResponse>) -> String {
+    default_variant(&next(stream).await.flag_configuration, "color")
 }
 
 fn args(dir: &tempfile::TempDir, extra: &[String]) -> Vec<String> {
@@ -88,12 +62,10 @@ async fn tls_proxy(ca: &TestCa, extra: &[&str]) -> (tempfile::TempDir, Proxy) {
     (dir, proxy)
 }
 
-async fn open(channel: Channel) -> tonic::Streaming<v1::SyncFlagsResponse> {
-    FlagSyncServiceClient::new(channel)
-        .sync_flags(stream_request())
+async fn open_demo(channel: Channel) -> tonic::Streaming<v1::SyncFlagsResponse> {
+    open(&mut Client::new(channel), SELECTOR)
         .await
         .expect("stream")
-        .into_inner()
 }
 
 #[tokio::test]
@@ -103,14 +75,14 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     let args = args(&dir, &first_ca.proxy_args());
     let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
 
-    let channel = connect(&proxy, trusting(&first_ca.ca_cert))
+    let channel = tls_channel(proxy.port, trusting(&first_ca.ca_cert))
         .await
         .expect("TLS connect");
-    let mut stream = open(channel).await;
-    assert_eq!(next(&mut stream).await, "red");
+    let mut stream = open_demo(channel).await;
+    assert_eq!(next_color(&mut stream).await, "red");
 
     // A plain-text client is refused.
-    let plain = FlagSyncServiceClient::connect(proxy.endpoint()).await;
+    let plain = Client::connect(proxy.endpoint()).await;
     if let Ok(mut plain) = plain {
         plain
             .get_metadata(v1::GetMetadataRequest {})
@@ -123,11 +95,11 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     std::fs::copy(&second_ca.server_key, &first_ca.server_key).expect("copy key");
     std::fs::copy(&second_ca.server_cert, &first_ca.server_cert).expect("copy cert");
     proxy.wait_for_log("TLS certificate reloaded").await;
-    let channel = connect(&proxy, trusting(&second_ca.ca_cert))
+    let channel = tls_channel(proxy.port, trusting(&second_ca.ca_cert))
         .await
         .expect("new certificate served");
-    let mut fresh = open(channel).await;
-    assert_eq!(next(&mut fresh).await, "red");
+    let mut fresh = open_demo(channel).await;
+    assert_eq!(next_color(&mut fresh).await, "red");
     assert!(
         !usable(&proxy, trusting(&first_ca.ca_cert)).await,
         "the old certificate is no longer served"
@@ -140,8 +112,8 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
         "demo",
         string_flag("color", "blue", &["red", "blue"]),
     );
-    assert_eq!(next(&mut stream).await, "blue");
-    assert_eq!(next(&mut fresh).await, "blue");
+    assert_eq!(next_color(&mut stream).await, "blue");
+    assert_eq!(next_color(&mut fresh).await, "blue");
 }
 
 /// An expired or not yet valid certificate is still served (the files may be fixed at any
@@ -212,11 +184,11 @@ async fn broken_certificate_files_keep_the_previous_certificate() {
     proxy
         .wait_for_log("TLS files changed but cannot be used")
         .await;
-    let channel = connect(&proxy, trusting(&ca.ca_cert))
+    let channel = tls_channel(proxy.port, trusting(&ca.ca_cert))
         .await
         .expect("previous certificate still served");
-    let mut stream = open(channel).await;
-    assert_eq!(next(&mut stream).await, "red");
+    let mut stream = open_demo(channel).await;
+    assert_eq!(next_color(&mut stream).await, "red");
 }
 
 #[tokio::test]
@@ -231,14 +203,14 @@ async fn client_certificates_are_required_with_a_client_ca() {
     );
 
     let (cert, key) = ca.issue_client("workload");
-    let channel = connect(
-        &proxy,
+    let channel = tls_channel(
+        proxy.port,
         trusting(&ca.ca_cert).identity(Identity::from_pem(cert, key)),
     )
     .await
     .expect("mutual TLS");
-    let mut stream = open(channel).await;
-    assert_eq!(next(&mut stream).await, "red");
+    let mut stream = open_demo(channel).await;
+    assert_eq!(next_color(&mut stream).await, "red");
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 //! `interop/js`): a node-local proxy chained to a central proxy that watches a real
 //! kube-apiserver, and two central replicas behind a round-robin balancer with a short
 //! `--max-connection-age`, so that streams move between them.
-mod support;
+use flagd_proxy_testkit as support;
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -10,8 +10,10 @@ use std::time::Duration;
 
 use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
 use serde_json::json;
-use support::control_plane::{ControlPlane, feature_flag_resource, start_or_skip};
-use support::{EVENT_TIMEOUT, Proxy};
+use support::control_plane::{
+    ControlPlane, feature_flag_object, feature_flag_resource, start_or_skip,
+};
+use support::{EVENT_TIMEOUT, Proxy, string_flag};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 
@@ -77,16 +79,11 @@ impl JsClient {
 }
 
 fn flag(ns: &str, name: &str, variant: &str) -> DynamicObject {
-    serde_json::from_value(json!({
-        "apiVersion": "core.openfeature.dev/v1beta1", "kind": "FeatureFlag",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {"flagSpec": {"flags": {FLAG: {
-            "state": "ENABLED",
-            "variants": {"red": "red", "blue": "blue", "green": "green", "white": "white"},
-            "defaultVariant": variant
-        }}}}
-    }))
-    .expect("FeatureFlag")
+    feature_flag_object(
+        ns,
+        name,
+        string_flag(FLAG, variant, &["red", "blue", "green", "white"]),
+    )
 }
 
 async fn set_variant(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {

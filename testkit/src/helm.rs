@@ -50,7 +50,7 @@ impl ChartRenderer {
     /// `helm template RELEASE charts/flagd-proxy --namespace NS --set S...`: the rendered
     /// objects, or helm's error output.
     pub fn template(&self, release: &str, ns: &str, sets: &[&str]) -> Result<Vec<Value>, String> {
-        let chart = Path::new(env!("CARGO_MANIFEST_DIR")).join("charts/flagd-proxy");
+        let chart = crate::repo_root().join("charts/flagd-proxy");
         let home = self.home.path();
         let mut command = Command::new(&self.binary);
         command

@@ -21,8 +21,6 @@
 //! Both server processes run under a small `sh` wrapper that holds a pipe from the test process and
 //! kills the server when that pipe closes, so nothing outlives a test binary that is interrupted.
 
-#![allow(dead_code)]
-
 use std::collections::hash_map::RandomState;
 use std::fmt;
 use std::fs::{self, File, OpenOptions};
@@ -83,6 +81,12 @@ const READY_TIMEOUT: Duration = Duration::from_secs(180);
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Start attempts when a freshly picked port turns out to be taken.
 const START_ATTEMPTS: u32 = 3;
+
+/// A FeatureFlag object for the API (see [`crate::feature_flag`]).
+pub fn feature_flag_object(namespace: &str, name: &str, flags: serde_json::Value) -> DynamicObject {
+    serde_json::from_value(crate::feature_flag(namespace, name, flags))
+        .expect("a FeatureFlag object")
+}
 
 /// The FeatureFlag resource (`core.openfeature.dev/v1beta1`, plural `featureflags`).
 pub fn feature_flag_resource() -> ApiResource {

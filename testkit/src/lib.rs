@@ -1,7 +1,10 @@
-//! Shared helpers for integration tests: run the proxy binary, write manifests, make
-//! certificates, and talk to the proxy with a gRPC client.
-#![allow(dead_code)]
+//! Helpers for flagd-proxy's integration tests and benchmark: run the proxy binary, write
+//! manifests, make certificates, talk to the proxy with a gRPC sync client, and run a
+//! Kubernetes control plane ([`control_plane`]) or a cluster ([`cluster`]).
+//!
+//! Integration tests take it in as `use flagd_proxy_testkit as support;`.
 
+pub mod client;
 pub mod cluster;
 pub mod control_plane;
 pub mod helm;
@@ -14,6 +17,53 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
+
+/// The repository's root folder (this package lives in `testkit/` below it).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("testkit/ has a parent folder")
+        .to_path_buf()
+}
+
+/// The folder cargo builds into for the running test or benchmark binary (`target/debug`,
+/// `target/release`): test binaries run from its `deps/` folder, other binaries from it.
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("the path of the running binary");
+    let dir = exe.parent().expect("the running binary's folder");
+    if dir.file_name().is_some_and(|name| name == "deps") {
+        dir.parent().expect("the profile folder").to_path_buf()
+    } else {
+        dir.to_path_buf()
+    }
+}
+
+/// The `flagd-proxy` binary under test: `$FLAGD_PROXY_BIN`, else the one cargo built beside the
+/// running test binary (`target/<profile>/flagd-proxy`). Panics, naming the command that builds
+/// it, when it is not there.
+pub fn proxy_bin() -> PathBuf {
+    let path = match std::env::var_os("FLAGD_PROXY_BIN") {
+        Some(path) if !path.is_empty() => PathBuf::from(path),
+        _ => profile_dir().join("flagd-proxy"),
+    };
+    assert!(
+        path.is_file(),
+        "no flagd-proxy binary at {}: build it with `cargo build --bin flagd-proxy` (or set \
+         FLAGD_PROXY_BIN)",
+        path.display()
+    );
+    path
+}
+
+/// A folder for files tests keep between runs (`target/tmp`, as cargo's `CARGO_TARGET_TMPDIR`).
+pub fn target_tmpdir() -> PathBuf {
+    let dir = profile_dir()
+        .parent()
+        .expect("the target folder")
+        .join("tmp");
+    std::fs::create_dir_all(&dir).expect("create target/tmp");
+    dir
+}
 
 /// A generous bound for one expected event, guarding only against hangs.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(60);
@@ -45,14 +95,20 @@ pub fn free_port() -> u16 {
     control_plane::free_port().expect("a free loopback port")
 }
 
-/// Writes (atomically, via rename) a FeatureFlag manifest `<dir>/<namespace>-<name>.yaml`.
-pub fn write_manifest(dir: &Path, namespace: &str, name: &str, flags: Value) -> PathBuf {
-    let object = serde_json::json!({
-        "apiVersion": "core.openfeature.dev/v1beta1",
+/// A FeatureFlag object (`core.openfeature.dev/v1beta1`) `namespace/name` whose flag spec holds
+/// `flags` (as [`string_flag`] makes them, or any flagd flag definitions).
+pub fn feature_flag(namespace: &str, name: &str, flags: Value) -> Value {
+    serde_json::json!({
+        "apiVersion": format!("{}/{}", control_plane::GROUP, control_plane::VERSION),
         "kind": "FeatureFlag",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {"flagSpec": {"flags": flags}}
-    });
+    })
+}
+
+/// Writes (atomically, via rename) a FeatureFlag manifest `<dir>/<namespace>-<name>.yaml`.
+pub fn write_manifest(dir: &Path, namespace: &str, name: &str, flags: Value) -> PathBuf {
+    let object = feature_flag(namespace, name, flags);
     let path = dir.join(format!("{namespace}-{name}.yaml"));
     write_atomically(&path, &serde_norway::to_string(&object).expect("yaml"));
     path
@@ -102,7 +158,7 @@ impl Proxy {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Proxy {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"));
+        let mut command = Command::new(proxy_bin());
         command
             .args([
                 "start",

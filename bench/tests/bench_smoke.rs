@@ -2,15 +2,15 @@
 //! (every subscriber gets every paced update and ends on the final version of a burst), with
 //! both sources: manifest files, and FeatureFlag resources on the test control plane. The smoke
 //! runs report timings but assert none.
-mod support;
-
-use support::control_plane::{ControlPlaneError, bin_dir, find_binaries};
+use flagd_proxy_testkit::control_plane::{ControlPlaneError, bin_dir, find_binaries};
+use flagd_proxy_testkit::proxy_bin;
 
 /// Runs `flagd-proxy-bench --smoke` with `extra` and checks its verdict and that the scenario ran
 /// on `source`.
 fn smoke(source: &str, extra: &[&str]) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
-        .args(["--smoke", "--proxy-bin", env!("CARGO_BIN_EXE_flagd-proxy")])
+        .args(["--smoke", "--proxy-bin"])
+        .arg(proxy_bin())
         .args(extra)
         .output()
         .expect("run flagd-proxy-bench");

@@ -58,7 +58,7 @@ pub enum Unavailable {
 }
 
 fn repo_root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    crate::repo_root()
 }
 
 /// Runs `scripts/build-image.sh` on the binary under test (stripped), writing the image archive
@@ -67,7 +67,7 @@ pub fn build_proxy_image(archive: &Path, reference: &str) -> String {
     let output = Command::new(repo_root().join("scripts/build-image.sh"))
         .arg(archive)
         .arg(reference)
-        .env("BINARY", env!("CARGO_BIN_EXE_flagd-proxy"))
+        .env("BINARY", crate::proxy_bin())
         .env("STRIP", "1")
         .output()
         .expect("run scripts/build-image.sh");
@@ -170,7 +170,7 @@ pub fn operator_binary() -> Option<PathBuf> {
         Some(path) if !path.is_empty() => vec![PathBuf::from(path)],
         _ => vec![
             bin_dir().join("open-feature-operator"),
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/bin/open-feature-operator"),
+            crate::repo_root().join("../shared/bin/open-feature-operator"),
         ],
     };
     let found = candidates.iter().find(|p| p.is_file()).cloned();
@@ -479,8 +479,7 @@ impl Cluster {
     /// The proxy image, built from the binary under test and published as
     /// `REGISTRY/flagd-proxy:test` (also imported into containerd as `localhost/flagd-proxy:test`).
     pub fn proxy_image(&self) -> String {
-        let archive =
-            PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("cluster-images/flagd-proxy.tar");
+        let archive = crate::target_tmpdir().join("cluster-images/flagd-proxy.tar");
         let mut images = self.images.lock().unwrap_or_else(|e| e.into_inner());
         if !images.contains("built:flagd-proxy") {
             build_proxy_image(&archive, &format!("localhost/{PROXY_IMAGE}:{PROXY_TAG}"));
@@ -514,7 +513,7 @@ impl Cluster {
     /// An image of one binary (scripts/image-rootfs.sh + scripts/oci-archive.sh, user 65532),
     /// published as `REGISTRY/<name>:<tag>`.
     fn binary_image(&self, binary: &Path, name: &str, tag: &str, cmd: &[&str]) -> String {
-        let archive = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
+        let archive = crate::target_tmpdir()
             .join("cluster-images")
             .join(format!("{name}.tar"));
         let built = format!("built:{name}");

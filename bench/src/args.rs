@@ -1,0 +1,185 @@
+//! The command line.
+
+use super::*;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "flagd-proxy-bench",
+    about = "Fan-out benchmark: this flagd-proxy against the Go flagd-proxy, over loopback"
+)]
+pub(crate) struct Args {
+    /// Subscriber streams kept open during the measurements.
+    #[arg(short = 'n', long, default_value_t = 10_000)]
+    pub(crate) subscribers: usize,
+
+    /// Streams opened on each HTTP/2 connection.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) streams_per_connection: usize,
+
+    /// Resources the subscribers are spread over (comma-separated list: one scenario each).
+    #[arg(long, value_delimiter = ',', default_value = "1")]
+    pub(crate) resources: Vec<usize>,
+
+    /// Where the flags come from (comma-separated list: one scenario each). `files`: this proxy
+    /// reads FeatureFlag manifests (`--manifests`), the Go proxy `file:` selectors; updates are
+    /// file renames. `kubernetes`: both read FeatureFlag resources from a kube-apiserver and
+    /// etcd started for the scenario (built by scripts/build-control-plane.sh); updates are
+    /// merge patches of the resource.
+    #[arg(long, value_delimiter = ',', default_value = "files")]
+    pub(crate) source: Vec<SourceKind>,
+
+    /// Approximate size of the flag configuration document in bytes (comma-separated list: one
+    /// scenario each).
+    #[arg(long, value_delimiter = ',', default_value = "1024,102400")]
+    pub(crate) payload_bytes: Vec<usize>,
+
+    /// Paced updates: each is written once the previous one reached every subscriber.
+    #[arg(short = 'k', long, default_value_t = 50)]
+    pub(crate) updates: u64,
+
+    /// Pause after an update has reached every subscriber, before the next is written.
+    #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
+    pub(crate) update_gap: Duration,
+
+    /// How long one paced update may take to reach every subscriber before it is given up.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub(crate) update_timeout: Duration,
+
+    /// Updates written back to back at the end, to see who ends on the final version.
+    #[arg(long, default_value_t = 10)]
+    pub(crate) burst: u64,
+
+    /// Pause between two burst updates.
+    #[arg(long, default_value = "10ms", value_parser = humantime::parse_duration)]
+    pub(crate) burst_gap: Duration,
+
+    /// How long to wait after the burst before counting subscribers not on the final version.
+    #[arg(long, default_value = "20s", value_parser = humantime::parse_duration)]
+    pub(crate) settle: Duration,
+
+    /// New subscribers timed (connect until first snapshot) while the others are connected.
+    #[arg(long, default_value_t = 200)]
+    pub(crate) first_snapshot_samples: usize,
+
+    /// Idle window for the idle CPU and memory figures.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub(crate) idle: Duration,
+
+    /// Connections opened at once while subscribers connect.
+    #[arg(long, default_value_t = 64)]
+    pub(crate) connect_concurrency: usize,
+
+    /// Spread client connections over source addresses 127.0.0.1..=127.0.0.K (each has its own
+    /// ephemeral ports).
+    #[arg(long, default_value_t = 1)]
+    pub(crate) source_addrs: u8,
+
+    /// How long all subscribers may take to connect and get their first snapshot.
+    #[arg(long, default_value = "180s", value_parser = humantime::parse_duration)]
+    pub(crate) connect_timeout: Duration,
+
+    /// Worker threads of the load generator's runtime.
+    #[arg(long, default_value_t = 2)]
+    pub(crate) threads: usize,
+
+    /// This project's proxy binary (default: `flagd-proxy` next to this program).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) proxy_bin: Option<PathBuf>,
+
+    /// The Go flagd-proxy binary (default: `flagd-proxy-go` in the cache that
+    /// scripts/install-go-proxy.sh fills, when present).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) go_proxy_bin: Option<PathBuf>,
+
+    /// How the report names the Go binary's column.
+    #[arg(long, default_value = "Go flagd-proxy")]
+    pub(crate) go_label: String,
+
+    /// bench/go-fanout-model, built: run it too, as an extra column labelled as a model (it is
+    /// not the Go flagd-proxy).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) go_model_bin: Option<PathBuf>,
+
+    /// Do not run the floor (the minimal writing server of floor.rs) beside the fan-out
+    /// scenarios with one connection per subscriber and one resource.
+    #[arg(long)]
+    pub(crate) no_floor: bool,
+
+    /// Serve the sync port over TLS (this project's proxy only: the Go flagd-proxy has no TLS;
+    /// the floor writes plain HTTP/2).
+    #[arg(long)]
+    pub(crate) tls: bool,
+
+    /// After the burst, drop every subscriber at once and reconnect them all within
+    /// `--storm-spread`: time until every one has its snapshot again, RSS, CPU, and whether
+    /// /readyz and the streams that stayed connected kept answering.
+    #[arg(long)]
+    pub(crate) storm: bool,
+
+    /// Over how long the reconnects of the storm are spread (uniformly).
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub(crate) storm_spread: Duration,
+
+    /// How long every subscriber may take to be served again after a storm.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub(crate) storm_timeout: Duration,
+
+    /// Kubernetes: FeatureFlag resources created but watched by nobody, each asked for once
+    /// while the subscribers are connected (time to first snapshot of a new resource).
+    #[arg(long, default_value_t = 50)]
+    pub(crate) cold_resources: usize,
+
+    /// A proxy whose RSS goes over this many MiB is killed (SIGKILL) and the run reported as
+    /// failed, to protect the machine.
+    #[arg(long, default_value_t = 6144)]
+    pub(crate) max_rss_mib: u64,
+
+    /// Run only this project's proxy.
+    #[arg(long)]
+    pub(crate) no_go: bool,
+
+    /// Run only the Go flagd-proxy.
+    #[arg(long, conflicts_with = "no_go")]
+    pub(crate) only_go: bool,
+
+    /// Write the results as JSON to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) json: Option<PathBuf>,
+
+    /// Also write the Markdown report to this file.
+    #[arg(long, value_name = "FILE")]
+    pub(crate) markdown: Option<PathBuf>,
+
+    /// Keep the working directory (manifests, proxy logs) instead of deleting it.
+    #[arg(long)]
+    pub(crate) keep_workdir: bool,
+
+    /// A quick correctness run: 50 subscribers, 3 paced updates, a 3-update burst, 1 KiB, this
+    /// project's proxy only (unless --go-proxy-bin is given). Exits non-zero if a subscriber
+    /// missed an update, ended stale or lost its stream.
+    #[arg(long)]
+    pub(crate) smoke: bool,
+}
+
+impl Args {
+    pub(crate) fn apply_smoke(&mut self) {
+        if !self.smoke {
+            return;
+        }
+        self.subscribers = 50;
+        self.updates = 3;
+        self.burst = 3;
+        self.resources = vec![1];
+        self.payload_bytes = vec![1024];
+        self.first_snapshot_samples = 10;
+        self.idle = Duration::from_millis(300);
+        self.settle = Duration::from_secs(5);
+        self.update_gap = Duration::from_millis(60);
+        self.connect_timeout = Duration::from_secs(60);
+        self.cold_resources = self.cold_resources.min(5);
+        self.storm_timeout = Duration::from_secs(30);
+        if self.go_proxy_bin.is_none() {
+            self.no_go = true;
+        }
+    }
+}

@@ -1,0 +1,182 @@
+//! `flagd-proxy-bench`: fan-out benchmark for flagd sync proxies.
+//!
+//! Starts a proxy (this project's, the Go flagd-proxy when its binary is available, and the
+//! floor: a minimal server that only writes, see `floor.rs`), opens many `flagd.sync.v1`
+//! `SyncFlags` streams against it, rewrites the flag source files and measures how long each
+//! version takes to reach every subscriber, whether every subscriber ends on the final version,
+//! how long a new subscriber waits for its first snapshot, what the proxy process costs in memory
+//! and CPU time, and, with `--storm`, how it takes every subscriber reconnecting at once (see
+//! `storm.rs`). Prints a Markdown table and can write JSON.
+//!
+//! The load generator shares the machine with the proxy, so it is kept cheap: one tokio runtime,
+//! one task per stream, and responses are not decoded: the sequence number every version carries
+//! is found by searching the raw message bytes.
+
+use std::collections::BTreeMap;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::{Buf, BufMut};
+use clap::Parser;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Request, Status};
+
+use flagd_proxy::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
+
+// The same control plane the integration tests use: etcd and kube-apiserver on loopback.
+use flagd_proxy_testkit::control_plane::{self, ControlPlane, free_port};
+
+mod args;
+mod floor;
+mod load;
+mod phases;
+mod proxy;
+mod report;
+mod sampling;
+mod scenario;
+mod sitting;
+mod sources;
+mod storm;
+mod targets;
+
+use args::*;
+use load::*;
+use phases::*;
+use proxy::*;
+use report::*;
+use sampling::*;
+use scenario::*;
+use sitting::*;
+use sources::*;
+use targets::*;
+
+const SYNC_PATH: &str = "/flagd.sync.v1.FlagSyncService/SyncFlags";
+/// Every version carries its sequence number as `"benchSeq":<n>` in a flag's metadata.
+const SEQ_MARKER: &[u8] = b"\"benchSeq\":";
+/// The flag carrying the sequence number; its key sorts first so the marker is found early.
+const SEQ_FLAG: &str = "aaa-bench-seq";
+/// A message whose sequence number could not be found.
+const NO_SEQ: u64 = u64::MAX;
+/// A phase (first-snapshot samples, paced updates) stops after this many failures in a row, so a
+/// proxy that has stopped serving does not hold the run for every timeout.
+const GIVE_UP_AFTER: u64 = 3;
+
+fn main() -> anyhow::Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some(floor::FLOOR_COMMAND) {
+        let number = |i: usize| -> anyhow::Result<usize> {
+            Ok(argv
+                .get(i)
+                .context("floor server: missing argument")?
+                .parse()?)
+        };
+        floor::serve(u16::try_from(number(2)?)?, number(3)?)?;
+        return Ok(());
+    }
+    let mut args = Args::parse();
+    args.apply_smoke();
+    if args.subscribers == 0 || args.streams_per_connection == 0 || args.source_addrs == 0 {
+        bail!("--subscribers, --streams-per-connection and --source-addrs must be positive");
+    }
+    if args.resources.contains(&0) {
+        bail!("--resources must be positive");
+    }
+    raise_fd_limit(args.subscribers + args.first_snapshot_samples + 1024)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.threads.max(1))
+        .enable_all()
+        .build()?;
+    let ok = runtime.block_on(run(args))?;
+    // Subscriber tasks may still be parked; do not wait for them.
+    runtime.shutdown_background();
+    if !ok {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
+async fn run(args: Args) -> anyhow::Result<bool> {
+    let (kinds, go_note) = proxies(&args)?;
+    let workdir = std::env::temp_dir().join(format!("flagd-proxy-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&workdir)?;
+    let load_before = loadavg();
+    let started = Instant::now();
+    let mut runs = Vec::new();
+    let mut ok = true;
+    // The floor does not depend on the source: one run per payload serves every source.
+    let mut floors: BTreeMap<usize, RunResult> = BTreeMap::new();
+    for scenario in scenarios(&args) {
+        let mut sitting = Sitting {
+            args: &args,
+            workdir: &workdir,
+            floors: &mut floors,
+            ok: &mut ok,
+        };
+        runs.push(sitting.run(scenario, &kinds, go_note.is_some()).await);
+    }
+    let summary = Summary {
+        args: &args,
+        go_note,
+        load_before,
+        load_after: loadavg(),
+        machine: machine(),
+        seconds: started.elapsed().as_secs_f64(),
+        ok,
+    };
+    let report = summary.markdown(&runs);
+    println!("{report}");
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &report).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&summary.json(&runs))?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if args.keep_workdir {
+        eprintln!("working directory kept: {}", workdir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&workdir);
+    }
+    Ok(ok)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_the_sequence_number() {
+        let doc = json!({"flags": flags(1234, 2048)}).to_string();
+        assert_eq!(find_seq(doc.as_bytes()), Some(1234));
+        assert_eq!(find_seq(b"{\"flags\":{}}"), None);
+    }
+
+    #[test]
+    fn documents_have_about_the_asked_size() {
+        for payload in [1024, 102_400] {
+            let len = json!({"flags": flags(1, payload)}).to_string().len();
+            assert!(
+                len <= payload && len > payload * 3 / 4,
+                "{len} for {payload}"
+            );
+        }
+    }
+
+    #[test]
+    fn percentiles_are_nearest_rank() {
+        let stats = Stats::of((1..=100).map(f64::from).collect());
+        assert_eq!(
+            (stats.p50_ms, stats.p99_ms, stats.max_ms),
+            (Some(50.0), Some(99.0), Some(100.0))
+        );
+    }
+}

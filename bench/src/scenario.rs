@@ -1,0 +1,200 @@
+//! One scenario against one proxy: connect the subscribers, time first snapshots, paced
+//! updates and the burst, and sample the process.
+
+use super::*;
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Scenario {
+    pub(crate) source: SourceKind,
+    pub(crate) subscribers: usize,
+    pub(crate) resources: usize,
+    pub(crate) payload: usize,
+    pub(crate) tls: bool,
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(crate) struct Stats {
+    pub(crate) samples: usize,
+    pub(crate) p50_ms: Option<f64>,
+    pub(crate) p99_ms: Option<f64>,
+    pub(crate) max_ms: Option<f64>,
+}
+
+impl Stats {
+    pub(crate) fn of(mut values: Vec<f64>) -> Self {
+        values.sort_by(f64::total_cmp);
+        let pick = |p: f64| {
+            if values.is_empty() {
+                None
+            } else {
+                let rank = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len());
+                Some(values[rank - 1])
+            }
+        };
+        Stats {
+            samples: values.len(),
+            p50_ms: pick(0.50),
+            p99_ms: pick(0.99),
+            max_ms: values.last().copied(),
+        }
+    }
+}
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(crate) struct RunResult {
+    pub(crate) proxy: String,
+    pub(crate) document_bytes: usize,
+    pub(crate) subscribers_connected: usize,
+    pub(crate) connect_seconds: f64,
+    /// CPU time of the proxy and of this load generator while the subscribers connected.
+    pub(crate) connect_cpu_seconds: f64,
+    pub(crate) connect_load_generator_cpu_seconds: f64,
+    pub(crate) first_snapshot: Stats,
+    pub(crate) first_snapshot_failures: usize,
+    /// Write until every subscriber has the version.
+    pub(crate) propagation: Stats,
+    /// Write until the first subscriber has the version.
+    pub(crate) first_receiver: Stats,
+    /// Paced updates that did not reach every subscriber within the timeout.
+    pub(crate) updates_incomplete: u64,
+    /// Subscriber-versions missing when an update timed out.
+    pub(crate) subscriber_versions_missed: u64,
+    pub(crate) messages_per_subscriber_per_update: f64,
+    pub(crate) duplicate_messages: u64,
+    pub(crate) burst_updates: u64,
+    /// Final burst write until every subscriber has it (None: never).
+    pub(crate) burst_convergence_ms: Option<f64>,
+    /// Subscribers not on the final version after the settle wait.
+    pub(crate) stale_after_settle: usize,
+    pub(crate) rss_empty_mib: f64,
+    pub(crate) rss_idle_mib: f64,
+    pub(crate) rss_after_updates_mib: f64,
+    pub(crate) rss_peak_mib: f64,
+    pub(crate) kib_per_idle_subscriber: f64,
+    pub(crate) cpu_idle_percent: f64,
+    pub(crate) cpu_seconds_per_update: f64,
+    pub(crate) cpu_seconds_total: f64,
+    /// CPU time of this load generator per paced update (it shares the machine).
+    pub(crate) load_generator_cpu_seconds_per_update: f64,
+    pub(crate) stream_errors: u64,
+    pub(crate) unparsed_messages: u64,
+    pub(crate) last_error: Option<String>,
+    /// Phases cut short because the proxy kept failing them, and how.
+    pub(crate) gave_up: Vec<String>,
+    /// Kubernetes: watch requests on FeatureFlags open at the API server while idle.
+    pub(crate) apiserver_watches: Option<u64>,
+    /// Kubernetes: the proxy's TCP connections to the API server while idle.
+    pub(crate) apiserver_connections: Option<usize>,
+    /// Kubernetes: time to first snapshot for a resource nobody watched yet.
+    pub(crate) cold_first_snapshot: Stats,
+    pub(crate) cold_first_snapshot_failures: usize,
+    /// (RSS idle − RSS with no subscribers) / resources, when there is more than one.
+    pub(crate) kib_per_resource: Option<f64>,
+    pub(crate) storm: Option<storm::StormResult>,
+    /// The proxy was killed for going over `--max-rss-mib`.
+    pub(crate) killed_for_rss: bool,
+}
+
+impl RunResult {
+    /// What this proxy promises: every subscriber gets every paced update and ends on the final
+    /// version, and no stream breaks.
+    pub(crate) fn correct(&self, subscribers: usize) -> bool {
+        self.subscribers_connected == subscribers
+            && self.updates_incomplete == 0
+            && self.stale_after_settle == 0
+            && self.stream_errors == 0
+            && self.unparsed_messages == 0
+            && self.first_snapshot_failures == 0
+            && self.cold_first_snapshot_failures == 0
+            && !self.killed_for_rss
+            && self
+                .storm
+                .as_ref()
+                .is_none_or(|s| s.gave_up == 0 && s.witness_stream_errors == 0)
+    }
+}
+
+/// One scenario against one proxy: a control plane of its own (Kubernetes), the flag sources,
+/// the proxy, then the phases of [`Live`] in order.
+pub(crate) async fn run_one(
+    kind: Kind,
+    bin: &Path,
+    scenario: Scenario,
+    args: &Args,
+    workdir: &Path,
+) -> anyhow::Result<RunResult> {
+    let dir = workdir.join(format!(
+        "{}-{}-n{}-m{}-p{}{}",
+        kind.key(),
+        scenario.source.label(),
+        scenario.subscribers,
+        scenario.resources,
+        scenario.payload,
+        if scenario.tls { "-tls" } else { "" }
+    ));
+    std::fs::create_dir_all(&dir)?;
+    let cluster = start_cluster(kind, scenario).await?;
+    let sources = Sources::new(
+        kind,
+        &dir,
+        scenario.resources,
+        scenario.payload,
+        cluster.as_ref(),
+    )?;
+    sources.write(0, || {}).await?;
+    let cold = match &cluster {
+        Some(_) => sources.create_cold(args.cold_resources).await?,
+        None => Vec::new(),
+    };
+    let tls = if scenario.tls {
+        Some(BenchTls::new(&dir)?)
+    } else {
+        None
+    };
+    let mut proxy = ProxyProcess::start(
+        kind,
+        bin,
+        &dir,
+        cluster.as_ref(),
+        tls.as_ref(),
+        scenario.payload,
+        scenario.resources + cold.len() + 16,
+    )?;
+    sources.attach(proxy.control.take());
+    let dial = Dial {
+        port: proxy.port,
+        tls: tls.as_ref().map(|t| t.client.clone()),
+    };
+    let guard = RssGuard::spawn(proxy.pid, args.max_rss_mib);
+    let result = RunResult {
+        proxy: match kind {
+            Kind::Go => args.go_label.clone(),
+            _ => kind.label().to_owned(),
+        },
+        document_bytes: sources.document_bytes(),
+        ..RunResult::default()
+    };
+    let mut live = Live::new(kind, scenario, args, proxy, sources, dial, result);
+    live.run(cluster.as_ref(), &cold, guard).await?;
+    let Live { proxy, result, .. } = live;
+    drop(proxy);
+    drop(cluster);
+    Ok(result)
+}
+
+/// A control plane of its own for each Kubernetes run, so no run sees another's watches or
+/// objects.
+async fn start_cluster(kind: Kind, scenario: Scenario) -> anyhow::Result<Option<ControlPlane>> {
+    Ok(match scenario.source {
+        _ if kind == Kind::Floor => None,
+        SourceKind::Files => None,
+        SourceKind::Kubernetes => {
+            let cluster = ControlPlane::start().await.map_err(|error| {
+                anyhow::anyhow!("starting the test control plane: {error} (scripts/build-control-plane.sh builds it)")
+            })?;
+            cluster.grant_proxy_cluster_wide().await;
+            cluster.create_namespace(NAMESPACE).await;
+            Some(cluster)
+        }
+    })
+}

@@ -1,0 +1,103 @@
+//! The tests' gRPC sync client: connect (plaintext or TLS), open a `SyncFlags` stream for a
+//! selector, read its next message, and read a flag's variant from a flag configuration. Both
+//! protocols are here: [`v1`] (`flagd.sync.v1`) and [`legacy`] (`sync.v1`).
+
+use serde_json::Value;
+use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
+use tonic::{Request, Status, Streaming};
+
+pub use flagd_proxy::wire::SELECTOR_HEADER;
+pub use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
+pub use flagd_proxy::wire::proto::client::sync_v1 as legacy;
+
+use crate::{EVENT_TIMEOUT, Proxy};
+
+/// A `flagd.sync.v1` client.
+pub type Client = v1::flag_sync_service_client::FlagSyncServiceClient<Channel>;
+/// A `sync.v1` (legacy) client.
+pub type LegacyClient = legacy::flag_sync_service_client::FlagSyncServiceClient<Channel>;
+
+/// A plaintext channel to 127.0.0.1:`port`.
+pub async fn channel(port: u16) -> Channel {
+    Endpoint::from_shared(format!("http://127.0.0.1:{port}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connecting to the proxy")
+}
+
+/// A TLS channel to `localhost:port` (the name the test certificates carry); the error when the
+/// handshake fails.
+pub async fn tls_channel(
+    port: u16,
+    tls: ClientTlsConfig,
+) -> Result<Channel, tonic::transport::Error> {
+    Endpoint::from_shared(format!("https://localhost:{port}"))
+        .expect("endpoint")
+        .tls_config(tls)
+        .expect("tls config")
+        .connect()
+        .await
+}
+
+/// A `flagd.sync.v1` client of `proxy`'s sync port.
+pub async fn client(proxy: &Proxy) -> Client {
+    Client::new(channel(proxy.port).await)
+}
+
+/// A `sync.v1` client of `proxy`'s sync port.
+pub async fn legacy_client(proxy: &Proxy) -> LegacyClient {
+    LegacyClient::new(channel(proxy.port).await)
+}
+
+/// `message` as a request carrying `selector` in the selector header.
+pub fn with_selector<T>(message: T, selector: &str) -> Request<T> {
+    let mut request = Request::new(message);
+    request
+        .metadata_mut()
+        .insert(SELECTOR_HEADER, selector.parse().expect("ascii selector"));
+    request
+}
+
+/// Opens a `flagd.sync.v1` `SyncFlags` stream for `selector` (in the header). A stream refused
+/// before its first message is an `Err`.
+pub async fn open(
+    client: &mut Client,
+    selector: &str,
+) -> Result<Streaming<v1::SyncFlagsResponse>, Status> {
+    let request = with_selector(v1::SyncFlagsRequest::default(), selector);
+    tokio::time::timeout(EVENT_TIMEOUT, client.sync_flags(request))
+        .await
+        .expect("the proxy answers SyncFlags")
+        .map(tonic::Response::into_inner)
+}
+
+/// The next message of a stream (of either protocol), or the status that ended it. Panics when
+/// nothing arrives within [`EVENT_TIMEOUT`] or the stream ends with OK, which the proxy never
+/// does.
+pub async fn next_message<T>(stream: &mut Streaming<T>) -> Result<T, Status> {
+    match tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("a message (or the end of the stream) arrives in time")
+    {
+        Ok(Some(message)) => Ok(message),
+        Ok(None) => panic!("the stream ended with OK"),
+        Err(status) => Err(status),
+    }
+}
+
+/// The next message of a stream that must stay healthy.
+pub async fn next<T>(stream: &mut Streaming<T>) -> T {
+    next_message(stream)
+        .await
+        .expect("the stream stays healthy")
+}
+
+/// The default variant of `flag` in a flag configuration (the JSON a sync message carries).
+pub fn default_variant(flag_configuration: &str, flag: &str) -> String {
+    let doc: Value = serde_json::from_str(flag_configuration).expect("the configuration is JSON");
+    doc["flags"][flag]["defaultVariant"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no string defaultVariant of {flag} in {flag_configuration}"))
+        .to_owned()
+}

@@ -1,0 +1,312 @@
+//! Runs: one client against a proxy, per column and per feature.
+
+use super::*;
+
+pub(crate) fn color_flags(default_variant: &str) -> Value {
+    json!({
+        FLAG_KEY: {
+            "state": "ENABLED",
+            "variants": { "red": "red", "blue": "blue", "green": "green" },
+            "defaultVariant": default_variant,
+        }
+    })
+}
+
+/// A manifests directory with `demo` (the selected resource) and `decoy` (same flag key, the
+/// decoy's value), plus the proxy arguments to serve it.
+pub(crate) struct Setup {
+    pub(crate) manifests: tempfile::TempDir,
+    pub(crate) ca: Option<TestCa>,
+    pub(crate) args: Vec<String>,
+}
+
+impl Setup {
+    pub(crate) fn new(tls: bool) -> Setup {
+        let manifests = tempfile::tempdir().expect("manifests directory");
+        support::write_manifest(manifests.path(), NAMESPACE, NAME, color_flags(INITIAL));
+        support::write_manifest(manifests.path(), NAMESPACE, DECOY, color_flags(DECOY_VALUE));
+        let ca = tls.then(TestCa::new);
+        let mut args = vec![
+            "--manifests".to_owned(),
+            manifests.path().display().to_string(),
+        ];
+        if let Some(ca) = &ca {
+            args.extend(ca.proxy_args());
+        }
+        Setup {
+            manifests,
+            ca,
+            args,
+        }
+    }
+
+    pub(crate) fn args(&self) -> Vec<&str> {
+        self.args.iter().map(String::as_str).collect()
+    }
+
+    pub(crate) fn ca_file(&self) -> Option<&Path> {
+        self.ca.as_ref().map(|ca| ca.ca_cert.as_path())
+    }
+
+    pub(crate) fn change_to(&self, variant: &str) {
+        support::write_manifest(self.manifests.path(), NAMESPACE, NAME, color_flags(variant));
+    }
+}
+
+pub(crate) type Cells = Vec<(Column, Cell)>;
+
+/// Connect (plain or TLS) and see the initial value; without TLS, then change the manifest
+/// and see the new value.
+pub(crate) async fn live_run(kind: Kind, launch: Launch, tls: bool) -> Cells {
+    let setup = Setup::new(tls);
+    let proxy = Proxy::start(&setup.args()).await;
+    let mut client = Session::spawn(kind, &launch, proxy.port, setup.ca_file());
+    let connect_column = if tls { Column::Tls } else { Column::Plain };
+
+    if kind == Kind::FlagdLegacy {
+        return match client.expect_value_or_refusal(INITIAL).await {
+            Ok(None) => vec![(connect_column, Cell::Pass)],
+            Ok(Some(_)) => {
+                let why = if tls {
+                    "sends no selector; over TLS too the proxy answers INVALID_ARGUMENT \"no selector given\""
+                } else {
+                    "sends no selector (its sync.v1 request carries none); the proxy answers INVALID_ARGUMENT \"no selector given\""
+                };
+                vec![(connect_column, Cell::NotApplicable(why.into()))]
+            }
+            Err(why) => {
+                eprintln!("{}", client.report(&why, &proxy).await);
+                vec![(connect_column, Cell::Fail(why))]
+            }
+        };
+    }
+
+    let initial = match client.ready().await {
+        Ok(()) => client.expect_value(INITIAL, true, EVENT_TIMEOUT).await,
+        Err(why) => Err(why),
+    };
+    if let Err(why) = &initial {
+        eprintln!("{}", client.report(why, &proxy).await);
+        let mut cells = vec![(connect_column, Cell::Fail(why.clone()))];
+        if !tls {
+            cells.push((Column::Update, Cell::Fail("not connected".into())));
+        }
+        return cells;
+    }
+    let mut cells = vec![(connect_column, Cell::Pass)];
+    if tls {
+        return cells;
+    }
+
+    let update = async {
+        if kind == Kind::Go {
+            // The Go provider pings after 30 s without traffic, with or without a stream (the
+            // proxy's own pings count as traffic, so its ping may come only after 60 s). Stay
+            // connected and idle past that; the connection must survive it.
+            let from = client.log_len();
+            tokio::time::sleep(GO_IDLE).await;
+            if let Some(line) = client.find_in_log(from, &GO_DISCONNECT_SIGNS) {
+                return Err(format!("connection dropped while idle: {line}"));
+            }
+        }
+        setup.change_to(UPDATED);
+        client.expect_value(UPDATED, true, EVENT_TIMEOUT).await
+    }
+    .await;
+    if let Err(why) = &update {
+        eprintln!("{}", client.report(why, &proxy).await);
+    }
+    cells.push((Column::Update, Cell::from_result(update)));
+    cells
+}
+
+/// Restart the proxy under a connected client, changing the manifest while it is down.
+pub(crate) async fn reconnect_run(kind: Kind, launch: Launch) -> Cells {
+    let setup = Setup::new(false);
+    let args = setup.args();
+    let mut proxy = Proxy::start(&args).await;
+    let mut client = Session::spawn(kind, &launch, proxy.port, None);
+    let result = async {
+        client.ready().await?;
+        client.expect_value(INITIAL, true, EVENT_TIMEOUT).await?;
+        let (port, management_port) = (proxy.port, proxy.management_port);
+        proxy.terminate().await;
+        setup.change_to(UPDATED);
+        proxy = Proxy::start_on(port, management_port, &args, &[]).await;
+        client.expect_value(UPDATED, false, RECONNECT_TIMEOUT).await
+    }
+    .await;
+    if let Err(why) = &result {
+        eprintln!("{}", client.report(why, &proxy).await);
+    }
+    vec![(Column::Reconnect, Cell::from_result(result))]
+}
+
+/// What current flagd speaks besides the columns of the main table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Feature {
+    SourceSelector,
+    UnixSocket,
+    ContextValue,
+}
+
+pub(crate) const FEATURES: [Feature; 3] = [
+    Feature::SourceSelector,
+    Feature::UnixSocket,
+    Feature::ContextValue,
+];
+
+/// The clients the features are tried with: flagd as the sidecar and two in-process providers.
+pub(crate) const FEATURE_KINDS: [Kind; 3] = [Kind::Flagd, Kind::Js, Kind::Python];
+
+impl Feature {
+    pub(crate) fn title(self) -> &'static str {
+        match self {
+            Feature::SourceSelector => "`source=` selector",
+            Feature::UnixSocket => "unix socket",
+            Feature::ContextValue => "context values",
+        }
+    }
+
+    pub(crate) fn description(self) -> String {
+        match self {
+            Feature::SourceSelector => format!(
+                "the client is given the selector `{SOURCE_SELECTOR}` (flagd v0.13's grammar: \
+                 one `key=value` pair, a bare value meaning `source=`); it must evaluate \
+                 `{INITIAL}`, then `{UPDATED}` after the manifest changes."
+            ),
+            Feature::UnixSocket => format!(
+                "the proxy serves the sync protocols only on a unix socket \
+                 (`--sync-socket-path`, `--sync-socket-only`) and the client connects to that \
+                 (flagd: `\"uri\":\"unix://<path>\"`; JS: `socketPath`); it must evaluate \
+                 `{INITIAL}`, then `{UPDATED}` after the manifest changes."
+            ),
+            Feature::ContextValue => format!(
+                "the proxy runs with `--context-value {CONTEXT_KEY}={CONTEXT_VALUE}`; the flag's \
+                 default variant is `{INITIAL}` and its targeting rule answers `{UPDATED}` when \
+                 `{CONTEXT_KEY}` is `{CONTEXT_VALUE}`. The client evaluates with an empty \
+                 context, so it evaluates `{UPDATED}` only if it merged the proxy's \
+                 `sync_context` into its evaluation context."
+            ),
+        }
+    }
+
+    /// Why a client cannot take part, if it cannot.
+    pub(crate) fn not_applicable(self, kind: Kind) -> Option<&'static str> {
+        match (self, kind) {
+            (Feature::ContextValue, Kind::Flagd) => Some(
+                "the in-process providers are the clients that merge `sync_context` into their \
+                 evaluations; flagd is not asked",
+            ),
+            (Feature::UnixSocket, Kind::Python) => Some(
+                "its in-process sync dials `host:port` only (its `socket_path` option serves the \
+                 RPC resolver)",
+            ),
+            _ => None,
+        }
+    }
+}
+
+/// The flags of the context-value run: `color` answers `UPDATED` for the context value.
+pub(crate) fn targeted_flags() -> Value {
+    let mut flags = color_flags(INITIAL);
+    flags[FLAG_KEY]["targeting"] = json!({
+        "if": [{"==": [{"var": CONTEXT_KEY}, CONTEXT_VALUE]}, UPDATED, INITIAL]
+    });
+    flags
+}
+
+/// One client with one feature.
+pub(crate) async fn feature_run(kind: Kind, launch: Launch, feature: Feature) -> Cell {
+    let setup = Setup::new(false);
+    let socket_dir = tempfile::tempdir().expect("socket directory");
+    let socket = socket_dir.path().join("proxy.sock");
+    let mut args: Vec<String> = setup.args.clone();
+    let mut target = Target::default();
+    match feature {
+        Feature::SourceSelector => target.selector = SOURCE_SELECTOR,
+        Feature::UnixSocket => {
+            args.extend([
+                "--sync-socket-path".to_owned(),
+                socket.display().to_string(),
+                "--sync-socket-only".to_owned(),
+            ]);
+            target.socket = Some(socket.clone());
+        }
+        Feature::ContextValue => {
+            support::write_manifest(setup.manifests.path(), NAMESPACE, NAME, targeted_flags());
+            args.extend([
+                "--context-value".to_owned(),
+                format!("{CONTEXT_KEY}={CONTEXT_VALUE}"),
+            ]);
+        }
+    }
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let proxy = Proxy::start(&args).await;
+    let mut client = Session::spawn_to(kind, &launch, proxy.port, None, &target);
+    let result = async {
+        client.ready().await?;
+        if feature == Feature::ContextValue {
+            return client.expect_value(UPDATED, false, EVENT_TIMEOUT).await;
+        }
+        client.expect_value(INITIAL, true, EVENT_TIMEOUT).await?;
+        setup.change_to(UPDATED);
+        client.expect_value(UPDATED, true, EVENT_TIMEOUT).await
+    }
+    .await;
+    if let Err(why) = &result {
+        eprintln!(
+            "{}",
+            client
+                .report(&format!("{}: {why}", feature.title()), &proxy)
+                .await
+        );
+    }
+    Cell::from_result(result)
+}
+
+pub(crate) type FeatureMatrix = BTreeMap<Feature, BTreeMap<Kind, Cell>>;
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Run {
+    Plain,
+    Tls,
+    Reconnect,
+}
+
+pub(crate) fn runs_for(kind: Kind) -> &'static [Run] {
+    match kind {
+        // Without a selector the old flagd gets nothing; reconnecting proves nothing more.
+        Kind::FlagdLegacy => &[Run::Plain, Run::Tls],
+        _ => &[Run::Plain, Run::Tls, Run::Reconnect],
+    }
+}
+
+/// Fills in the selector columns from the plain run and what the client sends, and the
+/// columns of the old flagd that follow from it sending no selector.
+pub(crate) fn derive_cells(kind: Kind, row: &mut BTreeMap<Column, Cell>) {
+    let plain = row
+        .get(&Column::Plain)
+        .cloned()
+        .unwrap_or(Cell::Fail("no plain run".into()));
+    let (header, body) = match kind.selector_mode() {
+        SelectorMode::HeaderAndBody => (
+            plain,
+            Cell::NotApplicable(
+                "also sends the `flagd-selector` header, which the proxy reads first".into(),
+            ),
+        ),
+        SelectorMode::BodyOnly => (
+            Cell::NotApplicable("sends the selector only in the request body".into()),
+            plain,
+        ),
+        SelectorMode::None => {
+            let none = || Cell::NotApplicable("sends no selector".into());
+            row.entry(Column::Update).or_insert_with(none);
+            row.entry(Column::Reconnect).or_insert_with(none);
+            (none(), none())
+        }
+    };
+    row.insert(Column::HeaderSelector, header);
+    row.insert(Column::BodySelector, body);
+}
