@@ -1,5 +1,6 @@
 //! The Kubernetes source speaks HTTP/2 to the API server: the watches of many resources share a
-//! few connections (100 streams each at most) instead of holding a connection each.
+//! few connections (100 streams each at most) instead of holding a connection each, and the
+//! short requests among them (the list before every watch) do not spread them over more.
 mod support;
 
 use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
@@ -10,8 +11,10 @@ use support::{EVENT_TIMEOUT, Proxy, eventually};
 use v1::flag_sync_service_client::FlagSyncServiceClient;
 
 /// Resources watched at once: with one connection per watch (HTTP/1.1) as many connections;
-/// over HTTP/2 two (100 streams on the first, the rest on a second one).
-const RESOURCES: usize = 150;
+/// over HTTP/2 three (100 streams on the first two, the rest on a third one).
+const RESOURCES: usize = 250;
+/// Resources asked for at once: their lists and watches interleave.
+const BATCH: usize = 50;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn watches_share_http2_connections_to_the_api_server() {
@@ -42,34 +45,47 @@ async fn watches_share_http2_connections_to_the_api_server() {
     }
     let kubeconfig = cp.proxy_kubeconfig().display().to_string();
     let proxy = Proxy::start_with_env(&[], &[("KUBECONFIG", &kubeconfig)]).await;
-    let mut client = FlagSyncServiceClient::connect(proxy.endpoint())
+    let client = FlagSyncServiceClient::connect(proxy.endpoint())
         .await
         .expect("connecting to the proxy");
     let mut streams = Vec::new();
-    for i in 0..RESOURCES {
-        let request = v1::SyncFlagsRequest {
-            selector: format!("core.openfeature.dev/many/f{i}"),
-            ..Default::default()
-        };
-        let mut stream = tokio::time::timeout(EVENT_TIMEOUT, client.sync_flags(request))
-            .await
-            .expect("the proxy answers SyncFlags")
-            .expect("stream opened")
-            .into_inner();
-        let first = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
-            .await
-            .expect("a snapshot in time")
-            .expect("no error");
-        assert!(first.is_some(), "f{i}: the stream ended");
-        streams.push(stream);
+    for batch in (0..RESOURCES).collect::<Vec<_>>().chunks(BATCH) {
+        let opened = batch.iter().map(|&i| {
+            let mut client = client.clone();
+            async move {
+                let request = v1::SyncFlagsRequest {
+                    selector: format!("core.openfeature.dev/many/f{i}"),
+                    ..Default::default()
+                };
+                let mut stream = tokio::time::timeout(EVENT_TIMEOUT, client.sync_flags(request))
+                    .await
+                    .expect("the proxy answers SyncFlags")
+                    .expect("stream opened")
+                    .into_inner();
+                let first = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+                    .await
+                    .expect("a snapshot in time")
+                    .expect("no error");
+                assert!(first.is_some(), "f{i}: the stream ended");
+                stream
+            }
+        });
+        streams.extend(futures::future::join_all(opened).await);
     }
     cp.wait_for_open_watches("featureflags", RESOURCES as u64)
         .await;
+    // Sockets that lost the race to become the HTTP/2 connection close at once; wait them out.
     let pid = proxy.pid();
-    let connections = connections_to(pid, cp.port());
+    let want = RESOURCES.div_ceil(100);
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    let mut connections = connections_to(pid, cp.port());
+    while connections != want && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        connections = connections_to(pid, cp.port());
+    }
     assert_eq!(
-        connections,
-        RESOURCES.div_ceil(100),
+        connections, want,
         "{RESOURCES} watches over {connections} connections to the API server"
     );
+    drop(streams);
 }
