@@ -251,6 +251,12 @@ fn build_client(config: Config, token: Option<Arc<TokenFile>>) -> Result<Client,
     })
 }
 
+/// A client for `config` without a token file (the tests' scripted API server).
+#[cfg(test)]
+pub(super) fn plain_client(config: Config) -> Result<Client, kube::Error> {
+    build_client(config, None)
+}
+
 /// A bearer token kept in a file that may be replaced at any time (a projected service-account
 /// token, a mounted secret). Read again when the last read is older than [`TOKEN_REREAD`];
 /// surrounding whitespace is ignored. If a read fails, the last good token stays in use.

@@ -7,7 +7,7 @@ use super::{PLURAL, VERSION};
 use crate::selector::{GROUP, ResourceKey};
 
 /// Refusals in a row that end streams once a watch has seen another outcome (see [`Refusals`]).
-const FORBIDDEN_CONFIRMATIONS: u32 = 3;
+pub(super) const FORBIDDEN_CONFIRMATIONS: u32 = 3;
 
 /// Decides when a 403 is believed. The first answer of a new watch is; after that, a refusal must
 /// repeat [`FORBIDDEN_CONFIRMATIONS`] times in a row, because an API server that has just started

@@ -15,8 +15,8 @@
 //! ([`crate::backoff`]), so a permission granted later or an API server that comes back is
 //! picked up without a restart.
 //!
-//! The module has three parts: this one (the source and its watch loop), [`client`] (where the
-//! client's configuration comes from, the bearer token file) and [`failure`] (what a failed
+//! The module has three parts: this one (the source and its watch loop), `client` (where the
+//! client's configuration comes from, the bearer token file) and `failure` (what a failed
 //! watch means and what clients are told).
 use std::pin::pin;
 use std::sync::Arc;
@@ -272,5 +272,7 @@ fn escape_field_value(value: &str) -> String {
     out
 }
 
+#[cfg(test)]
+mod api_server;
 #[cfg(test)]
 mod tests;
