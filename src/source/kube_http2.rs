@@ -4,8 +4,7 @@
 //! TLS session) of its own: 10,000 watched resources are 10,000 sockets to the API server. This
 //! stack offers `h2` by ALPN (HTTP/1.1 stays possible for servers without it) and spreads
 //! requests over a few HTTP/2 connections, each carrying up to [`STREAMS_PER_CONNECTION`]
-//! requests at a time. A connection is opened when every open one is full. Dead connections are
-//! found by HTTP/2 pings. The layers kube's own client puts in front (base URI, authentication,
+//! requests at a time. Dead connections are found by HTTP/2 pings. The layers kube's own client puts in front (base URI, authentication,
 //! extra headers, retries of 429/503) are the same.
 //!
 //! The cap matters: a request over the server's limit of concurrent streams waits in the HTTP/2
@@ -13,6 +12,13 @@
 //! v1.34 allows 100 streams per connection (measured: the 101st watch on a connection waited),
 //! which is also the smallest limit RFC 9113 recommends; 100 is therefore the most this stack
 //! puts on one connection, and 10,000 watches take 100 connections.
+//!
+//! Placement keeps it at that: watches (`watch=true`) hold their stream for minutes, everything
+//! else (the list before each watch, reviews, events) for moments. A request goes to the first
+//! connection with a free stream. When every connection is full but some only because of short
+//! requests, it waits for one of them to end (see `place`); a connection is opened only when
+//! every one is full of watches. Otherwise a watch placed while lists are in flight would open a
+//! connection that keeps holes once the lists end. No request ever waits for a watch to end.
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
