@@ -95,8 +95,8 @@ struct Pool {
 #[derive(Default)]
 struct Shared {
     connections: Mutex<Vec<Connection>>,
-    /// Notified whenever a short request ends: a request waiting for room may find it now.
-    short_ended: Notify,
+    /// Notified whenever a request ends: a request waiting for room may find it now.
+    ended: Notify,
 }
 
 struct Connection {
@@ -167,14 +167,14 @@ impl Pool {
     /// A connection for a request, counted against it until the returned guard is dropped.
     async fn pick(&self, lifetime: Lifetime) -> (HyperClient<Connector, Body>, InFlight) {
         loop {
-            let short_ended = self.shared.short_ended.notified();
-            let mut short_ended = std::pin::pin!(short_ended);
+            let ended = self.shared.ended.notified();
+            let mut ended = std::pin::pin!(ended);
             // Registered before looking, so an end between the look and the wait is not missed.
-            short_ended.as_mut().enable();
+            ended.as_mut().enable();
             if let Some(picked) = self.try_pick(lifetime) {
                 return picked;
             }
-            short_ended.await;
+            ended.await;
         }
     }
 
@@ -235,9 +235,8 @@ impl Drop for InFlight {
             Lifetime::Short => load.shorts -= 1,
         }
         drop(connections);
-        if self.lifetime == Lifetime::Short {
-            self.shared.short_ended.notify_waiters();
-        }
+        // A short request's end makes the room waited for; a watch's end may make room sooner.
+        self.shared.ended.notify_waiters();
     }
 }
 
