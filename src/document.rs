@@ -204,38 +204,7 @@ fn validate_flag(key: &str, flag: &Value) -> Result<(), DocumentError> {
         }
         None => return Err(invalid(key, "state is required")),
     }
-    let variants = match flag.get("variants") {
-        Some(Value::Object(variants)) => variants,
-        Some(other) => {
-            return Err(invalid(
-                key,
-                &format!("variants must be an object, found {}", kind(other)),
-            ));
-        }
-        None => return Err(invalid(key, "variants is required")),
-    };
-    let mut first_kind = None;
-    for (name, value) in variants {
-        let this = variant_kind(value).ok_or_else(|| {
-            invalid(
-                key,
-                &format!("variant {name:?} is {}, not a flag value", kind(value)),
-            )
-        })?;
-        match first_kind {
-            None => first_kind = Some(this),
-            Some(first) if first != this => {
-                return Err(invalid(
-                    key,
-                    &format!("variants mix types: {first} and {this} (variant {name:?})"),
-                ));
-            }
-            Some(_) => {}
-        }
-    }
-    if first_kind.is_none() {
-        return Err(invalid(key, "variants must not be empty"));
-    }
+    let variants = check_variants(key, flag.get("variants"))?;
     match flag.get("defaultVariant") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) if s.is_empty() || variants.contains_key(s) => {}
@@ -268,6 +237,46 @@ fn validate_flag(key: &str, flag: &Value) -> Result<(), DocumentError> {
         }
     }
     Ok(())
+}
+
+/// The variants of flag `key`: an object of flag values, all of one type, not empty.
+fn check_variants<'a>(
+    key: &str,
+    variants: Option<&'a Value>,
+) -> Result<&'a Map<String, Value>, DocumentError> {
+    let variants = match variants {
+        Some(Value::Object(variants)) => variants,
+        Some(other) => {
+            return Err(invalid(
+                key,
+                &format!("variants must be an object, found {}", kind(other)),
+            ));
+        }
+        None => return Err(invalid(key, "variants is required")),
+    };
+    let mut first_kind = None;
+    for (name, value) in variants {
+        let this = variant_kind(value).ok_or_else(|| {
+            invalid(
+                key,
+                &format!("variant {name:?} is {}, not a flag value", kind(value)),
+            )
+        })?;
+        match first_kind {
+            None => first_kind = Some(this),
+            Some(first) if first != this => {
+                return Err(invalid(
+                    key,
+                    &format!("variants mix types: {first} and {this} (variant {name:?})"),
+                ));
+            }
+            Some(_) => {}
+        }
+    }
+    if first_kind.is_none() {
+        return Err(invalid(key, "variants must not be empty"));
+    }
+    Ok(variants)
 }
 
 /// The type of a variant value; variants of one flag must all share it.
@@ -331,354 +340,6 @@ fn kind(value: &Value) -> &'static str {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    fn resource(flag_spec: Value) -> Value {
-        json!({"apiVersion": "core.openfeature.dev/v1beta1", "kind": "FeatureFlag",
-               "metadata": {"name": "x", "namespace": "default"}, "spec": {"flagSpec": flag_spec}})
-    }
-
-    #[test]
-    fn emits_exactly_the_client_keys() {
-        let doc = from_resource(&resource(json!({
-            "flags": {"f": {"state": "ENABLED", "variants": {"a": 1, "b": 2},
-                             "defaultVariant": "a", "targeting": {"if": [true, "b"]},
-                             "metadata": {"team": "x"}, "description": "dropped"}},
-            "$evaluators": {"e": {"in": ["@x", {"var": "email"}]}},
-            "metadata": {"flagSetId": "set"},
-            "extra": "dropped"
-        })))
-        .expect("valid");
-        let doc: Value = serde_json::from_str(&doc).expect("json");
-        assert_eq!(
-            doc,
-            json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1, "b": 2},
-                                   "defaultVariant": "a", "targeting": {"if": [true, "b"]},
-                                   "metadata": {"team": "x"}}},
-                   "$evaluators": {"e": {"in": ["@x", {"var": "email"}]}},
-                   "metadata": {"flagSetId": "set"}})
-        );
-    }
-
-    #[test]
-    fn missing_default_variant_becomes_empty_string() {
-        let doc = from_resource(&resource(json!({
-            "flags": {"f": {"state": "DISABLED", "variants": {"on": true}}}
-        })))
-        .expect("valid");
-        let doc: Value = serde_json::from_str(&doc).expect("json");
-        assert_eq!(doc["flags"]["f"]["defaultVariant"], json!(""));
-        assert!(doc.get("metadata").is_none() && doc.get("$evaluators").is_none());
-    }
-
-    #[test]
-    fn empty_metadata_and_evaluators_are_omitted() {
-        let doc = from_resource(&resource(json!({
-            "flags": {}, "metadata": {}, "$evaluators": {}
-        })))
-        .expect("valid");
-        assert_eq!(doc, r#"{"flags":{}}"#);
-    }
-
-    #[test]
-    fn rejections_name_the_flag() {
-        let cases = [
-            (
-                json!({"flags": {"f": {"state": "ON", "variants": {"a": 1}}}}),
-                "flag \"f\": state",
-            ),
-            (
-                json!({"flags": {"f": {"state": "ENABLED", "variants": {}}}}),
-                "must not be empty",
-            ),
-            (
-                json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1, "b": "x"}}}}),
-                "mix types",
-            ),
-            (
-                json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1}, "defaultVariant": "z"}}}),
-                "not one of the variants",
-            ),
-            (
-                json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1}, "defaultVariant": 3}}}),
-                "must be a string",
-            ),
-            (
-                json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": [1]}}}}),
-                "not a flag value",
-            ),
-            (json!({"flags": []}), "`flags` must be an object"),
-        ];
-        for (spec, needle) in cases {
-            let err = from_resource(&resource(spec.clone()))
-                .expect_err("rejected")
-                .to_string();
-            assert!(err.contains(needle), "{spec}: {err:?} lacks {needle:?}");
-        }
-        let err = from_resource(&json!({"spec": {}})).expect_err("rejected");
-        assert_eq!(err, DocumentError::MissingFlagSpec);
-    }
-}
-
-/// Property tests: arbitrary JSON, biased towards the `FeatureFlag` shape, never makes the
-/// conversion panic, and whatever it accepts is a document clients can use.
+mod properties;
 #[cfg(test)]
-mod properties {
-    use super::*;
-    use proptest::prelude::*;
-    use proptest::sample::select;
-    use serde_json::json;
-
-    const FLAG_KEYS: &[&str] = &[
-        "state",
-        "variants",
-        "defaultVariant",
-        "targeting",
-        "metadata",
-    ];
-    const DOCUMENT_KEYS: &[&str] = &["flags", "metadata", "$evaluators"];
-
-    fn object(entries: Vec<(String, Value)>) -> Value {
-        Value::Object(entries.into_iter().collect())
-    }
-
-    /// Object keys: the ones the conversion looks at, operators, and anything else.
-    fn key() -> impl Strategy<Value = String> {
-        let mut known: Vec<&'static str> = FLAG_KEYS.to_vec();
-        known.extend(DOCUMENT_KEYS);
-        known.extend(["spec", "flagSpec", "description", "flagSetId", ""]);
-        known.extend(OPERATORS);
-        prop_oneof![
-            3 => select(known).prop_map(str::to_owned),
-            1 => "\\PC{0,8}",
-        ]
-    }
-
-    fn leaf() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            Just(Value::Null),
-            any::<bool>().prop_map(Value::Bool),
-            any::<i64>().prop_map(Value::from),
-            // Non-finite floats become null, as serde_json does.
-            any::<f64>().prop_map(Value::from),
-            select(vec!["ENABLED", "DISABLED", "on", "off", "", "a", "b"])
-                .prop_map(|s| Value::String(s.to_owned())),
-            "\\PC{0,12}".prop_map(Value::String),
-        ]
-    }
-
-    fn value() -> impl Strategy<Value = Value> {
-        leaf().prop_recursive(5, 64, 5, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
-                prop::collection::vec((key(), inner), 0..5).prop_map(object),
-            ]
-        })
-    }
-
-    /// JsonLogic-like rules: known and unknown operators over arbitrary arguments.
-    fn rule() -> impl Strategy<Value = Value> {
-        leaf().prop_recursive(4, 32, 4, |inner| {
-            prop_oneof![
-                prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
-                (
-                    prop_oneof![
-                        4 => select(OPERATORS).prop_map(str::to_owned),
-                        1 => "\\PC{0,6}",
-                    ],
-                    inner
-                )
-                    .prop_map(|(op, args)| object(vec![(op, args)])),
-                Just(json!({})),
-            ]
-        })
-    }
-
-    fn variant_name() -> impl Strategy<Value = String> {
-        prop_oneof![
-            3 => select(vec!["on", "off", "a", "b", ""]).prop_map(str::to_owned),
-            1 => "\\PC{0,6}",
-        ]
-    }
-
-    fn variants() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            // One type for every variant (mostly valid)...
-            3 => prop::collection::vec((variant_name(), any::<bool>().prop_map(Value::Bool)), 0..4)
-                .prop_map(object),
-            3 => prop::collection::vec((variant_name(), "\\PC{0,6}".prop_map(Value::String)), 0..4)
-                .prop_map(object),
-            // ...or any mix of values.
-            2 => prop::collection::vec((variant_name(), value()), 0..4).prop_map(object),
-            1 => value(),
-        ]
-    }
-
-    fn metadata() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            3 => prop::collection::vec((key(), leaf()), 0..4).prop_map(object),
-            1 => value(),
-        ]
-    }
-
-    fn flag() -> impl Strategy<Value = Value> {
-        let state = prop_oneof![
-            4 => select(vec!["ENABLED", "DISABLED"]).prop_map(|s| Value::String(s.to_owned())),
-            1 => value(),
-        ];
-        let default_variant = prop_oneof![
-            4 => variant_name().prop_map(Value::String),
-            1 => value(),
-        ];
-        let targeting = prop_oneof![3 => rule(), 1 => value()];
-        (
-            prop::option::weighted(0.9, state),
-            prop::option::weighted(0.9, variants()),
-            prop::option::weighted(0.7, default_variant),
-            prop::option::weighted(0.4, targeting),
-            prop::option::weighted(0.3, metadata()),
-            prop::option::weighted(0.2, (key(), value())),
-        )
-            .prop_map(|(state, variants, default, targeting, metadata, extra)| {
-                let mut flag = Map::new();
-                for (field, value) in [
-                    ("state", state),
-                    ("variants", variants),
-                    ("defaultVariant", default),
-                    ("targeting", targeting),
-                    ("metadata", metadata),
-                ] {
-                    if let Some(value) = value {
-                        flag.insert(field.to_owned(), value);
-                    }
-                }
-                if let Some((key, value)) = extra {
-                    flag.insert(key, value);
-                }
-                Value::Object(flag)
-            })
-    }
-
-    fn flag_spec() -> impl Strategy<Value = Value> {
-        let flags = prop_oneof![
-            8 => prop::collection::vec(
-                (prop_oneof![3 => "[a-z-]{1,8}", 1 => key()], prop_oneof![6 => flag(), 1 => value()]),
-                0..4,
-            )
-            .prop_map(object),
-            1 => value(),
-        ];
-        let evaluators = prop_oneof![
-            3 => prop::collection::vec(("[a-z]{1,6}", rule()), 0..3).prop_map(object),
-            1 => value(),
-        ];
-        (
-            prop::option::weighted(0.95, flags),
-            prop::option::weighted(0.3, metadata()),
-            prop::option::weighted(0.3, evaluators),
-            prop::option::weighted(0.2, (key(), value())),
-        )
-            .prop_map(|(flags, metadata, evaluators, extra)| {
-                let mut spec = Map::new();
-                for (field, value) in [
-                    ("flags", flags),
-                    ("metadata", metadata),
-                    ("$evaluators", evaluators),
-                ] {
-                    if let Some(value) = value {
-                        spec.insert(field.to_owned(), value);
-                    }
-                }
-                if let Some((key, value)) = extra {
-                    spec.insert(key, value);
-                }
-                Value::Object(spec)
-            })
-    }
-
-    /// Mostly `FeatureFlag` objects; sometimes a broken spec, sometimes anything at all.
-    fn resource() -> impl Strategy<Value = Value> {
-        prop_oneof![
-            8 => flag_spec().prop_map(|spec| json!({
-                "apiVersion": "core.openfeature.dev/v1beta1",
-                "kind": "FeatureFlag",
-                "metadata": {"name": "x", "namespace": "default"},
-                "spec": {"flagSpec": spec},
-            })),
-            1 => value().prop_map(|spec| json!({"spec": {"flagSpec": spec}})),
-            1 => value(),
-        ]
-    }
-
-    fn check_document(text: &str) -> Result<(), TestCaseError> {
-        let document: Value = serde_json::from_str(text)
-            .map_err(|e| TestCaseError::fail(format!("not JSON: {e}: {text}")))?;
-        prop_assert_eq!(validate(&document), Ok(()));
-        let top = document.as_object().expect("validated as an object");
-        for key in top.keys() {
-            prop_assert!(DOCUMENT_KEYS.contains(&key.as_str()), "key {:?}", key);
-        }
-        let flags = top["flags"].as_object().expect("validated as an object");
-        for (name, flag) in flags {
-            let flag = flag.as_object().expect("validated as an object");
-            for key in flag.keys() {
-                prop_assert!(
-                    FLAG_KEYS.contains(&key.as_str()),
-                    "flag {:?} has key {:?}",
-                    name,
-                    key
-                );
-            }
-            for required in ["state", "variants", "defaultVariant"] {
-                prop_assert!(
-                    flag.contains_key(required),
-                    "flag {:?} lacks {}",
-                    name,
-                    required
-                );
-            }
-            prop_assert!(
-                flag["defaultVariant"].is_string(),
-                "flag {:?}: defaultVariant {}",
-                name,
-                flag["defaultVariant"]
-            );
-        }
-        Ok(())
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig::with_cases(512))]
-
-        #[test]
-        fn conversion_yields_a_valid_document_or_an_error(resource in resource()) {
-            match from_resource(&resource) {
-                Ok(text) => check_document(&text)?,
-                Err(error) => prop_assert!(!error.to_string().is_empty()),
-            }
-        }
-
-        #[test]
-        fn validation_never_panics(document in prop_oneof![
-            3 => flag_spec(),
-            1 => value(),
-        ]) {
-            let _ = validate(&document);
-        }
-    }
-
-    #[test]
-    fn depth_is_bounded() {
-        let mut deep = json!(1);
-        for _ in 0..MAX_DEPTH {
-            deep = json!([deep]);
-        }
-        assert_eq!(depth(&deep), MAX_DEPTH);
-        assert_eq!(depth(&json!({"a": [1, {"b": {}}], "c": 2})), 4);
-        let resource = json!({"spec": {"flagSpec": {"flags": {"f": {"state": "ENABLED",
-            "variants": {"on": true}, "defaultVariant": "on", "targeting": deep}}}}});
-        assert_eq!(from_resource(&resource), Err(DocumentError::TooDeep));
-    }
-}
+mod tests;

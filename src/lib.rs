@@ -7,6 +7,7 @@
 
 pub mod app;
 pub mod authz;
+pub mod backoff;
 pub mod cli;
 pub mod connection;
 pub mod context;

@@ -27,6 +27,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use crate::backoff::Backoff;
 use crate::metrics::Metrics;
 use crate::selector::ResourceKey;
 
@@ -196,11 +197,15 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
         events,
     );
     let mut watch = inner.source.watch(key.clone(), publisher.clone());
+    // A source's watch should not end; if it does, it is started again after the process's
+    // one retry policy.
+    let mut backoff = Backoff::new();
     let why = loop {
         tokio::select! {
             () = &mut watch => {
-                tracing::warn!(resource = %key, source = inner.source.name(), "watch ended; restarting");
-                tokio::time::sleep(Duration::from_secs(1)).await;
+                let delay = backoff.next_delay();
+                tracing::warn!(resource = %key, source = inner.source.name(), ?delay, "watch ended; restarting");
+                tokio::time::sleep(delay).await;
                 watch = inner.source.watch(key.clone(), publisher.clone());
             }
             () = waiting.refused.cancelled() => {

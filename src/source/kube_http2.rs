@@ -4,8 +4,7 @@
 //! TLS session) of its own: 10,000 watched resources are 10,000 sockets to the API server. This
 //! stack offers `h2` by ALPN (HTTP/1.1 stays possible for servers without it) and spreads
 //! requests over a few HTTP/2 connections, each carrying up to [`STREAMS_PER_CONNECTION`]
-//! requests at a time. A connection is opened when every open one is full. Dead connections are
-//! found by HTTP/2 pings. The layers kube's own client puts in front (base URI, authentication,
+//! requests at a time. Dead connections are found by HTTP/2 pings. The layers kube's own client puts in front (base URI, authentication,
 //! extra headers, retries of 429/503) are the same.
 //!
 //! The cap matters: a request over the server's limit of concurrent streams waits in the HTTP/2
@@ -13,8 +12,14 @@
 //! v1.34 allows 100 streams per connection (measured: the 101st watch on a connection waited),
 //! which is also the smallest limit RFC 9113 recommends; 100 is therefore the most this stack
 //! puts on one connection, and 10,000 watches take 100 connections.
+//!
+//! Placement keeps it at that: watches (`watch=true`) hold their stream for minutes, everything
+//! else (the list before each watch, reviews, events) for moments. A request goes to the first
+//! connection with a free stream. When every connection is full but some only because of short
+//! requests, it waits for one of them to end (see `place`); a connection is opened only when
+//! every one is full of watches. Otherwise a watch placed while lists are in flight would open a
+//! connection that keeps holes once the lists end. No request ever waits for a watch to end.
 use std::pin::Pin;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -28,6 +33,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::Config;
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
+use tokio::sync::Notify;
 use tower::{BoxError, ServiceBuilder, ServiceExt as _};
 
 /// Requests in flight on one HTTP/2 connection before another is opened.
@@ -59,7 +65,7 @@ pub fn client_builder(config: Config) -> Result<ClientBuilder<Http2Service>, kub
     let connector = builder.enable_all_versions().wrap_connector(http);
     let pool = Pool {
         connector,
-        connections: Arc::default(),
+        shared: Arc::default(),
     };
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
@@ -83,28 +89,101 @@ pub fn client_builder(config: Config) -> Result<ClientBuilder<Http2Service>, kub
 #[derive(Clone)]
 struct Pool {
     connector: Connector,
-    connections: Arc<Mutex<Vec<Connection>>>,
+    shared: Arc<Shared>,
+}
+
+#[derive(Default)]
+struct Shared {
+    connections: Mutex<Vec<Connection>>,
+    /// Notified whenever a request ends: a request waiting for room may find it now.
+    ended: Notify,
 }
 
 struct Connection {
     client: HyperClient<Connector, Body>,
-    /// Requests whose response (body included) is not finished.
-    in_flight: Arc<AtomicUsize>,
+    load: Load,
+}
+
+/// The requests in flight on one connection (responses, body included, not finished).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Load {
+    /// Watches (`watch=true`): they stay open for minutes.
+    watches: usize,
+    /// Everything else (lists, gets, reviews, events): they end within moments.
+    shorts: usize,
+}
+
+/// How long a request holds its stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Lifetime {
+    Watch,
+    Short,
+}
+
+impl Lifetime {
+    fn of<B>(request: &Request<B>) -> Self {
+        let watch = request
+            .uri()
+            .query()
+            .is_some_and(|query| query.split('&').any(|pair| pair == "watch=true"));
+        if watch {
+            Lifetime::Watch
+        } else {
+            Lifetime::Short
+        }
+    }
+}
+
+/// Where a request goes.
+#[derive(Debug, PartialEq, Eq)]
+enum Placement {
+    /// On this connection: it has room.
+    Use(usize),
+    /// Every connection is full, but some only because of short requests: wait for one of them
+    /// to end rather than open a connection that long-lived watches would leave half empty.
+    Wait,
+    /// Every connection is full of watches: open another.
+    Open,
+}
+
+/// The first connection with room; else waiting for a short request to end where that makes
+/// room; else a new connection. A request never waits for a watch to end.
+fn place(loads: impl IntoIterator<Item = Load>) -> Placement {
+    let mut short_ends_make_room = false;
+    for (index, load) in loads.into_iter().enumerate() {
+        if load.watches + load.shorts < STREAMS_PER_CONNECTION {
+            return Placement::Use(index);
+        }
+        short_ends_make_room |= load.watches < STREAMS_PER_CONNECTION;
+    }
+    if short_ends_make_room {
+        Placement::Wait
+    } else {
+        Placement::Open
+    }
 }
 
 impl Pool {
-    /// The first connection with room for another request, opened if there is none.
-    fn pick(&self) -> (HyperClient<Connector, Body>, InFlight) {
-        let mut connections = self
-            .connections
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        let index = match connections
-            .iter()
-            .position(|c| c.in_flight.load(Ordering::Relaxed) < STREAMS_PER_CONNECTION)
-        {
-            Some(index) => index,
-            None => {
+    /// A connection for a request, counted against it until the returned guard is dropped.
+    async fn pick(&self, lifetime: Lifetime) -> (HyperClient<Connector, Body>, InFlight) {
+        loop {
+            let ended = self.shared.ended.notified();
+            let mut ended = std::pin::pin!(ended);
+            // Registered before looking, so an end between the look and the wait is not missed.
+            ended.as_mut().enable();
+            if let Some(picked) = self.try_pick(lifetime) {
+                return picked;
+            }
+            ended.await;
+        }
+    }
+
+    fn try_pick(&self, lifetime: Lifetime) -> Option<(HyperClient<Connector, Body>, InFlight)> {
+        let mut connections = lock(&self.shared.connections);
+        let index = match place(connections.iter().map(|c| c.load)) {
+            Placement::Use(index) => index,
+            Placement::Wait => return None,
+            Placement::Open => {
                 let client = HyperClient::builder(TokioExecutor::new())
                     .timer(TokioTimer::new())
                     .pool_timer(TokioTimer::new())
@@ -114,26 +193,50 @@ impl Pool {
                     .build(self.connector.clone());
                 connections.push(Connection {
                     client,
-                    in_flight: Arc::default(),
+                    load: Load::default(),
                 });
                 connections.len() - 1
             }
         };
-        let connection = &connections[index];
-        connection.in_flight.fetch_add(1, Ordering::Relaxed);
-        (
-            connection.client.clone(),
-            InFlight(connection.in_flight.clone()),
-        )
+        let connection = &mut connections[index];
+        match lifetime {
+            Lifetime::Watch => connection.load.watches += 1,
+            Lifetime::Short => connection.load.shorts += 1,
+        }
+        let guard = InFlight {
+            shared: self.shared.clone(),
+            index,
+            lifetime,
+        };
+        Some((connection.client.clone(), guard))
     }
 }
 
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Only short, non-panicking sections hold the lock; a poisoned one still holds valid counts.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 /// One request counted against its connection until dropped.
-struct InFlight(Arc<AtomicUsize>);
+struct InFlight {
+    shared: Arc<Shared>,
+    index: usize,
+    lifetime: Lifetime,
+}
 
 impl Drop for InFlight {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        let mut connections = lock(&self.shared.connections);
+        let load = &mut connections[self.index].load;
+        match self.lifetime {
+            Lifetime::Watch => load.watches -= 1,
+            Lifetime::Short => load.shorts -= 1,
+        }
+        drop(connections);
+        // A short request's end makes the room waited for; a watch's end may make room sooner.
+        self.shared.ended.notify_waiters();
     }
 }
 
@@ -147,8 +250,9 @@ impl tower::Service<Request<Body>> for Pool {
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let (client, in_flight) = self.pick();
+        let pool = self.clone();
         Box::pin(async move {
+            let (client, in_flight) = pool.pick(Lifetime::of(&request)).await;
             let response = client.request(request).await?;
             Ok(response.map(|body| CountedBody {
                 body,
@@ -182,5 +286,130 @@ impl http_body::Body for CountedBody {
 
     fn size_hint(&self) -> http_body::SizeHint {
         self.body.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const FULL: usize = STREAMS_PER_CONNECTION;
+
+    fn load(watches: usize, shorts: usize) -> Load {
+        Load { watches, shorts }
+    }
+
+    #[test]
+    fn requests_go_to_the_first_connection_with_room() {
+        assert_eq!(place([]), Placement::Open);
+        assert_eq!(place([load(FULL - 1, 0)]), Placement::Use(0));
+        assert_eq!(
+            place([load(FULL, 0), load(3, 2), load(0, 0)]),
+            Placement::Use(1)
+        );
+    }
+
+    #[test]
+    fn a_connection_full_only_of_short_requests_is_waited_for() {
+        assert_eq!(place([load(FULL - 5, 5)]), Placement::Wait);
+        assert_eq!(place([load(FULL, 0), load(0, FULL)]), Placement::Wait);
+    }
+
+    #[test]
+    fn connections_full_of_watches_are_never_waited_for() {
+        assert_eq!(place([load(FULL, 0)]), Placement::Open);
+        assert_eq!(place([load(FULL, 0), load(FULL, 0)]), Placement::Open);
+    }
+
+    #[test]
+    fn watches_are_told_by_their_query() {
+        let request = |uri: &str| Request::get(uri).body(()).expect("request");
+        let base = "/apis/core.openfeature.dev/v1beta1/namespaces/a/featureflags";
+        assert_eq!(
+            Lifetime::of(&request(&format!(
+                "{base}?fieldSelector=metadata.name%3Df&resourceVersion=7&watch=true"
+            ))),
+            Lifetime::Watch
+        );
+        assert_eq!(
+            Lifetime::of(&request(&format!("{base}?watch=true"))),
+            Lifetime::Watch
+        );
+        assert_eq!(
+            Lifetime::of(&request(&format!(
+                "{base}?fieldSelector=metadata.name%3Df&limit=500"
+            ))),
+            Lifetime::Short
+        );
+        assert_eq!(Lifetime::of(&request(base)), Lifetime::Short);
+        assert_eq!(
+            Lifetime::of(&request(&format!("{base}?watch=false"))),
+            Lifetime::Short
+        );
+    }
+
+    /// 250 watches, each after its list, and other short requests among them (reviews, events):
+    /// the watches pack 100 a connection.
+    #[tokio::test]
+    async fn short_requests_do_not_spread_watches() {
+        let connector = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(
+                rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .expect("versions")
+                .with_root_certificates(rustls::RootCertStore::empty())
+                .with_no_client_auth(),
+            )
+            .https_or_http()
+            .enable_all_versions()
+            .wrap_connector(HttpConnector::new());
+        let pool = Pool {
+            connector,
+            shared: Arc::default(),
+        };
+        let short = |pool: &Pool, takes: usize| {
+            let pool = pool.clone();
+            async move {
+                let request = pool.pick(Lifetime::Short).await;
+                for _ in 0..takes {
+                    tokio::task::yield_now().await;
+                }
+                drop(request);
+            }
+        };
+        let (held, mut watches) = tokio::sync::mpsc::unbounded_channel();
+        let mut others = Vec::new();
+        for i in 0..250 {
+            let list = short(&pool, 3);
+            let watcher = pool.clone();
+            let held = held.clone();
+            tokio::spawn(async move {
+                list.await;
+                let _ = held.send(watcher.pick(Lifetime::Watch).await);
+            });
+            if i >= 150 {
+                others.push(tokio::spawn(short(&pool, 100)));
+            }
+            tokio::task::yield_now().await;
+        }
+        let mut open = Vec::new();
+        while open.len() < 250 {
+            open.push(watches.recv().await.expect("every watch is placed"));
+        }
+        for other in others {
+            other.await.expect("the short request ends");
+        }
+        let loads: Vec<Load> = lock(&pool.shared.connections)
+            .iter()
+            .map(|c| c.load)
+            .collect();
+        assert_eq!(
+            loads,
+            [load(FULL, 0), load(FULL, 0), load(50, 0)],
+            "250 watches"
+        );
+        drop(open);
     }
 }

@@ -3,7 +3,8 @@
 //!
 //! One `SyncFlags` stream per resource in use, over one shared HTTP/2 connection, opened and
 //! closed on demand like a Kubernetes watch. When the upstream is lost, subscribers keep their
-//! last version; the stream is opened again with backoff and catches up on the newest version.
+//! last version; the stream is opened again after the process's backoff ([`crate::backoff`]) and
+//! catches up on the newest version.
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -12,6 +13,7 @@ use futures::future::BoxFuture;
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
+use crate::backoff::Backoff;
 use crate::hub::Publisher;
 use crate::metrics::Metrics;
 use crate::selector::ResourceKey;
@@ -20,8 +22,6 @@ use crate::wire::SELECTOR_HEADER;
 use crate::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
 use crate::wire::proto::client::flagd_sync_v1::flag_sync_service_client::FlagSyncServiceClient;
 
-const BACKOFF_START: Duration = Duration::from_millis(500);
-const BACKOFF_MAX: Duration = Duration::from_secs(30);
 /// The largest message accepted from the upstream (the document limit plus room for framing).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
 
@@ -113,14 +113,13 @@ impl Source for UpstreamSource {
             .max_decoding_message_size(MAX_MESSAGE_BYTES);
         let metrics = self.metrics.clone();
         Box::pin(async move {
-            let mut backoff = BACKOFF_START;
+            let mut backoff = Backoff::new();
             loop {
                 let received_any = follow(client.clone(), &key, &publisher, &metrics).await;
                 if received_any {
-                    backoff = BACKOFF_START;
+                    backoff.reset();
                 }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(BACKOFF_MAX);
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         })
     }
