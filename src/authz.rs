@@ -275,10 +275,7 @@ impl Authorizer {
             },
             ..TokenReview::default()
         };
-        let answer = Api::<TokenReview>::all(client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| AuthzError::Unavailable(format!("TokenReview failed: {e}")))?;
+        let answer = create_review(client, &review, "TokenReview").await?;
         let status = answer.status.unwrap_or_default();
         let result = match (status.authenticated, status.user) {
             (Some(true), Some(user)) => {
@@ -368,10 +365,7 @@ impl Authorizer {
             },
             ..SubjectAccessReview::default()
         };
-        let answer = Api::<SubjectAccessReview>::all(client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .map_err(|e| AuthzError::Unavailable(format!("SubjectAccessReview failed: {e}")))?;
+        let answer = create_review(client, &review, "SubjectAccessReview").await?;
         let status = answer.status.unwrap_or_default();
         if status.allowed {
             Ok(Ok(()))
@@ -435,6 +429,21 @@ fn parse_spiffe(uri: &str) -> Option<(String, String)> {
         }
         _ => None,
     }
+}
+
+/// Asks the API server for a review (`kind` names it in the error).
+async fn create_review<K>(client: &kube::Client, review: &K, kind: &str) -> Result<K, AuthzError>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    Api::<K>::all(client.clone())
+        .create(&PostParams::default(), review)
+        .await
+        .map_err(|e| AuthzError::Unavailable(format!("{kind} failed: {e}")))
 }
 
 #[cfg(test)]

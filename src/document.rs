@@ -7,6 +7,17 @@
 //! clients reject a whole payload for one unknown key, so nothing else is passed through.
 use serde_json::{Map, Value};
 
+/// The keys of a flag in a converted document: all that clients get.
+pub const FLAG_KEYS: &[&str] = &[
+    "state",
+    "variants",
+    "defaultVariant",
+    "targeting",
+    "metadata",
+];
+/// The keys of a converted document.
+pub const DOCUMENT_KEYS: &[&str] = &["flags", "metadata", "$evaluators"];
+
 /// JsonLogic operators flagd understands, plus its own (`fractional`, `sem_ver`, `starts_with`,
 /// `ends_with`) and evaluator references (`$ref`).
 const OPERATORS: &[&str] = &[

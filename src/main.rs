@@ -92,22 +92,22 @@ async fn wait_for_signal(shutdown: CancellationToken) {
             None
         }
     };
-    let stop: Vec<_> = [
+    let listen_all = |signals: [(SignalKind, &'static str); 3]| -> Vec<_> {
+        signals
+            .into_iter()
+            .filter_map(|(kind, name)| listen(kind, name))
+            .collect()
+    };
+    let stop = listen_all([
         (SignalKind::terminate(), "SIGTERM"),
         (SignalKind::interrupt(), "SIGINT"),
         (SignalKind::quit(), "SIGQUIT"),
-    ]
-    .into_iter()
-    .filter_map(|(kind, name)| listen(kind, name))
-    .collect();
-    let ignored: Vec<_> = [
+    ]);
+    let ignored = listen_all([
         (SignalKind::hangup(), "SIGHUP"),
         (SignalKind::user_defined1(), "SIGUSR1"),
         (SignalKind::user_defined2(), "SIGUSR2"),
-    ]
-    .into_iter()
-    .filter_map(|(kind, name)| listen(kind, name))
-    .collect();
+    ]);
     tokio::spawn(async move {
         let mut ignored = futures::stream::select_all(ignored.into_iter().map(|(signal, name)| {
             tokio_stream::wrappers::SignalStream::new(signal).map(move |()| name)

@@ -25,6 +25,15 @@ pub fn flag_resource(variant: &str) -> Value {
     })
 }
 
+/// The default variant of flag `f` in a flag configuration document.
+pub fn default_variant(flag_configuration: &str) -> String {
+    let document: Value = serde_json::from_str(flag_configuration).expect("a JSON document");
+    document["flags"]["f"]["defaultVariant"]
+        .as_str()
+        .expect("a default variant")
+        .to_owned()
+}
+
 #[derive(Default)]
 struct Watches {
     started: HashMap<ResourceKey, usize>,

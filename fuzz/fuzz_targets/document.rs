@@ -2,18 +2,10 @@
 //! passes the checks, with only the keys clients accept and a string `defaultVariant`.
 #![no_main]
 
-use flagd_proxy::document;
+use flagd_proxy::document::{self, DOCUMENT_KEYS, FLAG_KEYS};
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
 
-const FLAG_KEYS: &[&str] = &[
-    "state",
-    "variants",
-    "defaultVariant",
-    "targeting",
-    "metadata",
-];
-const DOCUMENT_KEYS: &[&str] = &["flags", "metadata", "$evaluators"];
 
 fuzz_target!(|data: &[u8]| {
     // serde_json bounds nesting at 128, as it does for resources read from the API server.

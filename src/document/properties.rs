@@ -1,18 +1,27 @@
 //! Property tests: arbitrary JSON, biased towards the `FeatureFlag` shape, never makes the
 //! conversion panic, and whatever it accepts is a document clients can use.
 use super::*;
+use crate::document::{DOCUMENT_KEYS, FLAG_KEYS};
 use proptest::prelude::*;
 use proptest::sample::select;
 use serde_json::json;
 
-const FLAG_KEYS: &[&str] = &[
-    "state",
-    "variants",
-    "defaultVariant",
-    "targeting",
-    "metadata",
-];
-const DOCUMENT_KEYS: &[&str] = &["flags", "metadata", "$evaluators"];
+/// An object of the fields that are present, and one `extra` field.
+fn present<const N: usize>(
+    fields: [(&str, Option<Value>); N],
+    extra: Option<(String, Value)>,
+) -> Value {
+    let mut object = Map::new();
+    for (field, value) in fields {
+        if let Some(value) = value {
+            object.insert(field.to_owned(), value);
+        }
+    }
+    if let Some((key, value)) = extra {
+        object.insert(key, value);
+    }
+    Value::Object(object)
+}
 
 fn object(entries: Vec<(String, Value)>) -> Value {
     Value::Object(entries.into_iter().collect())
@@ -116,22 +125,16 @@ fn flag() -> impl Strategy<Value = Value> {
         prop::option::weighted(0.2, (key(), value())),
     )
         .prop_map(|(state, variants, default, targeting, metadata, extra)| {
-            let mut flag = Map::new();
-            for (field, value) in [
-                ("state", state),
-                ("variants", variants),
-                ("defaultVariant", default),
-                ("targeting", targeting),
-                ("metadata", metadata),
-            ] {
-                if let Some(value) = value {
-                    flag.insert(field.to_owned(), value);
-                }
-            }
-            if let Some((key, value)) = extra {
-                flag.insert(key, value);
-            }
-            Value::Object(flag)
+            present(
+                [
+                    ("state", state),
+                    ("variants", variants),
+                    ("defaultVariant", default),
+                    ("targeting", targeting),
+                    ("metadata", metadata),
+                ],
+                extra,
+            )
         })
 }
 
@@ -155,20 +158,14 @@ fn flag_spec() -> impl Strategy<Value = Value> {
         prop::option::weighted(0.2, (key(), value())),
     )
         .prop_map(|(flags, metadata, evaluators, extra)| {
-            let mut spec = Map::new();
-            for (field, value) in [
-                ("flags", flags),
-                ("metadata", metadata),
-                ("$evaluators", evaluators),
-            ] {
-                if let Some(value) = value {
-                    spec.insert(field.to_owned(), value);
-                }
-            }
-            if let Some((key, value)) = extra {
-                spec.insert(key, value);
-            }
-            Value::Object(spec)
+            present(
+                [
+                    ("flags", flags),
+                    ("metadata", metadata),
+                    ("$evaluators", evaluators),
+                ],
+                extra,
+            )
         })
 }
 

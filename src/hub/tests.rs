@@ -1,20 +1,21 @@
 //! Unit tests of the hub, with a scripted source.
 use std::time::Instant;
 
-use serde_json::Value;
-
 use super::*;
 use crate::metrics::ResourceLabels;
-use crate::testing::{FakeSource, flag_resource};
+use crate::testing::{FakeSource, default_variant, flag_resource};
+
+fn hub_with(source: &Arc<FakeSource>, options: HubOptions) -> Hub {
+    Hub::new(source.clone(), options, Arc::new(Metrics::new()))
+}
 
 fn hub(source: &Arc<FakeSource>, idle: Duration) -> Hub {
-    Hub::new(
-        source.clone(),
+    hub_with(
+        source,
         HubOptions {
             idle_timeout: idle,
             ..HubOptions::default()
         },
-        Arc::new(Metrics::new()),
     )
 }
 
@@ -26,11 +27,7 @@ async fn next(sub: &mut Subscription) -> Arc<Snapshot> {
 }
 
 fn variant(snapshot: &Arc<Snapshot>) -> String {
-    let doc: Value = serde_json::from_str(&snapshot.flag_configuration).expect("json");
-    doc["flags"]["f"]["defaultVariant"]
-        .as_str()
-        .expect("string")
-        .to_owned()
+    default_variant(&snapshot.flag_configuration)
 }
 
 #[tokio::test]
@@ -124,13 +121,12 @@ async fn invalid_versions_keep_the_last_good_one() {
 #[tokio::test]
 async fn oversized_documents_are_not_pushed() {
     let source = FakeSource::new();
-    let hub = Hub::new(
-        source.clone(),
+    let hub = hub_with(
+        &source,
         HubOptions {
             max_document_bytes: 100,
             ..HubOptions::default()
         },
-        Arc::new(Metrics::new()),
     );
     let key = ResourceKey::new("ns", "a");
     let mut sub = hub.subscribe(key.clone()).expect("subscribe");
@@ -193,13 +189,12 @@ async fn watch_stops_after_the_idle_time_and_restarts_on_demand() {
 #[tokio::test]
 async fn watch_limit_refuses_new_resources_only() {
     let source = FakeSource::new();
-    let hub = Hub::new(
-        source.clone(),
+    let hub = hub_with(
+        &source,
         HubOptions {
             max_watches: 1,
             ..HubOptions::default()
         },
-        Arc::new(Metrics::new()),
     );
     let _a = hub.subscribe(ResourceKey::new("ns", "a")).expect("first");
     let _a2 = hub
@@ -213,14 +208,13 @@ async fn watch_limit_refuses_new_resources_only() {
 }
 
 fn waiting_hub(source: &Arc<FakeSource>, max_waiting_resources: usize) -> Hub {
-    Hub::new(
-        source.clone(),
+    hub_with(
+        source,
         HubOptions {
             idle_timeout: Duration::from_secs(30),
             max_waiting_resources,
             ..HubOptions::default()
         },
-        Arc::new(Metrics::new()),
     )
 }
 

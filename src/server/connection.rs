@@ -30,6 +30,21 @@ pub(super) enum Stream {
     Unix(UnixStream),
 }
 
+/// The byte stream under a connection, whichever kind it is.
+trait Io: AsyncRead + AsyncWrite + Unpin + Send {}
+
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Io for T {}
+
+impl Stream {
+    fn io(&mut self) -> Pin<&mut dyn Io> {
+        match self {
+            Stream::Plain(s) => Pin::new(s),
+            Stream::Tls(s) => Pin::new(s.as_mut()),
+            Stream::Unix(s) => Pin::new(s),
+        }
+    }
+}
+
 impl Connected for Connection {
     type ConnectInfo = ConnectionInfo;
 
@@ -62,11 +77,7 @@ impl AsyncRead for Connection {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        let result = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_read(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_read(cx, buf),
-        };
+        let result = this.stream.io().poll_read(cx, buf);
         let read = buf.filled().len() - before;
         this.preface.check(cx, read, result)
     }
@@ -79,11 +90,7 @@ impl AsyncWrite for Connection {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let result = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_write(cx, buf),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
-            Stream::Unix(s) => Pin::new(s).poll_write(cx, buf),
-        };
+        let result = this.stream.io().poll_write(cx, buf);
         this.write_stall.check(cx, result)
     }
 
@@ -93,11 +100,7 @@ impl AsyncWrite for Connection {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
-        let result = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_write_vectored(cx, bufs),
-            Stream::Unix(s) => Pin::new(s).poll_write_vectored(cx, bufs),
-        };
+        let result = this.stream.io().poll_write_vectored(cx, bufs);
         this.write_stall.check(cx, result)
     }
 
@@ -111,19 +114,11 @@ impl AsyncWrite for Connection {
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
-        let result = match &mut this.stream {
-            Stream::Plain(s) => Pin::new(s).poll_flush(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_flush(cx),
-            Stream::Unix(s) => Pin::new(s).poll_flush(cx),
-        };
+        let result = this.stream.io().poll_flush(cx);
         this.write_stall.check(cx, result)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match &mut self.get_mut().stream {
-            Stream::Plain(s) => Pin::new(s).poll_shutdown(cx),
-            Stream::Tls(s) => Pin::new(s.as_mut()).poll_shutdown(cx),
-            Stream::Unix(s) => Pin::new(s).poll_shutdown(cx),
-        }
+        self.get_mut().stream.io().poll_shutdown(cx)
     }
 }

@@ -380,38 +380,30 @@ mod tests {
             ca_path: ca,
             token_path: token,
         };
-        let err = api_server_config("127.0.0.1:6443", &settings(None, None))
-            .err()
-            .expect("no scheme");
-        assert!(err.to_string().contains("https://"), "{err}");
+        let error =
+            |server: &str, ca: Option<PathBuf>, token: Option<PathBuf>| match api_server_config(
+                server,
+                &settings(ca, token),
+            ) {
+                Ok(_) => panic!("{server} with these files is accepted"),
+                Err(error) => error.to_string(),
+            };
+        let err = error("127.0.0.1:6443", None, None);
+        assert!(err.contains("https://"), "{err}");
 
+        let server = "https://127.0.0.1:6443";
         let missing = dir.path().join("missing.pem");
-        let err = api_server_config(
-            "https://127.0.0.1:6443",
-            &settings(Some(missing.clone()), None),
-        )
-        .err()
-        .expect("missing CA");
-        assert!(
-            err.to_string().contains(&*missing.to_string_lossy()),
-            "{err}"
-        );
+        let err = error(server, Some(missing.clone()), None);
+        assert!(err.contains(&*missing.to_string_lossy()), "{err}");
 
         let not_pem = dir.path().join("ca.pem");
         std::fs::write(&not_pem, "hello").expect("write");
-        let err = api_server_config("https://127.0.0.1:6443", &settings(Some(not_pem), None))
-            .err()
-            .expect("no certificate");
-        assert!(err.to_string().contains("--kube-ca-path"), "{err}");
+        let err = error(server, Some(not_pem), None);
+        assert!(err.contains("--kube-ca-path"), "{err}");
 
         let token = dir.path().join("token");
-        let err = api_server_config(
-            "https://127.0.0.1:6443",
-            &settings(None, Some(token.clone())),
-        )
-        .err()
-        .expect("missing token");
-        assert!(err.to_string().starts_with("--kube-token-path"), "{err}");
+        let err = error(server, None, Some(token.clone()));
+        assert!(err.starts_with("--kube-token-path"), "{err}");
 
         std::fs::write(&token, "abc\n").expect("write");
         let (config, token) =

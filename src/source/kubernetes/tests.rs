@@ -5,6 +5,7 @@ use std::time::Duration;
 use super::api_server::{Call, ScriptedApi, WatchEvents, feature_flag, status};
 use super::*;
 use crate::hub::{Availability, Hub, HubOptions, ResourceState, Subscription};
+use crate::testing::default_variant;
 
 #[test]
 fn tracker_reports_the_listed_state_after_init_done() {
@@ -195,11 +196,7 @@ impl Harness {
             .await
             .expect("a new version in time")
             .expect("the subscription goes on");
-        let document: Value = serde_json::from_str(&snapshot.flag_configuration).expect("JSON");
-        document["flags"]["f"]["defaultVariant"]
-            .as_str()
-            .expect("a default variant")
-            .to_owned()
+        default_variant(&snapshot.flag_configuration)
     }
 }
 
