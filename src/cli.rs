@@ -1,6 +1,6 @@
 //! The command line: the `flagd-proxy` command, its subcommands, and [`parse_from`], which
-//! applies the `--config` file. The flags of `start` live in [`start`] (one group per component,
-//! each turned into that component's settings); the Markdown reference in [`docs`]. Every flag
+//! applies the `--config` file. The flags of `start` live in `start.rs` (one group per component,
+//! each turned into that component's settings); the Markdown reference in `docs.rs`. Every flag
 //! has an environment variable; `docs/cli.md` is generated from these definitions
 //! (`flagd-proxy generate-cli-docs`) and checked by a test.
 //!

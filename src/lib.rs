@@ -1,8 +1,12 @@
 //! flagd-proxy: serves Kubernetes `FeatureFlag` resources to flagd sidecars and in-process
 //! providers over the flagd gRPC sync protocol.
 //!
-//! Data flows one way: a [`source`] watches a resource on demand, the [`hub`] turns what it sees
-//! into shared snapshots, and the [`wire`] streams them to clients.
+//! A core with ports. The [`hub`] is the core: subscriptions, fan-out and shared snapshots. It
+//! owns its ports ([`hub::Source`], [`hub::EventSink`]) and imports no adapter. The [`source`]s
+//! are the outbound adapters: each watches a resource on demand and reports through a
+//! [`hub::Publisher`]. The [`wire`], with the [`server`] and [`listener`] that accept
+//! connections, is the inbound adapter that streams snapshots to clients. Data flows one way:
+//! source → hub → wire. `tests/architecture.rs` checks the imports.
 #![forbid(unsafe_code)]
 
 pub mod app;
