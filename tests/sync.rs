@@ -26,6 +26,17 @@ async fn manifests_proxy() -> (tempfile::TempDir, Proxy) {
     (dir, proxy)
 }
 
+/// `FetchAllFlags` for `selector` (in the header).
+async fn fetch(
+    client: &mut Client,
+    selector: &str,
+) -> Result<v1::FetchAllFlagsResponse, tonic::Status> {
+    client
+        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), selector))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
 /// The variant of `color` in the stream's next message.
 async fn next_color(stream: &mut Streaming<v1::SyncFlagsResponse>) -> String {
     default_variant(&next(stream).await.flag_configuration, "color")
@@ -158,18 +169,10 @@ async fn get_metadata_and_fetch_all_flags() {
             .contains_key("proxy")
     );
 
-    let fetched = client
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("fetch")
-        .into_inner();
+    let fetched = fetch(&mut client, SELECTOR).await.expect("fetch");
     assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
 
-    let missing = client
-        .fetch_all_flags(with_selector(
-            v1::FetchAllFlagsRequest::default(),
-            "core.openfeature.dev/default/nope",
-        ))
+    let missing = fetch(&mut client, "core.openfeature.dev/default/nope")
         .await
         .expect_err("missing");
     assert_status(
@@ -270,11 +273,9 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
         .into_inner();
     let first = next(&mut stream).await;
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
-    let fetched = client
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), &source))
+    let fetched = fetch(&mut client, &source)
         .await
-        .expect("fetch with source=")
-        .into_inner();
+        .expect("fetch with source=");
     assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
 
     let status = client
