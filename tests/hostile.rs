@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::Value;
-use support::client::{Client, default_variant, next, open, v1, with_selector};
+use support::client::{Client, assert_status, default_variant, next, open, v1, with_selector};
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -242,11 +242,7 @@ async fn oversized_headers_and_requests_are_refused() {
         .sync_flags(with_selector(v1::SyncFlagsRequest::default(), &big))
         .await
         .expect_err("refused");
-    assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
-    assert!(
-        status.message().contains("--max-header-bytes"),
-        "{status:?}"
-    );
+    assert_status(&status, Code::ResourceExhausted, "--max-header-bytes");
     assert_eq!(scene.rejected("max_header_bytes").await, 1.0);
     scene.change().await;
 
@@ -584,17 +580,7 @@ async fn streams_the_client_makes_the_server_reset_get_a_goaway() {
 
 /// Reads until the proxy closes the connection; panics if it stays open.
 async fn wait_closed(tcp: &mut TcpStream) {
-    let closed = tokio::time::timeout(EVENT_TIMEOUT, async {
-        let mut buf = [0u8; 4096];
-        loop {
-            match tcp.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "the proxy kept the connection open");
+    support::wait_closed(tcp, "the proxy kept the connection open").await;
 }
 
 #[tokio::test]

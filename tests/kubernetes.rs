@@ -18,7 +18,9 @@ use kube::api::{
 use kube::discovery::Scope;
 use serde::Deserialize;
 use serde_json::{Value, json};
-use support::client::{Client, client, default_variant, next_message, open, v1, with_selector};
+use support::client::{
+    Client, assert_status, client, default_variant, next_message, open, v1, with_selector,
+};
 use support::control_plane::{self, ControlPlane, feature_flag_resource};
 use support::{EVENT_TIMEOUT, Proxy, eventually, string_flag};
 use tonic::{Code, Status, Streaming};
@@ -152,38 +154,45 @@ fn run_proxy_expecting_exit(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>
     )
 }
 
+/// Runs the proxy with `args` and `env`; asserts that it exits with 64 naming every one of
+/// `needles` on stderr.
+fn assert_usage_error(args: &[&str], env: &[(&str, &str)], needles: &[&str]) {
+    let (code, stderr) = run_proxy_expecting_exit(args, env);
+    assert_eq!(code, Some(64), "{stderr}");
+    for needle in needles {
+        assert!(stderr.contains(needle), "{needle:?} missing from: {stderr}");
+    }
+}
+
 #[test]
 fn configuration_errors_exit_before_listening() {
     let dir = tempfile::tempdir().expect("tempdir");
 
     // Nothing configured: the message tells every way to configure the proxy.
-    let (code, stderr) = run_proxy_expecting_exit(&[], &[]);
-    assert_eq!(code, Some(64), "{stderr}");
-    for needle in ["KUBECONFIG", "--kube-api-server", "--manifests DIR"] {
-        assert!(stderr.contains(needle), "{needle:?} missing from: {stderr}");
-    }
+    assert_usage_error(
+        &[],
+        &[],
+        &["KUBECONFIG", "--kube-api-server", "--manifests DIR"],
+    );
 
     // A broken KUBECONFIG is an error naming the file, never a fallback.
     let broken = dir.path().join("broken-kubeconfig");
     std::fs::write(&broken, "clusters: [").expect("write");
     let broken = broken.display().to_string();
-    let (code, stderr) = run_proxy_expecting_exit(
+    assert_usage_error(
         &[],
         &[
             ("KUBECONFIG", &broken),
             ("KUBERNETES_SERVICE_HOST", "10.0.0.1"),
         ],
+        &[&broken],
     );
-    assert_eq!(code, Some(64), "{stderr}");
-    assert!(stderr.contains(&broken), "{stderr}");
     let missing = dir.path().join("missing-kubeconfig").display().to_string();
-    let (code, stderr) = run_proxy_expecting_exit(&[], &[("KUBECONFIG", &missing)]);
-    assert_eq!(code, Some(64), "{stderr}");
-    assert!(stderr.contains(&missing), "{stderr}");
+    assert_usage_error(&[], &[("KUBECONFIG", &missing)], &[&missing]);
 
     // Unreadable token and CA files name the flag and the file.
     let token = dir.path().join("no-token").display().to_string();
-    let (code, stderr) = run_proxy_expecting_exit(
+    assert_usage_error(
         &[
             "--kube-api-server",
             "https://127.0.0.1:1",
@@ -191,14 +200,10 @@ fn configuration_errors_exit_before_listening() {
             &token,
         ],
         &[],
-    );
-    assert_eq!(code, Some(64), "{stderr}");
-    assert!(
-        stderr.contains("--kube-token-path") && stderr.contains(&token),
-        "{stderr}"
+        &["--kube-token-path", &token],
     );
     let ca = dir.path().join("no-ca.pem").display().to_string();
-    let (code, stderr) = run_proxy_expecting_exit(
+    assert_usage_error(
         &[
             "--kube-api-server",
             "https://127.0.0.1:1",
@@ -206,11 +211,7 @@ fn configuration_errors_exit_before_listening() {
             &ca,
         ],
         &[],
-    );
-    assert_eq!(code, Some(64), "{stderr}");
-    assert!(
-        stderr.contains("--kube-ca-path") && stderr.contains(&ca),
-        "{stderr}"
+        &["--kube-ca-path", &ca],
     );
 }
 
@@ -235,12 +236,10 @@ async fn an_unreachable_api_server_does_not_block_start_up() {
         ))
         .await
         .expect_err("nothing to fetch");
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
-    assert!(
-        status
-            .message()
-            .contains("cannot reach the Kubernetes API server"),
-        "{status:?}"
+    assert_status(
+        &status,
+        Code::Unavailable,
+        "cannot reach the Kubernetes API server",
     );
     assert!(
         proxy

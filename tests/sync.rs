@@ -5,12 +5,12 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::client::{
-    Client, LegacyClient, client, default_variant, legacy, legacy_client, next, open, v1,
-    with_selector,
+    Client, LegacyClient, assert_status, client, default_variant, legacy, legacy_client, next,
+    open, v1, with_selector,
 };
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
-use tonic::Code;
 use tonic::transport::Channel;
+use tonic::{Code, Streaming};
 
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
 
@@ -24,6 +24,22 @@ async fn manifests_proxy() -> (tempfile::TempDir, Proxy) {
     );
     let proxy = Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await;
     (dir, proxy)
+}
+
+/// `FetchAllFlags` for `selector` (in the header).
+async fn fetch(
+    client: &mut Client,
+    selector: &str,
+) -> Result<v1::FetchAllFlagsResponse, tonic::Status> {
+    client
+        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), selector))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
+/// The variant of `color` in the stream's next message.
+async fn next_color(stream: &mut Streaming<v1::SyncFlagsResponse>) -> String {
+    default_variant(&next(stream).await.flag_configuration, "color")
 }
 
 #[tokio::test]
@@ -82,10 +98,7 @@ async fn body_selector_works_without_header() {
         .await
         .expect("stream")
         .into_inner();
-    assert_eq!(
-        default_variant(&next(&mut stream).await.flag_configuration, "color"),
-        "red"
-    );
+    assert_eq!(next_color(&mut stream).await, "red");
 }
 
 #[tokio::test]
@@ -156,25 +169,16 @@ async fn get_metadata_and_fetch_all_flags() {
             .contains_key("proxy")
     );
 
-    let fetched = client
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), SELECTOR))
-        .await
-        .expect("fetch")
-        .into_inner();
+    let fetched = fetch(&mut client, SELECTOR).await.expect("fetch");
     assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
 
-    let missing = client
-        .fetch_all_flags(with_selector(
-            v1::FetchAllFlagsRequest::default(),
-            "core.openfeature.dev/default/nope",
-        ))
+    let missing = fetch(&mut client, "core.openfeature.dev/default/nope")
         .await
         .expect_err("missing");
-    assert_eq!(missing.code(), Code::NotFound, "{missing:?}");
-    assert!(
-        missing
-            .message()
-            .contains("core.openfeature.dev/default/nope")
+    assert_status(
+        &missing,
+        Code::NotFound,
+        "core.openfeature.dev/default/nope",
     );
 }
 
@@ -258,10 +262,7 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
     let mut stream = open(&mut client, &source)
         .await
         .expect("source= in the header");
-    assert_eq!(
-        default_variant(&next(&mut stream).await.flag_configuration, "color"),
-        "red"
-    );
+    assert_eq!(next_color(&mut stream).await, "red");
     let mut stream = client
         .sync_flags(v1::SyncFlagsRequest {
             provider_id: String::new(),
@@ -272,11 +273,9 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
         .into_inner();
     let first = next(&mut stream).await;
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
-    let fetched = client
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), &source))
+    let fetched = fetch(&mut client, &source)
         .await
-        .expect("fetch with source=")
-        .into_inner();
+        .expect("fetch with source=");
     assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
 
     let status = client
@@ -286,12 +285,11 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
         ))
         .await
         .expect_err("flag sets are refused");
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert!(
-        status
-            .message()
-            .contains("\"source=core.openfeature.dev/<namespace>/<name>\""),
-        "the message names the forms that work: {status:?}"
+    // The message names the forms that work.
+    assert_status(
+        &status,
+        Code::InvalidArgument,
+        "\"source=core.openfeature.dev/<namespace>/<name>\"",
     );
     let status = client
         .sync_flags(with_selector(
@@ -300,10 +298,10 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
         ))
         .await
         .expect_err("unknown keys are refused");
-    assert_eq!(status.code(), Code::InvalidArgument, "{status:?}");
-    assert!(
-        status.message().contains("the accepted keys are `source`"),
-        "{status:?}"
+    assert_status(
+        &status,
+        Code::InvalidArgument,
+        "the accepted keys are `source`",
     );
 }
 
@@ -432,10 +430,7 @@ async fn unix_socket_serves_both_protocols_and_health_and_is_removed_on_shutdown
     let mut stream = open(&mut v1_client, SELECTOR)
         .await
         .expect("flagd.sync.v1 over the socket");
-    assert_eq!(
-        default_variant(&next(&mut stream).await.flag_configuration, "color"),
-        "red"
-    );
+    assert_eq!(next_color(&mut stream).await, "red");
     let mut legacy_client = LegacyClient::new(channel.clone());
     let mut legacy_stream = legacy_client
         .sync_flags(legacy::SyncFlagsRequest {
@@ -458,10 +453,7 @@ async fn unix_socket_serves_both_protocols_and_health_and_is_removed_on_shutdown
     assert_eq!(response.status, ServingStatus::Serving as i32);
 
     write_demo(dir.path(), "blue");
-    assert_eq!(
-        default_variant(&next(&mut stream).await.flag_configuration, "color"),
-        "blue"
-    );
+    assert_eq!(next_color(&mut stream).await, "blue");
     let exit = proxy.terminate().await;
     assert!(exit.success(), "{exit:?}");
     assert!(!socket.exists(), "the socket file is removed on shutdown");
@@ -513,19 +505,11 @@ async fn a_file_in_the_sockets_place_is_never_removed() {
 async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_version() {
     let dir = tempfile::tempdir().expect("tempdir");
     std::fs::write(dir.path().join("broken.yaml"), "apiVersion: [unclosed\n").expect("write");
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "red", &["red", "blue"]),
-    );
+    write_demo(dir.path(), "red");
     let proxy = Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await;
     let mut client = client(&proxy).await;
     let mut stream = open(&mut client, SELECTOR).await.expect("stream");
-    assert_eq!(
-        default_variant(&next(&mut stream).await.flag_configuration, "color"),
-        "red"
-    );
+    assert_eq!(next_color(&mut stream).await, "red");
 
     // A version that fails the checks is not pushed; the next good one is.
     write_manifest(
@@ -549,10 +533,7 @@ async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_versio
     );
     // A new subscriber still gets the last good version.
     let mut late = open(&mut client, SELECTOR).await.expect("stream");
-    assert_eq!(
-        default_variant(&next(&mut late).await.flag_configuration, "color"),
-        "red"
-    );
+    assert_eq!(next_color(&mut late).await, "red");
 
     // A file that stops parsing keeps its resources too.
     std::fs::write(dir.path().join("default-demo.yaml"), "kind: [").expect("write");
@@ -562,20 +543,9 @@ async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_versio
             2.0,
         )
         .await;
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "blue", &["red", "blue"]),
-    );
-    assert_eq!(
-        default_variant(&next(&mut stream).await.flag_configuration, "color"),
-        "blue"
-    );
-    assert_eq!(
-        default_variant(&next(&mut late).await.flag_configuration, "color"),
-        "blue"
-    );
+    write_demo(dir.path(), "blue");
+    assert_eq!(next_color(&mut stream).await, "blue");
+    assert_eq!(next_color(&mut late).await, "blue");
 }
 
 #[tokio::test]

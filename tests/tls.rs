@@ -5,7 +5,7 @@ use flagd_proxy_testkit as support;
 use rustls_pki_types::pem::PemObject;
 
 use support::client::{Client, default_variant, next, open, tls_channel, v1};
-use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
+use support::{Proxy, TestCa, string_flag, write_manifest};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
@@ -142,7 +142,6 @@ async fn expired_certificates_are_reported_and_expiry_is_a_metric() {
 /// --handshake-timeout, like a plain-text one.
 #[tokio::test]
 async fn a_silent_client_after_the_tls_handshake_is_closed() {
-    use tokio::io::AsyncReadExt;
     let ca = TestCa::new();
     let (_dir, proxy) = tls_proxy(&ca, &["--handshake-timeout", "1s"]).await;
     let mut roots = rustls::RootCertStore::empty();
@@ -163,17 +162,7 @@ async fn a_silent_client_after_the_tls_handshake_is_closed() {
         .connect(name, tcp)
         .await
         .expect("the handshake completes");
-    let mut buf = [0u8; 1024];
-    let closed = tokio::time::timeout(EVENT_TIMEOUT, async {
-        loop {
-            match tls.read(&mut buf).await {
-                Ok(0) | Err(_) => return,
-                Ok(_) => {}
-            }
-        }
-    })
-    .await;
-    assert!(closed.is_ok(), "a silent TLS client was kept");
+    support::wait_closed(&mut tls, "a silent TLS client was kept").await;
 }
 
 #[tokio::test]

@@ -101,3 +101,13 @@ pub fn default_variant(flag_configuration: &str, flag: &str) -> String {
         .unwrap_or_else(|| panic!("no string defaultVariant of {flag} in {flag_configuration}"))
         .to_owned()
 }
+
+/// Asserts that `status` has `code` and a message containing `needle`.
+#[track_caller]
+pub fn assert_status(status: &Status, code: tonic::Code, needle: &str) {
+    assert_eq!(status.code(), code, "{status:?}");
+    assert!(
+        status.message().contains(needle),
+        "{needle:?} is not in the message of {status:?}"
+    );
+}

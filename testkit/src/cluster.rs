@@ -64,17 +64,13 @@ fn repo_root() -> PathBuf {
 /// Runs `scripts/build-image.sh` on the binary under test (stripped), writing the image archive
 /// `archive` named `reference`; returns the manifest digest it prints.
 pub fn build_proxy_image(archive: &Path, reference: &str) -> String {
-    let output = Command::new(repo_root().join("scripts/build-image.sh"))
-        .arg(archive)
-        .arg(reference)
-        .env("BINARY", crate::proxy_bin())
-        .env("STRIP", "1")
-        .output()
-        .expect("run scripts/build-image.sh");
-    assert!(
-        output.status.success(),
-        "scripts/build-image.sh: {}",
-        String::from_utf8_lossy(&output.stderr)
+    let output = run_ok(
+        Command::new(repo_root().join("scripts/build-image.sh"))
+            .arg(archive)
+            .arg(reference)
+            .env("BINARY", crate::proxy_bin())
+            .env("STRIP", "1"),
+        "scripts/build-image.sh",
     );
     String::from_utf8_lossy(&output.stdout).trim().to_owned()
 }
@@ -434,14 +430,9 @@ impl Cluster {
 
     /// Gives the image `src` in the node's containerd the extra name `dst`.
     pub fn tag_image(&self, src: &str, dst: &str) {
-        let output = Command::new(repo_root().join("scripts/cluster.sh"))
-            .args(["tag", src, dst])
-            .output()
-            .unwrap_or_else(|e| panic!("run scripts/cluster.sh tag: {e}"));
-        assert!(
-            output.status.success(),
-            "scripts/cluster.sh tag {src} {dst}: {}",
-            String::from_utf8_lossy(&output.stderr)
+        run_ok(
+            Command::new(repo_root().join("scripts/cluster.sh")).args(["tag", src, dst]),
+            &format!("scripts/cluster.sh tag {src} {dst}"),
         );
     }
 
@@ -462,15 +453,11 @@ impl Cluster {
                 key.clone(),
             ],
         ] {
-            let output = Command::new(&script)
-                .args(&args)
-                .env("FLAGD_PROXY_KUBE_BIN_DIR", bin_dir())
-                .output()
-                .unwrap_or_else(|e| panic!("run scripts/cluster.sh {args:?}: {e}"));
-            assert!(
-                output.status.success(),
-                "scripts/cluster.sh {args:?}: {}",
-                String::from_utf8_lossy(&output.stderr)
+            run_ok(
+                Command::new(&script)
+                    .args(&args)
+                    .env("FLAGD_PROXY_KUBE_BIN_DIR", bin_dir()),
+                &format!("scripts/cluster.sh {args:?}"),
             );
         }
         images.insert(key);
@@ -552,15 +539,23 @@ impl Cluster {
 }
 
 fn run_script(script: &str, args: &[&str]) {
-    let output = Command::new(repo_root().join(script))
-        .args(args)
+    run_ok(
+        Command::new(repo_root().join(script)).args(args),
+        &format!("{script} {args:?}"),
+    );
+}
+
+/// Runs `command` (`what` names it in panics) and asserts that it succeeded; its output.
+fn run_ok(command: &mut Command, what: &str) -> std::process::Output {
+    let output = command
         .output()
-        .unwrap_or_else(|e| panic!("run {script}: {e}"));
+        .unwrap_or_else(|e| panic!("run {what}: {e}"));
     assert!(
         output.status.success(),
-        "{script} {args:?}: {}",
+        "{what}: {}",
         String::from_utf8_lossy(&output.stderr)
     );
+    output
 }
 
 /// Calls `check` every half second until it succeeds; the last error after `timeout`.

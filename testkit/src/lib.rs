@@ -474,3 +474,20 @@ impl Default for TestCa {
         Self::new()
     }
 }
+
+/// Reads from `stream` until the proxy closes it (end of stream or an error); panics with
+/// `kept` when it stays open for [`EVENT_TIMEOUT`].
+pub async fn wait_closed<S: tokio::io::AsyncRead + Unpin>(stream: &mut S, kept: &str) {
+    use tokio::io::AsyncReadExt;
+    let closed = tokio::time::timeout(EVENT_TIMEOUT, async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(closed.is_ok(), "{kept}");
+}
