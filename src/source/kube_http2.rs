@@ -102,6 +102,44 @@ struct Shared {
 struct Connection {
     client: HyperClient<Connector, Body>,
     load: Load,
+    opened: Arc<Opened>,
+}
+
+/// Whether a connection's first request has its answer. Until then its protocol (HTTP/2, by
+/// ALPN) is not known, and hyper opens another socket for every request that arrives meanwhile;
+/// so the requests placed on a new connection wait for the first one.
+#[derive(Default)]
+struct Opened {
+    done: std::sync::atomic::AtomicBool,
+    notify: Notify,
+}
+
+impl Opened {
+    fn set(&self) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+        self.notify.notify_waiters();
+    }
+
+    async fn wait(&self) {
+        loop {
+            let notified = self.notify.notified();
+            let mut notified = std::pin::pin!(notified);
+            notified.as_mut().enable();
+            if self.done.load(std::sync::atomic::Ordering::Acquire) {
+                return;
+            }
+            notified.await;
+        }
+    }
+}
+
+/// A place for a request on a connection.
+struct Picked {
+    client: HyperClient<Connector, Body>,
+    in_flight: InFlight,
+    opened: Arc<Opened>,
+    /// This request opens the connection: the others wait for its answer.
+    opens: bool,
 }
 
 /// The requests in flight on one connection (responses, body included, not finished).
@@ -165,7 +203,7 @@ fn place(loads: impl IntoIterator<Item = Load>) -> Placement {
 
 impl Pool {
     /// A connection for a request, counted against it until the returned guard is dropped.
-    async fn pick(&self, lifetime: Lifetime) -> (HyperClient<Connector, Body>, InFlight) {
+    async fn pick(&self, lifetime: Lifetime) -> Picked {
         loop {
             let ended = self.shared.ended.notified();
             let mut ended = std::pin::pin!(ended);
@@ -178,8 +216,9 @@ impl Pool {
         }
     }
 
-    fn try_pick(&self, lifetime: Lifetime) -> Option<(HyperClient<Connector, Body>, InFlight)> {
+    fn try_pick(&self, lifetime: Lifetime) -> Option<Picked> {
         let mut connections = lock(&self.shared.connections);
+        let mut opens = false;
         let index = match place(connections.iter().map(|c| c.load)) {
             Placement::Use(index) => index,
             Placement::Wait => return None,
@@ -194,7 +233,9 @@ impl Pool {
                 connections.push(Connection {
                     client,
                     load: Load::default(),
+                    opened: Arc::default(),
                 });
+                opens = true;
                 connections.len() - 1
             }
         };
@@ -208,7 +249,12 @@ impl Pool {
             index,
             lifetime,
         };
-        Some((connection.client.clone(), guard))
+        Some(Picked {
+            client: connection.client.clone(),
+            in_flight: guard,
+            opened: connection.opened.clone(),
+            opens,
+        })
     }
 }
 
@@ -252,11 +298,17 @@ impl tower::Service<Request<Body>> for Pool {
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let pool = self.clone();
         Box::pin(async move {
-            let (client, in_flight) = pool.pick(Lifetime::of(&request)).await;
-            let response = client.request(request).await?;
-            Ok(response.map(|body| CountedBody {
+            let picked = pool.pick(Lifetime::of(&request)).await;
+            if !picked.opens {
+                picked.opened.wait().await;
+            }
+            let response = picked.client.request(request).await;
+            if picked.opens {
+                picked.opened.set();
+            }
+            Ok(response?.map(|body| CountedBody {
                 body,
-                _in_flight: in_flight,
+                _in_flight: picked.in_flight,
             }))
         })
     }
