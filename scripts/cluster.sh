@@ -518,6 +518,10 @@ case "${1:-}" in
       exit 1
     fi
     echo "READY $D"
+    # Nothing more for the caller, who stops reading when it exits: whatever the teardown prints
+    # goes to the log, and neither a closed pipe nor a signal from the caller's end stops it.
+    exec >&2
+    trap '' HUP INT TERM PIPE
     # Held open by the caller; EOF (the caller exited, however it exited) means tear down.
     cat >/dev/null || true
     log "tearing down"
