@@ -147,7 +147,9 @@ kill_cgroup_procs() {
   local sig="$1" f
   for f in /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/memory/kubepods /sys/fs/cgroup/kubepods; do
     [[ -d "$f" ]] || continue
-    find "$f" -name cgroup.procs -exec cat {} + 2>/dev/null | sort -u | while read -r pid; do
+    # Cgroups go away while they are read (their processes die): `find` then fails, which under
+    # `set -e` and `pipefail` would end the whole teardown here.
+    { find "$f" -name cgroup.procs -exec cat {} + 2>/dev/null || true; } | sort -u | while read -r pid; do
       kill "-$sig" "$pid" 2>/dev/null || true
     done
   done
