@@ -982,3 +982,52 @@ async fn a_client_that_stops_reading_is_disconnected() {
         .await;
     scene.assert_healthy().await;
 }
+
+/// Opens a call on `path` whose request headers go out but whose message never does, and
+/// returns the status it ends with (in its response headers or in its trailers).
+async fn call_without_its_message(channel: Channel, path: &'static str) -> tonic::Status {
+    let mut grpc = tonic::client::Grpc::new(channel);
+    grpc.ready().await.expect("the channel is ready");
+    let request = tonic::Request::new(futures::stream::pending::<v1::SyncFlagsRequest>());
+    let call = async {
+        let response = grpc
+            .streaming(
+                request,
+                http::uri::PathAndQuery::from_static(path),
+                tonic_prost::ProstCodec::<v1::SyncFlagsRequest, v1::SyncFlagsResponse>::default(),
+            )
+            .await;
+        match response {
+            Err(status) => status,
+            Ok(response) => match response.into_inner().message().await {
+                Err(status) => status,
+                Ok(message) => panic!("{path} answered a call without a request: {message:?}"),
+            },
+        }
+    };
+    tokio::time::timeout(EVENT_TIMEOUT, call)
+        .await
+        .unwrap_or_else(|_| panic!("{path}: a call whose request never came did not end"))
+}
+
+/// A call whose request message never arrives ends at --request-timeout with DEADLINE_EXCEEDED
+/// and a message naming the limit: SyncFlags of both protocols, and a unary method; the
+/// subscribers are served meanwhile and after.
+#[tokio::test]
+async fn a_request_message_that_never_arrives_ends_with_deadline_exceeded() {
+    let mut scene = Scene::start_with(&["--request-timeout", "1s"]).await;
+    for path in [
+        "/flagd.sync.v1.FlagSyncService/SyncFlags",
+        "/sync.v1.FlagSyncService/SyncFlags",
+        "/flagd.sync.v1.FlagSyncService/FetchAllFlags",
+    ] {
+        let status = call_without_its_message(scene.channel().await, path).await;
+        assert_status(
+            &status,
+            Code::DeadlineExceeded,
+            "the request message did not arrive within 1s (--request-timeout)",
+        );
+        scene.change().await;
+    }
+    scene.assert_healthy().await;
+}

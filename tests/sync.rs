@@ -67,12 +67,24 @@ async fn header_selector_stream_gets_snapshot_then_each_real_change() {
         Some(prost_types::value::Kind::StringValue(SELECTOR.into()))
     );
 
-    // Rewriting identical content is not a change; the next message is the real change.
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "red", &["red", "blue", "green"]),
+    // Updating the resource so that its flag configuration stays byte-identical is not a
+    // change: no new version, no message; the next message is the real change.
+    let served = demo_status(&proxy).await["version"].clone();
+    let red = string_flag("color", "red", &["red", "blue", "green"]);
+    // A label only, with a second resource in the same file: once that one reaches its
+    // subscriber, the proxy has read this version of the file.
+    let mut marker = open(&mut client, MARKER).await.expect("marker stream");
+    write_labelled(dir.path(), red.clone(), "1", true);
+    assert_eq!(next_color(&mut marker).await, "here");
+    // A version that fails the checks (its flags are not an object), then the same flags as
+    // before: once the resource shows as present again, the proxy has taken that update in.
+    write_manifest(dir.path(), "default", "demo", json!("not an object"));
+    wait_for_demo(&proxy, "invalid").await;
+    write_labelled(dir.path(), red, "2", false);
+    let status = wait_for_demo(&proxy, "present").await;
+    assert_eq!(
+        status["version"], served,
+        "identical content became a new version: {status}"
     );
     write_manifest(
         dir.path(),
@@ -81,8 +93,68 @@ async fn header_selector_stream_gets_snapshot_then_each_real_change() {
         string_flag("color", "blue", &["red", "blue", "green"]),
     );
     let second = next(&mut stream).await;
-    assert_eq!(default_variant(&second.flag_configuration, "color"), "blue");
+    assert_eq!(
+        default_variant(&second.flag_configuration, "color"),
+        "blue",
+        "the identical content was sent again"
+    );
     assert!(second.sync_context.is_some());
+}
+
+/// A resource the identical-content check watches to know when the proxy has read a file.
+const MARKER: &str = "core.openfeature.dev/default/marker";
+
+/// Writes `default/demo` with `flags` and a label `edit: <edit>` (the file and the resource
+/// change, the flag configuration does not), and with `marker`, `default/marker` in the same
+/// file.
+fn write_labelled(dir: &std::path::Path, flags: serde_json::Value, edit: &str, marker: bool) {
+    let mut demo = support::feature_flag("default", "demo", flags);
+    demo["metadata"]["labels"] = json!({ "edit": edit });
+    let mut items = vec![demo];
+    if marker {
+        let color = string_flag("color", "here", &["here"]);
+        items.push(support::feature_flag("default", "marker", color));
+    }
+    let list = json!({"apiVersion": "v1", "kind": "List", "items": items});
+    // JSON is YAML: this replaces the file write_manifest writes.
+    support::write_atomically(
+        &dir.join("default-demo.yaml"),
+        &serde_json::to_string(&list).expect("json"),
+    );
+}
+
+/// `default/demo` as the management port's `/status` shows it.
+async fn demo_status(proxy: &Proxy) -> serde_json::Value {
+    let (code, body) = support::http_get(proxy.management_port, "/status")
+        .await
+        .expect("/status answers");
+    assert_eq!(code, 200, "{body}");
+    let status: serde_json::Value = serde_json::from_str(&body).expect("/status is JSON");
+    status["resources"]
+        .as_array()
+        .and_then(|resources| {
+            resources
+                .iter()
+                .find(|r| r["selector"] == SELECTOR)
+                .cloned()
+        })
+        .unwrap_or_else(|| panic!("{SELECTOR} is not in {status}"))
+}
+
+/// Waits until `/status` shows `default/demo` with this availability; what it shows then.
+async fn wait_for_demo(proxy: &Proxy, availability: &str) -> serde_json::Value {
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    loop {
+        let status = demo_status(proxy).await;
+        if status["availability"] == availability {
+            return status;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{SELECTOR} never became {availability}: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 #[tokio::test]

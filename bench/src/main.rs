@@ -8,6 +8,12 @@
 //! and CPU time, and, with `--storm`, how it takes every subscriber reconnecting at once (see
 //! `storm.rs`). Prints a Markdown table and can write JSON.
 //!
+//! A run that finds the proxy under test incorrect (a subscriber missed an update, ended on an old
+//! version or lost its stream; or the run itself failed) still prints and writes its report, then
+//! names each scenario and what was wrong on standard error and exits with status 1. The proxy
+//! under test is this project's proxy (the Go flagd-proxy with `--only-go`); the peers measured
+//! beside it are reported the same way but do not change the exit status (see `verdict.rs`).
+//!
 //! The load generator shares the machine with the proxy, so it is kept cheap: one tokio runtime,
 //! one task per stream, and responses are not decoded: the sequence number every version carries
 //! is found by searching the raw message bytes.
@@ -16,7 +22,7 @@ use std::collections::BTreeMap;
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitCode, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -47,6 +53,7 @@ mod sitting;
 mod sources;
 mod storm;
 mod targets;
+mod verdict;
 
 use args::*;
 use load::*;
@@ -58,6 +65,7 @@ use scenario::*;
 use sitting::*;
 use sources::*;
 use targets::*;
+use verdict::*;
 
 const SYNC_PATH: &str = "/flagd.sync.v1.FlagSyncService/SyncFlags";
 /// Every version carries its sequence number as `"benchSeq":<n>` in a flag's metadata.
@@ -70,7 +78,7 @@ const NO_SEQ: u64 = u64::MAX;
 /// proxy that has stopped serving does not hold the run for every timeout.
 const GIVE_UP_AFTER: u64 = 3;
 
-fn main() -> anyhow::Result<()> {
+fn main() -> anyhow::Result<ExitCode> {
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some(floor::FLOOR_COMMAND) {
         let number = |i: usize| -> anyhow::Result<usize> {
@@ -80,7 +88,7 @@ fn main() -> anyhow::Result<()> {
                 .parse()?)
         };
         floor::serve(u16::try_from(number(2)?)?, number(3)?)?;
-        return Ok(());
+        return Ok(ExitCode::SUCCESS);
     }
     let mut args = Args::parse();
     args.apply_smoke();
@@ -95,23 +103,23 @@ fn main() -> anyhow::Result<()> {
         .worker_threads(args.threads.max(1))
         .enable_all()
         .build()?;
-    let ok = runtime.block_on(run(args))?;
+    let verdict = runtime.block_on(run(args))?;
     // Subscriber tasks may still be parked; do not wait for them.
     runtime.shutdown_background();
-    if !ok {
-        std::process::exit(1);
+    for message in verdict.messages() {
+        eprintln!("flagd-proxy-bench: {message}");
     }
-    Ok(())
+    Ok(ExitCode::from(verdict.exit_code()))
 }
 
-async fn run(args: Args) -> anyhow::Result<bool> {
+/// Runs every scenario against every proxy, prints and writes the report; what it found.
+async fn run(args: Args) -> anyhow::Result<Verdict> {
     let (kinds, go_note) = proxies(&args)?;
     let workdir = std::env::temp_dir().join(format!("flagd-proxy-bench-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
     let load_before = loadavg();
     let started = Instant::now();
     let mut runs = Vec::new();
-    let mut ok = true;
     // The floor does not depend on the source: one run per payload serves every source.
     let mut floors: BTreeMap<usize, RunResult> = BTreeMap::new();
     for scenario in scenarios(&args) {
@@ -119,7 +127,6 @@ async fn run(args: Args) -> anyhow::Result<bool> {
             args: &args,
             workdir: &workdir,
             floors: &mut floors,
-            ok: &mut ok,
         };
         runs.push(sitting.run(scenario, &kinds, go_note.is_some()).await);
     }
@@ -130,7 +137,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
         load_after: loadavg(),
         machine: machine(),
         seconds: started.elapsed().as_secs_f64(),
-        ok,
+        verdict: Verdict::of(&runs, &args),
     };
     let report = summary.markdown(&runs);
     println!("{report}");
@@ -146,7 +153,7 @@ async fn run(args: Args) -> anyhow::Result<bool> {
     } else {
         let _ = std::fs::remove_dir_all(&workdir);
     }
-    Ok(ok)
+    Ok(summary.verdict)
 }
 
 #[cfg(test)]

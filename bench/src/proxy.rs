@@ -40,6 +40,14 @@ impl Kind {
         }
     }
 
+    /// The label, with the Go proxy's column name as `--go-label` gives it.
+    pub(crate) fn label_in(self, args: &Args) -> &str {
+        match self {
+            Kind::Go => &args.go_label,
+            _ => self.label(),
+        }
+    }
+
     pub(crate) fn key(self) -> &'static str {
         match self {
             Kind::Rust => "rust",

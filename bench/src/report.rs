@@ -44,6 +44,8 @@ pub(crate) struct ScenarioRuns {
     pub(crate) scenario: Scenario,
     pub(crate) results: BTreeMap<&'static str, RunResult>,
     pub(crate) skipped: BTreeMap<&'static str, String>,
+    /// Why a proxy's run failed, by proxy key.
+    pub(crate) failed: BTreeMap<&'static str, String>,
 }
 
 pub(crate) type Getter = fn(&RunResult) -> Option<f64>;
@@ -375,6 +377,9 @@ pub(crate) fn markdown_table(
             out.push_str(&format!("\n{key}: {note}\n"));
         }
     }
+    for (key, error) in &runs.failed {
+        out.push_str(&format!("\n{key}: the run failed: {error}\n"));
+    }
     out.push('\n');
     out
 }
@@ -387,7 +392,7 @@ pub(crate) struct Summary<'a> {
     pub(crate) load_after: String,
     pub(crate) machine: Value,
     pub(crate) seconds: f64,
-    pub(crate) ok: bool,
+    pub(crate) verdict: Verdict,
 }
 
 impl Summary<'_> {
@@ -428,11 +433,7 @@ impl Summary<'_> {
             ));
         }
         report.push_str(&targets(runs));
-        report.push_str(if self.ok {
-            "Correctness (this project's proxy): every subscriber got every paced update and ended on the final version.\n"
-        } else {
-            "Correctness (this project's proxy): **FAILED** (see the table: missed updates, stale subscribers or broken streams).\n"
-        });
+        report.push_str(&self.verdict.markdown());
         report
     }
 
@@ -452,6 +453,7 @@ impl Summary<'_> {
                     "streams_per_connection": args.streams_per_connection,
                     "results": run.results,
                     "skipped": run.skipped,
+                    "failed": run.failed,
                 })
             })
             .collect();
@@ -470,7 +472,8 @@ impl Summary<'_> {
                 "smoke": args.smoke,
             },
             "go_note": self.go_note,
-            "correct": self.ok,
+            "correct": self.verdict.ok(),
+            "failures": self.verdict.failures,
             "scenarios": scenarios,
         })
     }

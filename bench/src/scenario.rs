@@ -12,6 +12,20 @@ pub(crate) struct Scenario {
     pub(crate) tls: bool,
 }
 
+impl Scenario {
+    /// How the progress lines and the verdict name the scenario.
+    pub(crate) fn label(&self) -> String {
+        format!(
+            "{} subscribers, {} resource(s), {} B payload, {} source{}",
+            self.subscribers,
+            self.resources,
+            self.payload,
+            self.source.label(),
+            if self.tls { ", TLS" } else { "" }
+        )
+    }
+}
+
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub(crate) struct Stats {
     pub(crate) samples: usize,
@@ -97,20 +111,77 @@ pub(crate) struct RunResult {
 
 impl RunResult {
     /// What this proxy promises: every subscriber gets every paced update and ends on the final
-    /// version, and no stream breaks.
-    pub(crate) fn correct(&self, subscribers: usize) -> bool {
-        self.subscribers_connected == subscribers
-            && self.updates_incomplete == 0
-            && self.stale_after_settle == 0
-            && self.stream_errors == 0
-            && self.unparsed_messages == 0
-            && self.first_snapshot_failures == 0
-            && self.cold_first_snapshot_failures == 0
-            && !self.killed_for_rss
-            && self
-                .storm
-                .as_ref()
-                .is_none_or(|s| s.gave_up == 0 && s.witness_stream_errors == 0)
+    /// version, and no stream breaks. Each way this run broke the promise, in words; none when
+    /// it kept it.
+    pub(crate) fn problems(&self, subscribers: usize) -> Vec<String> {
+        let mut problems = Vec::new();
+        if self.subscribers_connected != subscribers {
+            problems.push(format!(
+                "{} of {subscribers} subscribers connected",
+                self.subscribers_connected
+            ));
+        }
+        let mut count = |n: u64, what: String| {
+            if n > 0 {
+                problems.push(what);
+            }
+        };
+        count(
+            self.updates_incomplete,
+            format!(
+                "{} paced update(s) did not reach every subscriber ({} subscriber-versions missed)",
+                self.updates_incomplete, self.subscriber_versions_missed
+            ),
+        );
+        count(
+            self.stale_after_settle as u64,
+            format!(
+                "{} subscriber(s) not on the final version after the burst",
+                self.stale_after_settle
+            ),
+        );
+        count(
+            self.stream_errors,
+            format!("{} stream error(s)", self.stream_errors),
+        );
+        count(
+            self.unparsed_messages,
+            format!(
+                "{} message(s) without a version number",
+                self.unparsed_messages
+            ),
+        );
+        count(
+            self.first_snapshot_failures as u64,
+            format!(
+                "{} new subscriber(s) got no first snapshot",
+                self.first_snapshot_failures
+            ),
+        );
+        count(
+            self.cold_first_snapshot_failures as u64,
+            format!(
+                "{} new resource(s) got no first snapshot",
+                self.cold_first_snapshot_failures
+            ),
+        );
+        if let Some(storm) = &self.storm {
+            count(
+                storm.gave_up as u64,
+                format!("storm: {} subscriber(s) never served again", storm.gave_up),
+            );
+            count(
+                storm.witness_stream_errors,
+                format!(
+                    "storm: {} connected stream(s) broken",
+                    storm.witness_stream_errors
+                ),
+            );
+        }
+        if self.killed_for_rss {
+            problems.push("killed for going over --max-rss-mib".to_owned());
+        }
+        problems
     }
 }
 
@@ -167,10 +238,7 @@ pub(crate) async fn run_one(
     };
     let guard = RssGuard::spawn(proxy.pid, args.max_rss_mib);
     let result = RunResult {
-        proxy: match kind {
-            Kind::Go => args.go_label.clone(),
-            _ => kind.label().to_owned(),
-        },
+        proxy: kind.label_in(args).to_owned(),
         document_bytes: sources.document_bytes(),
         ..RunResult::default()
     };

@@ -1,7 +1,10 @@
 //! The benchmark program still runs end to end, and this proxy passes its correctness checks
 //! (every subscriber gets every paced update and ends on the final version of a burst), with
-//! both sources: manifest files, and FeatureFlag resources on the test control plane. The smoke
-//! runs report timings but assert none.
+//! both sources: manifest files, and FeatureFlag resources on the test control plane. A proxy
+//! that misses updates fails the run. The smoke runs report timings but assert none.
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
 use flagd_proxy_testkit::control_plane::{ControlPlaneError, bin_dir, find_binaries};
 use flagd_proxy_testkit::proxy_bin;
 
@@ -45,4 +48,92 @@ fn benchmark_smoke_run_on_kubernetes_passes_its_checks() {
         return;
     }
     smoke("kubernetes", &["--source", "kubernetes"]);
+}
+
+/// A folder of its own under cargo's temporary folder, removed on drop.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `path` quoted for bash.
+fn quoted(path: &Path) -> String {
+    format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
+}
+
+/// This proxy behind a wrapper that hands it a copy of its manifests directory taken at start:
+/// it serves the first version and never sees an update. The run must fail after printing and
+/// writing its report, and say on standard error which proxy was wrong, in which scenario, and
+/// how.
+#[test]
+fn benchmark_smoke_run_fails_when_the_proxy_misses_updates() {
+    let scratch = Scratch(
+        Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("bench-frozen-proxy-{}", std::process::id())),
+    );
+    std::fs::create_dir_all(&scratch.0).expect("scratch folder");
+    let wrapper = scratch.0.join("frozen-flagd-proxy");
+    let script = format!(
+        r#"#!/usr/bin/env bash
+set -euo pipefail
+args=()
+while [[ $# -gt 0 ]]; do
+  if [[ $1 == --manifests ]]; then
+    frozen="$(mktemp -d -p {scratch})"
+    cp -R "$2/." "$frozen/"
+    args+=(--manifests "$frozen")
+    shift 2
+  else
+    args+=("$1")
+    shift
+  fi
+done
+exec {proxy} "${{args[@]}}"
+"#,
+        scratch = quoted(&scratch.0),
+        proxy = quoted(&proxy_bin()),
+    );
+    std::fs::write(&wrapper, script).expect("write the wrapper");
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
+        .expect("make the wrapper executable");
+    let markdown = scratch.0.join("report.md");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
+        .args([
+            "--smoke",
+            "--no-floor",
+            "--update-timeout",
+            "1s",
+            "--proxy-bin",
+        ])
+        .arg(&wrapper)
+        .arg("--markdown")
+        .arg(&markdown)
+        .output()
+        .expect("run flagd-proxy-bench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let context = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(output.status.code(), Some(1), "{context}");
+    // The report is still printed and written, with its table and the verdict.
+    assert!(
+        stdout.contains("B document, files source") && stdout.contains("**FAILED**"),
+        "{context}"
+    );
+    let written = std::fs::read_to_string(&markdown).expect("the report is written");
+    assert!(written.contains("**FAILED**"), "{written}");
+    // Standard error names the proxy, the scenario and what was wrong.
+    let verdict = stderr
+        .lines()
+        .find(|line| line.starts_with("flagd-proxy-bench: FAILED: "))
+        .unwrap_or_else(|| panic!("no failure named on standard error:\n{context}"));
+    for needle in [
+        "flagd-proxy (Rust)",
+        "50 subscribers, 1 resource(s), 1024 B payload, files source",
+        "3 paced update(s) did not reach every subscriber",
+    ] {
+        assert!(verdict.contains(needle), "{needle:?} not in {verdict:?}");
+    }
 }
