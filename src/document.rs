@@ -1,10 +1,26 @@
 //! The document: a `FeatureFlag` resource turned into the flag configuration JSON that flagd
-//! clients parse, and the structural checks that keep a broken resource from reaching them.
+//! clients parse, and the checks that keep a broken resource from reaching them.
 //!
 //! The output matches what flagd's own Kubernetes sync produces:
 //! `{"flags": {...}, "metadata": ..., "$evaluators": ...}`, with exactly the keys `state`,
 //! `variants`, `defaultVariant` (always a string), `targeting` and `metadata` per flag. Some
 //! clients reject a whole payload for one unknown key, so nothing else is passed through.
+//!
+//! The checks come in two kinds:
+//!
+//! - [`DocumentError`]: problems that break a client's parser or make the whole payload unusable
+//!   (not an object, `flags` or `$evaluators` not an object, a flag whose `state`, `variants`,
+//!   `defaultVariant`, `metadata` or `targeting` has the wrong shape, a `defaultVariant` that is
+//!   not one of the flag's variants, metadata that is not flat, nesting deeper than
+//!   [`MAX_DEPTH`]). Such a version is refused.
+//! - [`DocumentWarning`]: problems that flagd tolerates when it loads a document and reports
+//!   for one flag only, when that flag is evaluated (a targeting rule with an operator this
+//!   proxy does not know, a reference to a shared evaluator that is not defined). Such a version
+//!   is served as it is, and the warnings are told to whoever edits the resource. The proxy
+//!   never refuses an operator it does not know: a newer flagd may know it.
+use std::collections::BTreeSet;
+use std::fmt;
+
 use serde_json::{Map, Value};
 
 /// The keys of a flag in a converted document: all that clients get.
@@ -19,8 +35,9 @@ pub const FLAG_KEYS: &[&str] = &[
 pub const DOCUMENT_KEYS: &[&str] = &["flags", "metadata", "$evaluators"];
 
 /// JsonLogic operators flagd understands, plus its own (`fractional`, `sem_ver`, `starts_with`,
-/// `ends_with`) and evaluator references (`$ref`).
-const OPERATORS: &[&str] = &[
+/// `ends_with`) and evaluator references (`$ref`). Only used to warn: an operator missing here
+/// may be one that a newer flagd knows, so it never makes a document invalid.
+const KNOWN_OPERATORS: &[&str] = &[
     "!",
     "!!",
     "!=",
@@ -82,6 +99,76 @@ pub enum DocumentError {
     TooDeep,
 }
 
+/// A problem that flagd tolerates when it loads a document and reports for the flags concerned
+/// only, when they are evaluated. A document with warnings is served as it is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DocumentWarning {
+    pub place: Place,
+    pub problem: Problem,
+}
+
+/// Where a [`DocumentWarning`] is.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Place {
+    /// A flag's targeting rule.
+    Flag(String),
+    /// A shared evaluator in `$evaluators`, which the flags that refer to it use.
+    Evaluator(String),
+}
+
+/// What a [`DocumentWarning`] is about.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Problem {
+    /// Operators this proxy does not know (each once, sorted). Clients that do not know them
+    /// either evaluate the flags concerned to `PARSE_ERROR`; a newer flagd may know them.
+    UnknownOperators(Vec<String>),
+    /// `$ref`s to shared evaluators that `$evaluators` does not define (each once, sorted).
+    UndefinedEvaluators(Vec<String>),
+}
+
+impl fmt::Display for DocumentWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (subject, evaluated) = match &self.place {
+            Place::Flag(flag) => (format!("flag {flag:?}: targeting"), "this flag"),
+            Place::Evaluator(name) => (
+                format!("evaluator {name:?}"),
+                "the flags that use this evaluator",
+            ),
+        };
+        match &self.problem {
+            Problem::UnknownOperators(operators) => write!(
+                f,
+                "{subject} uses {}, which this proxy does not know; clients that do not know {} \
+                 either evaluate {evaluated} to PARSE_ERROR",
+                quoted("operator", operators),
+                if operators.len() == 1 { "it" } else { "them" },
+            ),
+            Problem::UndefinedEvaluators(names) => write!(
+                f,
+                "{subject} refers to {}, which $evaluators does not define; clients cannot \
+                 evaluate {evaluated} (they answer with an error and the caller's default)",
+                quoted("evaluator", names),
+            ),
+        }
+    }
+}
+
+/// `operator "a"`, or `operators "a", "b"`.
+fn quoted(noun: &str, names: &[String]) -> String {
+    let list: Vec<String> = names.iter().map(|name| format!("{name:?}")).collect();
+    let plural = if names.len() == 1 { "" } else { "s" };
+    format!("{noun}{plural} {}", list.join(", "))
+}
+
+/// A flag configuration document made from a resource, and what clients will report about it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Converted {
+    /// The flag configuration JSON clients get.
+    pub document: String,
+    /// Problems clients report per flag; the document is served all the same.
+    pub warnings: Vec<DocumentWarning>,
+}
+
 /// The deepest nesting of objects and arrays accepted in a resource or document, from every
 /// source (flag configurations in practice stay within a dozen or two levels).
 pub const MAX_DEPTH: usize = 64;
@@ -102,8 +189,9 @@ pub fn depth(value: &Value) -> usize {
     deepest
 }
 
-/// Builds the flag configuration document from a `FeatureFlag` resource (as JSON) and checks it.
-pub fn from_resource(resource: &Value) -> Result<String, DocumentError> {
+/// Builds the flag configuration document from a `FeatureFlag` resource (as JSON) and checks it:
+/// an error if clients cannot use it, else the document and its warnings.
+pub fn convert(resource: &Value) -> Result<Converted, DocumentError> {
     if depth(resource) > MAX_DEPTH {
         return Err(DocumentError::TooDeep);
     }
@@ -112,8 +200,16 @@ pub fn from_resource(resource: &Value) -> Result<String, DocumentError> {
         .and_then(Value::as_object)
         .ok_or(DocumentError::MissingFlagSpec)?;
     let document = from_flag_spec(flag_spec)?;
-    validate(&document)?;
-    Ok(document.to_string())
+    let warnings = check(&document)?;
+    Ok(Converted {
+        document: document.to_string(),
+        warnings,
+    })
+}
+
+/// [`convert`], for callers that need the document only.
+pub fn from_resource(resource: &Value) -> Result<String, DocumentError> {
+    convert(resource).map(|converted| converted.document)
 }
 
 fn from_flag_spec(spec: &Map<String, Value>) -> Result<Value, DocumentError> {
@@ -167,8 +263,9 @@ fn from_flag_spec(spec: &Map<String, Value>) -> Result<Value, DocumentError> {
     Ok(Value::Object(document))
 }
 
-/// Checks a flag configuration document against the structure flagd clients rely on.
-pub fn validate(document: &Value) -> Result<(), DocumentError> {
+/// Checks a flag configuration document against the structure flagd clients rely on: an error
+/// if clients cannot use it, else the problems they report per flag when they evaluate it.
+pub fn check(document: &Value) -> Result<Vec<DocumentWarning>, DocumentError> {
     if depth(document) > MAX_DEPTH {
         return Err(DocumentError::TooDeep);
     }
@@ -177,28 +274,37 @@ pub fn validate(document: &Value) -> Result<(), DocumentError> {
         Some(Value::Object(flags)) => flags,
         _ => return Err(DocumentError::FlagsNotAnObject),
     };
+    let evaluators = match document.get("$evaluators") {
+        None => None,
+        Some(Value::Object(evaluators)) => Some(evaluators),
+        Some(other) => {
+            return Err(DocumentError::InvalidEvaluators {
+                reason: format!("found {}", kind(other)),
+            });
+        }
+    };
+    let mut warnings = Warnings {
+        evaluators,
+        found: Vec::new(),
+    };
     for (key, flag) in flags {
-        validate_flag(key, flag)?;
+        validate_flag(key, flag, &mut warnings)?;
     }
     if let Some(metadata) = document.get("metadata") {
         check_metadata(metadata).map_err(|reason| DocumentError::InvalidMetadata { reason })?;
     }
-    if let Some(evaluators) = document.get("$evaluators") {
-        let Value::Object(evaluators) = evaluators else {
-            return Err(DocumentError::InvalidEvaluators {
-                reason: format!("found {}", kind(evaluators)),
-            });
-        };
-        for (name, rule) in evaluators {
-            check_rule(rule).map_err(|reason| DocumentError::InvalidEvaluators {
-                reason: format!("{name:?}: {reason}"),
-            })?;
-        }
+    for (name, rule) in evaluators.into_iter().flatten() {
+        warnings.rule(Place::Evaluator(name.clone()), rule);
     }
-    Ok(())
+    Ok(warnings.found)
 }
 
-fn validate_flag(key: &str, flag: &Value) -> Result<(), DocumentError> {
+/// Whether clients can use a flag configuration document ([`check`] without its warnings).
+pub fn validate(document: &Value) -> Result<(), DocumentError> {
+    check(document).map(drop)
+}
+
+fn validate_flag(key: &str, flag: &Value, warnings: &mut Warnings) -> Result<(), DocumentError> {
     if key.is_empty() {
         return Err(invalid(key, "flag keys must not be empty"));
     }
@@ -237,8 +343,7 @@ fn validate_flag(key: &str, flag: &Value) -> Result<(), DocumentError> {
     }
     if let Some(targeting) = flag.get("targeting") {
         match targeting {
-            Value::Object(_) => check_rule(targeting)
-                .map_err(|reason| invalid(key, &format!("targeting: {reason}")))?,
+            Value::Object(_) => warnings.rule(Place::Flag(key.to_owned()), targeting),
             other => {
                 return Err(invalid(
                     key,
@@ -313,22 +418,53 @@ fn check_metadata(metadata: &Value) -> Result<(), String> {
     Ok(())
 }
 
-/// Walks a JsonLogic rule: every object in it must be a single known operator.
-/// An empty object is the empty rule (no targeting).
-fn check_rule(rule: &Value) -> Result<(), String> {
-    match rule {
-        Value::Object(map) if map.is_empty() => Ok(()),
-        Value::Object(map) => {
-            for (op, args) in map {
-                if !OPERATORS.contains(&op.as_str()) {
-                    return Err(format!("unknown operator {op:?}"));
+/// The warnings found so far in one document.
+struct Warnings<'a> {
+    /// The document's shared evaluators, which `$ref`s name.
+    evaluators: Option<&'a Map<String, Value>>,
+    found: Vec<DocumentWarning>,
+}
+
+impl Warnings<'_> {
+    /// Walks the JsonLogic rule at `place`: every key of an object in it is an operator, and the
+    /// argument of `$ref` names a shared evaluator. An empty object is the empty rule.
+    fn rule(&mut self, place: Place, rule: &Value) {
+        let mut unknown = BTreeSet::new();
+        let mut undefined = BTreeSet::new();
+        // Nesting is bounded by `MAX_DEPTH` (checked first), but a stack costs nothing more.
+        let mut pending = vec![rule];
+        while let Some(value) = pending.pop() {
+            match value {
+                Value::Object(map) => {
+                    for (operator, args) in map {
+                        if operator == "$ref" {
+                            if let Value::String(name) = args
+                                && !self.evaluators.is_some_and(|e| e.contains_key(name))
+                            {
+                                undefined.insert(name.clone());
+                            }
+                        } else if !KNOWN_OPERATORS.contains(&operator.as_str()) {
+                            unknown.insert(operator.clone());
+                        }
+                        pending.push(args);
+                    }
                 }
-                check_rule(args)?;
+                Value::Array(items) => pending.extend(items),
+                _ => {}
             }
-            Ok(())
         }
-        Value::Array(items) => items.iter().try_for_each(check_rule),
-        _ => Ok(()),
+        if !unknown.is_empty() {
+            self.found.push(DocumentWarning {
+                place: place.clone(),
+                problem: Problem::UnknownOperators(unknown.into_iter().collect()),
+            });
+        }
+        if !undefined.is_empty() {
+            self.found.push(DocumentWarning {
+                place,
+                problem: Problem::UndefinedEvaluators(undefined.into_iter().collect()),
+            });
+        }
     }
 }
 

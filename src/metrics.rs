@@ -46,6 +46,9 @@ pub struct Metrics {
     pub versions_published: Counter,
     pub updates_sent: Family<ProtocolLabels, Counter>,
     pub invalid_documents: Family<ResourceLabels, Counter>,
+    /// Warnings in the version of each watched resource that clients get now (problems clients
+    /// report per flag; the version is served). Removed when the resource's watch stops.
+    pub document_warnings: Family<ResourceLabels, Gauge>,
     pub source_errors: Family<SourceErrorLabels, Counter>,
     pub rejected_requests: Family<ReasonLabels, Counter>,
     pub propagation_seconds: Histogram,
@@ -107,6 +110,12 @@ impl Metrics {
             "Resource versions rejected as invalid flag configurations (not pushed; the last good version stays)",
             Family::default(),
         );
+        let document_warnings = registered(
+            proxy,
+            "document_warnings",
+            "Warnings in the flag configuration clients get now, per watched resource: flags (or shared evaluators) with problems that clients report for those flags only, when they evaluate them (for example an operator this proxy does not know); the version is served",
+            Family::default(),
+        );
         let (source_errors, rejected_requests) = Self::error_metrics(proxy);
         let propagation_seconds = registered(
             proxy,
@@ -137,6 +146,7 @@ impl Metrics {
             versions_published,
             updates_sent,
             invalid_documents,
+            document_warnings,
             source_errors,
             rejected_requests,
             propagation_seconds,

@@ -32,7 +32,7 @@ fn key() -> impl Strategy<Value = String> {
     let mut known: Vec<&'static str> = FLAG_KEYS.to_vec();
     known.extend(DOCUMENT_KEYS);
     known.extend(["spec", "flagSpec", "description", "flagSetId", ""]);
-    known.extend(OPERATORS);
+    known.extend(KNOWN_OPERATORS);
     prop_oneof![
         3 => select(known).prop_map(str::to_owned),
         1 => "\\PC{0,8}",
@@ -68,7 +68,7 @@ fn rule() -> impl Strategy<Value = Value> {
             prop::collection::vec(inner.clone(), 0..4).prop_map(Value::Array),
             (
                 prop_oneof![
-                    4 => select(OPERATORS).prop_map(str::to_owned),
+                    4 => select(KNOWN_OPERATORS).prop_map(str::to_owned),
                     1 => "\\PC{0,6}",
                 ],
                 inner
@@ -183,6 +183,17 @@ fn resource() -> impl Strategy<Value = Value> {
     ]
 }
 
+/// Whether any object in `rule` has a key that is not a known operator (the model of the check).
+fn has_unknown_operator(rule: &Value) -> bool {
+    match rule {
+        Value::Object(map) => map.iter().any(|(op, args)| {
+            !KNOWN_OPERATORS.contains(&op.as_str()) || has_unknown_operator(args)
+        }),
+        Value::Array(items) => items.iter().any(has_unknown_operator),
+        _ => false,
+    }
+}
+
 fn check_document(text: &str) -> Result<(), TestCaseError> {
     let document: Value = serde_json::from_str(text)
         .map_err(|e| TestCaseError::fail(format!("not JSON: {e}: {text}")))?;
@@ -229,6 +240,28 @@ proptest! {
             Ok(text) => check_document(&text)?,
             Err(error) => prop_assert!(!error.to_string().is_empty()),
         }
+    }
+
+    /// A targeting rule never makes a document invalid, whatever operators it uses: unknown
+    /// ones are warnings on its flag, and the rule reaches clients as it is.
+    #[test]
+    fn rules_are_served_and_unknown_operators_warned(targeting in rule()) {
+        prop_assume!(targeting.is_object());
+        let resource = json!({"spec": {"flagSpec": {"flags": {"f": {"state": "ENABLED",
+            "variants": {"on": true, "off": false}, "defaultVariant": "on",
+            "targeting": targeting}}}}});
+        let converted = convert(&resource).map_err(|e| TestCaseError::fail(e.to_string()))?;
+        let document: Value = serde_json::from_str(&converted.document)
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        // Compared as clients read it: serde_json may not read every float back bit for bit.
+        let sent: Value = serde_json::from_str(&targeting.to_string())
+            .map_err(|e| TestCaseError::fail(e.to_string()))?;
+        prop_assert_eq!(&document["flags"]["f"]["targeting"], &sent);
+        let unknown = has_unknown_operator(&targeting);
+        let warned = converted.warnings.iter().any(|w| {
+            w.place == Place::Flag("f".into()) && matches!(w.problem, Problem::UnknownOperators(_))
+        });
+        prop_assert_eq!(unknown, warned, "{}", targeting);
     }
 
     #[test]

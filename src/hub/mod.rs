@@ -28,7 +28,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::backoff::Backoff;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, ResourceLabels};
 use crate::selector::ResourceKey;
 
 pub mod ports;
@@ -42,7 +42,7 @@ mod waiting;
 pub use ports::{EventSink, ResourceEventSink, Source};
 pub use publisher::Publisher;
 pub use snapshot::{Availability, EncodingName, ResourceState, Snapshot};
-pub use subscription::{Subscription, SubscriptionEnd};
+pub use subscription::{INVALID_GRACE, Subscription, SubscriptionEnd};
 use waiting::WaitingPlace;
 
 /// Default of [`HubOptions::idle_timeout`] (and of `--idle-timeout`).
@@ -165,6 +165,16 @@ impl Hub {
 }
 
 impl Inner {
+    /// Drops what the metrics say about one resource's current version. Called with the map
+    /// locked, as the watch is removed from it: a new watch of the resource, which only starts
+    /// under that lock, reports afresh.
+    fn forget(&self, key: &ResourceKey) {
+        self.metrics.document_warnings.remove(&ResourceLabels {
+            namespace: key.namespace.clone(),
+            name: key.name.clone(),
+        });
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ResourceKey, StateSender>> {
         // The map is only touched in short, non-panicking sections; a poisoned lock still holds
         // a consistent map.
@@ -210,13 +220,16 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
             }
             () = waiting.refused.cancelled() => {
                 // Subscribers see the final state and end; new ones start a fresh watch.
-                inner.lock().remove(&key);
+                let mut upstreams = inner.lock();
+                upstreams.remove(&key);
+                inner.forget(&key);
                 break "too many resources that do not exist are waited on";
             }
             () = idle(&tx, inner.options.idle_timeout) => {
                 let mut upstreams = inner.lock();
                 if tx.receiver_count() == 0 {
                     upstreams.remove(&key);
+                    inner.forget(&key);
                     break "no subscribers";
                 }
             }

@@ -37,6 +37,9 @@ pub trait EventSink: Send + Sync + 'static {
 pub trait ResourceEventSink: Send + Sync {
     /// The version in `resource` was accepted and is what clients get.
     fn accepted(&self, resource: &Value);
+    /// The version in `resource` was accepted and is what clients get, but clients will report
+    /// `problems` (the warnings, joined by `; `) for some of its flags when they evaluate them.
+    fn warned(&self, resource: &Value, problems: &str);
     /// The version in `resource` was rejected for `problem`; clients keep the last accepted one.
     fn rejected(&self, resource: &Value, problem: &str);
 }

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::document;
+use crate::document::{self, DocumentWarning};
 use crate::hub::StateSender;
 use crate::hub::ports::ResourceEventSink;
 use crate::hub::snapshot::{Availability, Snapshot};
@@ -55,14 +55,20 @@ impl Publisher {
 
     /// The resource exists with this content (a `FeatureFlag` object as JSON).
     pub fn resource(&self, resource: &Value, changed_at: Instant) {
-        match document::from_resource(resource) {
-            Ok(document) => self.accept(document, changed_at),
+        let mut warnings = Vec::new();
+        match document::convert(resource) {
+            Ok(converted) => {
+                warnings = converted.warnings;
+                self.accept(converted.document, &warnings, changed_at);
+            }
             Err(error) => self.invalid(error.to_string()),
         }
         if let Some(events) = &self.events {
             let state = self.tx.borrow();
             match &state.availability {
-                Availability::Present => events.accepted(resource),
+                // Present: this version was converted and is what clients get.
+                Availability::Present if warnings.is_empty() => events.accepted(resource),
+                Availability::Present => events.warned(resource, &joined(&warnings)),
                 // Only resources that are served: someone is waiting for this version.
                 Availability::Invalid(reason) if self.tx.receiver_count() > 0 => {
                     events.rejected(resource, reason);
@@ -77,15 +83,16 @@ impl Publisher {
     pub fn flag_configuration(&self, document: String, changed_at: Instant) {
         let checked = serde_json::from_str::<Value>(&document)
             .map_err(|e| format!("the flag configuration is not JSON: {e}"))
-            .and_then(|value| document::validate(&value).map_err(|e| e.to_string()));
+            .and_then(|value| document::check(&value).map_err(|e| e.to_string()));
         match checked {
-            Ok(()) => self.accept(document, changed_at),
+            Ok(warnings) => self.accept(document, &warnings, changed_at),
             Err(reason) => self.invalid(reason),
         }
     }
 
-    /// Publishes a checked document unless it is too large for clients or unchanged.
-    fn accept(&self, document: String, changed_at: Instant) {
+    /// Publishes a checked document unless it is too large for clients or unchanged. Its
+    /// `warnings` do not stop it: they are logged and counted.
+    fn accept(&self, document: String, warnings: &[DocumentWarning], changed_at: Instant) {
         if document.len() > self.max_document_bytes {
             let reason = format!(
                 "the flag configuration is {} bytes, over the limit of {} bytes that clients accept",
@@ -96,10 +103,12 @@ impl Publisher {
         }
         let tx = &self.tx;
         let mut published = None;
+        let mut served = false;
         tx.send_if_modified(|state| {
             if matches!(state.availability, Availability::TooManyWaiting { .. }) {
                 return false;
             }
+            served = true;
             let same = state
                 .snapshot
                 .as_ref()
@@ -121,9 +130,31 @@ impl Publisher {
             self.waiting.release();
             true
         });
+        if served {
+            self.metrics
+                .document_warnings
+                .get_or_create(&self.labels())
+                .set(i64::try_from(warnings.len()).unwrap_or(i64::MAX));
+        }
         if let Some(version) = published {
             self.metrics.versions_published.inc();
             tracing::info!(resource = %self.key, version, "new flag configuration");
+            if !warnings.is_empty() {
+                tracing::warn!(
+                    resource = %self.key,
+                    version,
+                    warnings = warnings.len(),
+                    problems = %joined(warnings),
+                    "flag configuration served with problems that clients report for the flags concerned when they evaluate them"
+                );
+            }
+        }
+    }
+
+    fn labels(&self) -> ResourceLabels {
+        ResourceLabels {
+            namespace: self.key.namespace.clone(),
+            name: self.key.name.clone(),
         }
     }
 
@@ -177,10 +208,7 @@ impl Publisher {
     fn invalid(&self, reason: String) {
         self.metrics
             .invalid_documents
-            .get_or_create(&ResourceLabels {
-                namespace: self.key.namespace.clone(),
-                name: self.key.name.clone(),
-            })
+            .get_or_create(&self.labels())
             .inc();
         tracing::error!(resource = %self.key, %reason, "invalid flag configuration; keeping the last good version");
         self.set(Availability::Invalid(reason.into()));
@@ -193,6 +221,23 @@ impl Publisher {
                 && replace(&mut state.availability, availability)
         })
     }
+}
+
+/// The most warnings told one by one in a log line or an Event; the rest are counted.
+const WARNINGS_TOLD: usize = 20;
+
+/// Warnings as one line: each warning names its flag or evaluator.
+fn joined(warnings: &[DocumentWarning]) -> String {
+    let told: Vec<String> = warnings
+        .iter()
+        .take(WARNINGS_TOLD)
+        .map(ToString::to_string)
+        .collect();
+    let mut line = told.join("; ");
+    if warnings.len() > WARNINGS_TOLD {
+        line.push_str(&format!("; and {} more", warnings.len() - WARNINGS_TOLD));
+    }
+    line
 }
 
 /// Replaces `current` with `new`; true if that changed it.

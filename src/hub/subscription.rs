@@ -1,8 +1,11 @@
 //! One subscriber's view of a resource: the newest version, skipping any it was too slow for.
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Sleep;
 
 use crate::hub::snapshot::{Availability, ResourceState, Snapshot};
 use crate::metrics::Metrics;
@@ -16,7 +19,17 @@ pub enum SubscriptionEnd {
     /// The resource does not exist and `limit` other resources that do not exist are already
     /// waited on.
     TooManyWaiting { limit: usize },
+    /// The resource exists but has no version clients can use: the newest was rejected for this
+    /// reason and no earlier one was accepted. Given after [`INVALID_GRACE`], so a client that
+    /// reconnects at once cannot make the proxy answer it in a tight loop.
+    Invalid(Arc<str>),
 }
+
+/// How long a subscriber to a resource without a valid version waits for one before its
+/// subscription ends with [`SubscriptionEnd::Invalid`]. A valid version that comes in the
+/// meantime is delivered as usual. This is also the shortest time between two such answers to a
+/// client that reconnects at once, whatever its own backoff.
+pub const INVALID_GRACE: Duration = Duration::from_secs(5);
 
 /// One subscriber's view of a resource.
 pub struct Subscription {
@@ -46,8 +59,11 @@ impl Subscription {
     /// Waits for a version newer than the last one returned (the current one, the first time).
     /// Intermediate versions published while the caller was busy are skipped.
     pub async fn next(&mut self) -> Result<Arc<Snapshot>, SubscriptionEnd> {
+        // Runs while the resource has no valid version (boxed: an idle subscriber, the common
+        // case, does not carry a timer).
+        let mut grace: Option<Pin<Box<Sleep>>> = None;
         loop {
-            {
+            let invalid = {
                 let state = self.rx.borrow_and_update();
                 match &state.availability {
                     Availability::Forbidden(reason) => {
@@ -64,11 +80,35 @@ impl Subscription {
                     self.last = Some(snapshot.version);
                     return Ok(snapshot.clone());
                 }
+                match (&state.snapshot, &state.availability) {
+                    (None, Availability::Invalid(reason)) => Some(reason.clone()),
+                    _ => None,
+                }
+            };
+            match (&invalid, &grace) {
+                (Some(_), None) => grace = Some(Box::pin(tokio::time::sleep(INVALID_GRACE))),
+                (None, Some(_)) => grace = None,
+                _ => {}
             }
-            if self.rx.changed().await.is_err() {
-                // The sender lives as long as any receiver does; this cannot happen, but if it
-                // did, waiting forever is the safe answer for a stream.
-                futures::future::pending::<()>().await;
+            let expired = async {
+                match grace.as_mut() {
+                    Some(sleep) => sleep.await,
+                    None => futures::future::pending().await,
+                }
+            };
+            tokio::select! {
+                changed = self.rx.changed() => {
+                    if changed.is_err() {
+                        // The sender lives as long as any receiver does; this cannot happen, but
+                        // if it did, waiting forever is the safe answer for a stream.
+                        futures::future::pending::<()>().await;
+                    }
+                }
+                () = expired => {
+                    if let Some(reason) = invalid {
+                        return Err(SubscriptionEnd::Invalid(reason));
+                    }
+                }
             }
         }
     }

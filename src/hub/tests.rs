@@ -362,3 +362,208 @@ async fn propagation_is_measured_once_all_counted_subscribers_have_it() {
     b.delivered(&snapshot, hub.metrics());
     assert!(count(), "{}", hub.metrics().encode());
 }
+
+/// A `FeatureFlag` like [`flag_resource`] with a second flag `g` whose targeting uses an operator
+/// nobody knows.
+fn resource_with_unknown_operator(variant: &str) -> serde_json::Value {
+    let mut resource = flag_resource(variant);
+    resource["spec"]["flagSpec"]["flags"]["g"] = serde_json::json!({
+        "state": "ENABLED", "variants": {"on": true, "off": false}, "defaultVariant": "off",
+        "targeting": {"if": [{"no_such_op": [1]}, "on", "off"]}
+    });
+    resource
+}
+
+fn broken_resource() -> serde_json::Value {
+    serde_json::json!({"spec": {"flagSpec": {"flags": {"f": {"state": "BROKEN"}}}}})
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_first_version_that_is_invalid_ends_subscriptions_after_the_grace() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    source
+        .wait_for_watch(&key)
+        .await
+        .resource(&broken_resource(), Instant::now());
+    // Not at once: a client that reconnects at once is answered at most once per grace.
+    let early = tokio::time::timeout(INVALID_GRACE - Duration::from_millis(1), sub.next()).await;
+    assert!(early.is_err(), "ended before the grace: {early:?}");
+    let end = tokio::time::timeout(Duration::from_secs(10), sub.next())
+        .await
+        .expect("ends after the grace");
+    assert!(
+        matches!(end, Err(SubscriptionEnd::Invalid(ref reason)) if reason.contains("flag \"f\": state")),
+        "{end:?}"
+    );
+    // A new subscriber is told the same, and a valid version then reaches the next one.
+    let mut again = hub.subscribe(key.clone()).expect("subscribe");
+    assert!(matches!(
+        again.next().await,
+        Err(SubscriptionEnd::Invalid(_))
+    ));
+    source
+        .wait_for_watch(&key)
+        .await
+        .resource(&flag_resource("on"), Instant::now());
+    let mut fixed = hub.subscribe(key.clone()).expect("subscribe");
+    assert_eq!(variant(&next(&mut fixed).await), "on");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_valid_version_within_the_grace_is_delivered() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&broken_resource(), Instant::now());
+    let waiting = tokio::spawn(async move { sub.next().await.map(|s| variant(&s)) });
+    tokio::time::sleep(INVALID_GRACE / 2).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    let got = waiting.await.expect("join");
+    assert_eq!(got, Ok("on".to_owned()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_an_invalid_resource_without_a_version_ends_subscriptions() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(600));
+    let (missing, kept) = (
+        ResourceKey::new("ns", "missing"),
+        ResourceKey::new("ns", "a"),
+    );
+    // A resource that does not exist: the subscriber keeps waiting.
+    let mut waits = hub.subscribe(missing.clone()).expect("subscribe");
+    source.wait_for_watch(&missing).await.absent();
+    // A resource whose edit is invalid: subscribers keep the last good version.
+    let mut sub = hub.subscribe(kept.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&kept).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    next(&mut sub).await;
+    publisher.resource(&broken_resource(), Instant::now());
+    let mut late = hub.subscribe(kept.clone()).expect("subscribe");
+    assert_eq!(variant(&next(&mut late).await), "on");
+    for sub in [&mut waits, &mut sub, &mut late] {
+        let outcome = tokio::time::timeout(INVALID_GRACE * 10, sub.next()).await;
+        assert!(outcome.is_err(), "{outcome:?}");
+    }
+}
+
+/// What the hub reported for one watched resource.
+#[derive(Clone, Default)]
+struct RecordedEvents(Arc<Mutex<Vec<String>>>);
+
+impl EventSink for RecordedEvents {
+    fn watch(&self, _key: ResourceKey) -> Box<dyn ResourceEventSink> {
+        Box::new(self.clone())
+    }
+}
+
+impl ResourceEventSink for RecordedEvents {
+    fn accepted(&self, _resource: &serde_json::Value) {
+        self.0.lock().expect("lock").push("accepted".into());
+    }
+
+    fn warned(&self, _resource: &serde_json::Value, problems: &str) {
+        self.0
+            .lock()
+            .expect("lock")
+            .push(format!("warned: {problems}"));
+    }
+
+    fn rejected(&self, _resource: &serde_json::Value, problem: &str) {
+        self.0
+            .lock()
+            .expect("lock")
+            .push(format!("rejected: {problem}"));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unknown_operator_is_served_warned_and_counted() {
+    let source = FakeSource::new();
+    let idle_time = Duration::from_secs(30);
+    let hub = hub(&source, idle_time);
+    let events = RecordedEvents::default();
+    hub.record_events(Arc::new(events.clone()));
+    let key = ResourceKey::new("ns", "a");
+    let sample =
+        |n: u32| format!("flagd_proxy_document_warnings{{namespace=\"ns\",name=\"a\"}} {n}");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&resource_with_unknown_operator("on"), Instant::now());
+    // The first version is served whole: both flags, the rule as written.
+    let snapshot = next(&mut sub).await;
+    let document: serde_json::Value =
+        serde_json::from_str(&snapshot.flag_configuration).expect("json");
+    assert_eq!(variant(&snapshot), "on");
+    assert_eq!(
+        document["flags"]["g"]["targeting"],
+        serde_json::json!({"if": [{"no_such_op": [1]}, "on", "off"]})
+    );
+    assert!(hub.metrics().encode().contains(&sample(1)));
+    let told = events.0.lock().expect("lock").clone();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert!(
+        told[0].starts_with("warned: flag \"g\"") && told[0].contains("\"no_such_op\""),
+        "{told:?}"
+    );
+    // An invalid edit keeps the version clients have, and so its count.
+    publisher.resource(&broken_resource(), Instant::now());
+    assert!(hub.metrics().encode().contains(&sample(1)));
+    publisher.resource(&flag_resource("off"), Instant::now());
+    assert_eq!(variant(&next(&mut sub).await), "off");
+    assert!(hub.metrics().encode().contains(&sample(0)));
+    let told = events.0.lock().expect("lock").clone();
+    assert!(
+        told.len() == 3
+            && told[1].starts_with("rejected: flag \"f\": state")
+            && told[2] == "accepted",
+        "{told:?}"
+    );
+    // The series goes with the watch.
+    drop(sub);
+    tokio::time::sleep(idle_time + Duration::from_secs(1)).await;
+    assert!(hub.resources().is_empty());
+    assert!(
+        !hub.metrics()
+            .encode()
+            .contains("flagd_proxy_document_warnings{"),
+        "{}",
+        hub.metrics().encode()
+    );
+}
+
+#[tokio::test]
+async fn many_warnings_are_told_in_one_bounded_line() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let events = RecordedEvents::default();
+    hub.record_events(Arc::new(events.clone()));
+    let key = ResourceKey::new("ns", "a");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    let mut resource = flag_resource("on");
+    for i in 0..25 {
+        resource["spec"]["flagSpec"]["flags"][format!("g{i:02}")] = serde_json::json!({
+            "state": "ENABLED", "variants": {"on": true}, "defaultVariant": "on",
+            "targeting": {"no_such_op": []}
+        });
+    }
+    source
+        .wait_for_watch(&key)
+        .await
+        .resource(&resource, Instant::now());
+    next(&mut sub).await;
+    assert!(
+        hub.metrics()
+            .encode()
+            .contains("flagd_proxy_document_warnings{namespace=\"ns\",name=\"a\"} 25")
+    );
+    let told = events.0.lock().expect("lock").clone();
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0].matches("flag \"g").count(), 20, "{told:?}");
+    assert!(told[0].ends_with("; and 5 more"), "{told:?}");
+}

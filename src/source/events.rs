@@ -1,9 +1,12 @@
 //! Kubernetes Events on served `FeatureFlag` resources: what the person who edits one sees.
 //!
 //! A rejected version (invalid, or too large for clients) gets a `Warning` Event on the object
-//! that names what is wrong (the flag, for a flag's error) and which version clients keep; the
-//! first valid version after that gets a `Normal` one. `kubectl describe featureflag NAME` and
-//! `kubectl get events` show them.
+//! (`FlagConfigurationRejected`) that names what is wrong (the flag, for a flag's error) and
+//! which version clients keep. A version that is served but has flags that clients will report
+//! errors for when they evaluate them (an operator the proxy does not know, say) gets a
+//! `Warning` Event too (`FlagConfigurationWarning`), naming each such flag and its problem. The
+//! first valid version without warnings after either gets a `Normal` one. `kubectl describe
+//! featureflag NAME` and `kubectl get events` show them.
 //!
 //! Events are written with kube's [`Recorder`] (events.k8s.io/v1; an Event that recurs is
 //! counted in its series instead of written again, as Kubernetes' own recorders do). In front of
@@ -37,8 +40,10 @@ pub const MIN_INTERVAL: Duration = Duration::from_secs(5);
 /// The `reportingController` of the Events.
 pub const CONTROLLER: &str = "flagd-proxy";
 
-/// Reason of the Warning Event.
+/// Reason of the Warning Event about a rejected version.
 pub const REASON_REJECTED: &str = "FlagConfigurationRejected";
+/// Reason of the Warning Event about a version that is served with warnings.
+pub const REASON_WARNING: &str = "FlagConfigurationWarning";
 /// Reason of the Normal Event.
 pub const REASON_VALID: &str = "FlagConfigurationValid";
 
@@ -95,6 +100,10 @@ impl ResourceEventSink for ResourceEvents {
         ResourceEvents::accepted(self, resource);
     }
 
+    fn warned(&self, resource: &Value, problems: &str) {
+        ResourceEvents::warned(self, resource, problems);
+    }
+
     fn rejected(&self, resource: &Value, problem: &str) {
         ResourceEvents::rejected(self, resource, problem);
     }
@@ -104,7 +113,9 @@ impl ResourceEventSink for ResourceEvents {
 #[derive(Clone, Debug)]
 struct Outcome {
     type_: EventType,
-    /// What is wrong (for a Warning); outcomes with the same type and problem are one.
+    /// The Event's reason: one of [`REASON_REJECTED`], [`REASON_WARNING`], [`REASON_VALID`].
+    reason: &'static str,
+    /// What is wrong (for a Warning); outcomes with the same reason and problem are one.
     problem: Option<String>,
     note: String,
     regarding: ObjectReference,
@@ -112,7 +123,18 @@ struct Outcome {
 
 impl Outcome {
     fn same(&self, other: &Outcome) -> bool {
-        self.type_ == other.type_ && self.problem == other.problem
+        self.reason == other.reason && self.problem == other.problem
+    }
+
+    /// Reports `self` unless the newest outcome is the same: a problem told already is no news.
+    fn report(self, tx: &watch::Sender<Option<Outcome>>) {
+        tx.send_if_modified(|current| {
+            if current.as_ref().is_some_and(|c| c.same(&self)) {
+                return false;
+            }
+            *current = Some(self);
+            true
+        });
     }
 }
 
@@ -126,8 +148,7 @@ pub struct ResourceEvents {
 impl ResourceEvents {
     /// The version in `resource` was accepted and is what clients get.
     pub fn accepted(&self, resource: &Value) {
-        let version = version_of(resource);
-        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(version.clone());
+        let version = self.keep(resource);
         let Some(regarding) = reference(resource) else {
             return;
         };
@@ -141,12 +162,39 @@ impl ResourceEvents {
             }
             *current = Some(Outcome {
                 type_: EventType::Normal,
+                reason: REASON_VALID,
                 problem: None,
                 note: format!("{version} is valid; clients receive it"),
                 regarding,
             });
             true
         });
+    }
+
+    /// The version in `resource` was accepted and is what clients get, but clients will report
+    /// `problems` for some of its flags when they evaluate them.
+    pub fn warned(&self, resource: &Value, problems: &str) {
+        let version = self.keep(resource);
+        let Some(regarding) = reference(resource) else {
+            return;
+        };
+        Outcome {
+            type_: EventType::Warning,
+            reason: REASON_WARNING,
+            problem: Some(problems.to_owned()),
+            note: truncate(&format!(
+                "{version} is served, but clients report errors for some of its flags when they evaluate them (the other flags work): {problems}"
+            )),
+            regarding,
+        }
+        .report(&self.tx);
+    }
+
+    /// Records `resource` as the version clients have; returns how people see it.
+    fn keep(&self, resource: &Value) -> String {
+        let version = version_of(resource);
+        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(version.clone());
+        version
     }
 
     /// The version in `resource` was rejected for `problem`; clients keep the last accepted one.
@@ -159,22 +207,17 @@ impl ResourceEvents {
             Some(version) => format!("clients keep {version}, the last valid version"),
             None => "clients have no version of this resource yet".to_owned(),
         };
-        let outcome = Outcome {
+        Outcome {
             type_: EventType::Warning,
+            reason: REASON_REJECTED,
             problem: Some(problem.to_owned()),
             note: truncate(&format!(
                 "{} is not served: {problem}; {kept}",
                 version_of(resource)
             )),
             regarding,
-        };
-        self.tx.send_if_modified(|current| {
-            if current.as_ref().is_some_and(|c| c.same(&outcome)) {
-                return false;
-            }
-            *current = Some(outcome);
-            true
-        });
+        }
+        .report(&self.tx);
     }
 }
 
@@ -185,9 +228,9 @@ async fn write_events(
     key: ResourceKey,
     mut rx: watch::Receiver<Option<Outcome>>,
 ) {
-    // One recorder per problem, so that a recurring problem continues its series and a different
-    // problem gets an Event of its own (a series keeps the note of its first Event). Each Normal
-    // Event is new: it names the version that is valid.
+    // One recorder per reason and problem, so that a recurring problem continues its series and a
+    // different problem gets an Event of its own (a series keeps the note of its first Event).
+    // Each Normal Event is new: it names the version that is valid.
     let mut recorders: HashMap<String, Recorder> = HashMap::new();
     while rx.changed().await.is_ok() {
         let Some(outcome) = rx.borrow_and_update().clone() else {
@@ -196,19 +239,19 @@ async fn write_events(
         let fresh = || Recorder::new(shared.client.clone(), shared.reporter.clone());
         let recorder = match &outcome.problem {
             Some(problem) => {
-                if recorders.len() >= MAX_SERIES && !recorders.contains_key(problem) {
+                let series = format!("{}: {problem}", outcome.reason);
+                if recorders.len() >= MAX_SERIES && !recorders.contains_key(&series) {
                     recorders.clear();
                 }
-                recorders
-                    .entry(problem.clone())
-                    .or_insert_with(fresh)
-                    .clone()
+                recorders.entry(series).or_insert_with(fresh).clone()
             }
             None => fresh(),
         };
-        let (reason, action) = match outcome.type_ {
-            EventType::Warning => (REASON_REJECTED, "Reject"),
-            EventType::Normal => (REASON_VALID, "Serve"),
+        let reason = outcome.reason;
+        let action = if reason == REASON_REJECTED {
+            "Reject"
+        } else {
+            "Serve"
         };
         let event = Event {
             type_: outcome.type_,
@@ -347,6 +390,45 @@ mod tests {
         events.rejected(&resource(4), "flag \"y\": no variants");
         assert!(rx.has_changed().expect("open"));
         rx.borrow_and_update();
+        events.accepted(&resource(5));
+        let outcome = rx.borrow_and_update().clone().expect("normal");
+        assert_eq!(outcome.type_, EventType::Normal);
+        assert!(outcome.note.contains("generation 5"), "{}", outcome.note);
+    }
+
+    #[test]
+    fn warnings_are_told_once_and_name_the_version_served() {
+        let (events, mut rx) = events();
+        let problem =
+            "flag \"g\": targeting uses operator \"no_such_op\", which this proxy does not know";
+        events.warned(&resource(1), problem);
+        let outcome = rx.borrow_and_update().clone().expect("warning");
+        assert_eq!(
+            (outcome.type_, outcome.reason),
+            (EventType::Warning, REASON_WARNING)
+        );
+        for needle in ["generation 1 (resourceVersion 101) is served", problem] {
+            assert!(outcome.note.contains(needle), "{}", outcome.note);
+        }
+        // The same warnings in another edit are not news; a rejected edit is, and it names the
+        // version with warnings as the one clients keep.
+        events.warned(&resource(2), problem);
+        assert!(!rx.has_changed().expect("open"));
+        events.rejected(&resource(3), problem);
+        let outcome = rx.borrow_and_update().clone().expect("rejection");
+        assert_eq!(outcome.reason, REASON_REJECTED);
+        assert!(
+            outcome.note.contains("clients keep generation 2"),
+            "{}",
+            outcome.note
+        );
+        // The same warnings after a rejection are news again: that version is served.
+        events.warned(&resource(4), problem);
+        assert_eq!(
+            rx.borrow_and_update().as_ref().expect("warning").reason,
+            REASON_WARNING
+        );
+        // A version without warnings ends them.
         events.accepted(&resource(5));
         let outcome = rx.borrow_and_update().clone().expect("normal");
         assert_eq!(outcome.type_, EventType::Normal);

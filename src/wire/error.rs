@@ -21,7 +21,9 @@ pub enum RequestError {
     TooManyWaiting { key: ResourceKey, limit: usize },
     #[error("the proxy may not read {key}: {reason}")]
     Forbidden { key: ResourceKey, reason: String },
-    #[error("{key} has no valid flag configuration: {reason}")]
+    #[error(
+        "{key} is invalid and has no earlier valid version to serve: {reason} (fix the resource; it is served as soon as it is valid)"
+    )]
     Invalid { key: ResourceKey, reason: String },
     #[error("the source of {key} is unreachable: {reason}")]
     Unreachable { key: ResourceKey, reason: String },
@@ -87,6 +89,17 @@ mod tests {
             status.message().contains("core.openfeature.dev/a/b")
                 && status.message().contains(" 7 ")
                 && status.message().contains("--max-waiting-resources"),
+            "{status:?}"
+        );
+        let status = Status::from(RequestError::Invalid {
+            key: ResourceKey::new("a", "b"),
+            reason: "flag \"f\": state is required".into(),
+        });
+        assert_eq!(status.code(), Code::FailedPrecondition);
+        assert!(
+            status.message().starts_with(
+                "core.openfeature.dev/a/b is invalid and has no earlier valid version"
+            ) && status.message().contains("flag \"f\": state is required"),
             "{status:?}"
         );
     }

@@ -157,6 +157,10 @@ impl StreamState {
                     key: self.subscription.key().clone(),
                     limit,
                 }),
+                Err(SubscriptionEnd::Invalid(reason)) => Err(RequestError::Invalid {
+                    key: self.subscription.key().clone(),
+                    reason: reason.to_string(),
+                }),
             },
         };
         if item.is_err() {

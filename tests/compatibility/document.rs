@@ -108,7 +108,7 @@ pub(crate) fn render_doc(
     let _ = writeln!(w);
     let _ = writeln!(
         w,
-        "## Current flagd: `source=` selector, unix socket, context values"
+        "## Current flagd and bad flags: `source=` selector, unix socket, context values, one bad flag, an invalid first version"
     );
     let _ = writeln!(w);
     let mut header = "| feature |".to_owned();

@@ -69,6 +69,13 @@ const SOURCE_SELECTOR: &str = "source=core.openfeature.dev/default/demo";
 const CONTEXT_KEY: &str = "region";
 const CONTEXT_VALUE: &str = "eu-west";
 const FLAG_KEY: &str = "color";
+/// A flag whose targeting uses [`UNKNOWN_OPERATOR`] (the unknown-operator feature).
+const BAD_FLAG_KEY: &str = "bad-targeting";
+const UNKNOWN_OPERATOR: &str = "no_such_operator";
+/// What the stdout clients print when an evaluation fails: the caller's default.
+const CALLER_DEFAULT: &str = "<default>";
+/// The start of the proxy's status message for a resource without a valid version.
+const INVALID_MESSAGE: &str = "core.openfeature.dev/default/demo is invalid";
 const INITIAL: &str = "red";
 const UPDATED: &str = "blue";
 const DECOY_VALUE: &str = "green";

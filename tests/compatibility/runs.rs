@@ -142,18 +142,23 @@ pub(crate) async fn reconnect_run(kind: Kind, launch: Launch) -> Cells {
     vec![(Column::Reconnect, Cell::from_result(result))]
 }
 
-/// What current flagd speaks besides the columns of the main table.
+/// What current flagd speaks besides the columns of the main table, and what clients see of
+/// flag configurations with problems.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Feature {
     SourceSelector,
     UnixSocket,
     ContextValue,
+    UnknownOperator,
+    InvalidFirstVersion,
 }
 
-pub(crate) const FEATURES: [Feature; 3] = [
+pub(crate) const FEATURES: [Feature; 5] = [
     Feature::SourceSelector,
     Feature::UnixSocket,
     Feature::ContextValue,
+    Feature::UnknownOperator,
+    Feature::InvalidFirstVersion,
 ];
 
 /// The clients the features are tried with: flagd as the sidecar and two in-process providers.
@@ -165,6 +170,8 @@ impl Feature {
             Feature::SourceSelector => "`source=` selector",
             Feature::UnixSocket => "unix socket",
             Feature::ContextValue => "context values",
+            Feature::UnknownOperator => "one flag with an unknown operator",
+            Feature::InvalidFirstVersion => "invalid first version, then fixed",
         }
     }
 
@@ -188,6 +195,22 @@ impl Feature {
                  context, so it evaluates `{UPDATED}` only if it merged the proxy's \
                  `sync_context` into its evaluation context."
             ),
+            Feature::UnknownOperator => format!(
+                "the first version of the resource has `{FLAG_KEY}` and a second string flag, \
+                 `{BAD_FLAG_KEY}`, whose targeting rule uses the operator `{UNKNOWN_OPERATOR}`, \
+                 which nobody knows. The proxy serves it as it is; the client must evaluate \
+                 `{FLAG_KEY}` to `{INITIAL}`, and `{BAD_FLAG_KEY}` to an error: the caller's \
+                 default for a provider (a second client evaluates it), an error answer without \
+                 a value from flagd."
+            ),
+            Feature::InvalidFirstVersion => format!(
+                "the first version of the resource is invalid (`{FLAG_KEY}` has `state: ON`), \
+                 so there is no version to serve: the proxy ends the client's stream with \
+                 `FAILED_PRECONDITION` and the reason (`{INVALID_MESSAGE}…`), which the client \
+                 must log (the providers run with debug logging: the Python provider logs a \
+                 stream's status at debug level only). Then the manifest is fixed, and the \
+                 client must come back by itself and evaluate `{INITIAL}`."
+            ),
         }
     }
 
@@ -205,6 +228,26 @@ impl Feature {
             _ => None,
         }
     }
+}
+
+/// The flags of the unknown-operator run: `color`, and a flag whose rule uses an operator that
+/// nobody knows.
+pub(crate) fn flags_with_an_unknown_operator() -> Value {
+    let mut flags = color_flags(INITIAL);
+    flags[BAD_FLAG_KEY] = json!({
+        "state": "ENABLED",
+        "variants": {"on": "on", "off": "off"},
+        "defaultVariant": "off",
+        "targeting": {"if": [{UNKNOWN_OPERATOR: [{"var": "tier"}, "gold"]}, "on", "off"]},
+    });
+    flags
+}
+
+/// The flags of the invalid-first-version run: `color` with a state clients cannot use.
+pub(crate) fn invalid_flags() -> Value {
+    let mut flags = color_flags(INITIAL);
+    flags[FLAG_KEY]["state"] = json!("ON");
+    flags
 }
 
 /// The flags of the context-value run: `color` answers `UPDATED` for the context value.
@@ -240,14 +283,37 @@ pub(crate) async fn feature_run(kind: Kind, launch: Launch, feature: Feature) ->
                 format!("{CONTEXT_KEY}={CONTEXT_VALUE}"),
             ]);
         }
+        Feature::UnknownOperator => {
+            support::write_manifest(
+                setup.manifests.path(),
+                NAMESPACE,
+                NAME,
+                flags_with_an_unknown_operator(),
+            );
+        }
+        Feature::InvalidFirstVersion => {
+            support::write_manifest(setup.manifests.path(), NAMESPACE, NAME, invalid_flags());
+            // The Python provider logs a stream's status at debug level only.
+            target.debug = true;
+        }
     }
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let proxy = Proxy::start(&args).await;
     let mut client = Session::spawn_to(kind, &launch, proxy.port, None, &target);
     let result = async {
+        if feature == Feature::InvalidFirstVersion {
+            client.expect_log(INVALID_MESSAGE, EVENT_TIMEOUT).await?;
+            setup.change_to(INITIAL);
+            client.ready().await?;
+            return client.expect_value(INITIAL, false, RECONNECT_TIMEOUT).await;
+        }
         client.ready().await?;
         if feature == Feature::ContextValue {
             return client.expect_value(UPDATED, false, EVENT_TIMEOUT).await;
+        }
+        if feature == Feature::UnknownOperator {
+            client.expect_value(INITIAL, true, EVENT_TIMEOUT).await?;
+            return expect_evaluation_error(kind, &launch, &client, proxy.port).await;
         }
         client.expect_value(INITIAL, true, EVENT_TIMEOUT).await?;
         setup.change_to(UPDATED);
@@ -263,6 +329,38 @@ pub(crate) async fn feature_run(kind: Kind, launch: Launch, feature: Feature) ->
         );
     }
     Cell::from_result(result)
+}
+
+/// `BAD_FLAG_KEY` evaluates to an error: flagd answers without a value (and not "not found");
+/// a provider gives the caller's default, which a second client, evaluating that flag, prints.
+async fn expect_evaluation_error(
+    kind: Kind,
+    launch: &Launch,
+    client: &Session,
+    proxy_port: u16,
+) -> Result<(), String> {
+    if client.flagd.is_some() {
+        let answer = client
+            .flagd_resolve(BAD_FLAG_KEY)
+            .await
+            .ok_or("flagd did not answer")?;
+        let text = answer.to_string();
+        return if answer.get("value").is_none() && !text.to_lowercase().contains("not_found") {
+            Ok(())
+        } else {
+            Err(format!("{BAD_FLAG_KEY}: expected an error, got {text}"))
+        };
+    }
+    let target = Target {
+        flag_key: BAD_FLAG_KEY,
+        ..Target::default()
+    };
+    let mut second = Session::spawn_to(kind, launch, proxy_port, None, &target);
+    second.ready().await?;
+    second
+        .expect_value(CALLER_DEFAULT, true, EVENT_TIMEOUT)
+        .await
+        .map_err(|why| format!("{BAD_FLAG_KEY}: {why}"))
 }
 
 pub(crate) type FeatureMatrix = BTreeMap<Feature, BTreeMap<Kind, Cell>>;

@@ -71,6 +71,10 @@ pub(crate) struct Target {
     pub(crate) selector: &'static str,
     /// The proxy's unix socket, used instead of its port.
     pub(crate) socket: Option<PathBuf>,
+    /// The flag a stdout client evaluates.
+    pub(crate) flag_key: &'static str,
+    /// A stdout client logs its provider's debug messages too (`INTEROP_DEBUG`).
+    pub(crate) debug: bool,
 }
 
 impl Default for Target {
@@ -78,6 +82,8 @@ impl Default for Target {
         Target {
             selector: SELECTOR,
             socket: None,
+            flag_key: FLAG_KEY,
+            debug: false,
         }
     }
 }
@@ -106,7 +112,7 @@ impl Session {
                 cmd.env("FLAGD_HOST", "127.0.0.1")
                     .env("FLAGD_PORT", proxy_port.to_string())
                     .env("FLAGD_SOURCE_SELECTOR", target.selector)
-                    .env("INTEROP_FLAG_KEY", FLAG_KEY)
+                    .env("INTEROP_FLAG_KEY", target.flag_key)
                     // The clients configure their provider explicitly; keep stray variables
                     // from steering a provider elsewhere through its own environment lookup.
                     .env_remove("FLAGD_RESOLVER")
@@ -121,6 +127,10 @@ impl Session {
                 match &target.socket {
                     Some(socket) => cmd.env("INTEROP_SOCKET_PATH", socket),
                     None => cmd.env_remove("INTEROP_SOCKET_PATH"),
+                };
+                match target.debug {
+                    true => cmd.env("INTEROP_DEBUG", "1"),
+                    false => cmd.env_remove("INTEROP_DEBUG"),
                 };
                 match ca {
                     Some(ca) => cmd
@@ -252,15 +262,34 @@ impl Session {
 
     /// flagd's answer for the flag: `Some(value)` once it resolves, `None` while it cannot.
     pub(crate) async fn flagd_value(&self) -> Option<String> {
+        let response = self.flagd_resolve(FLAG_KEY).await?;
+        response["value"].as_str().map(str::to_owned)
+    }
+
+    /// flagd's whole answer (a value, or an error) for the string flag `key`.
+    pub(crate) async fn flagd_resolve(&self, key: &str) -> Option<Value> {
         let endpoint = self.flagd.as_ref()?;
         let path = if endpoint.legacy {
             "/schema.v1.Service/ResolveString"
         } else {
             "/flagd.evaluation.v1.Service/ResolveString"
         };
-        let body = json!({"flagKey": FLAG_KEY, "context": {}}).to_string();
-        let response = http_post_json(&endpoint.socket, path, &body).await.ok()?;
-        response["value"].as_str().map(str::to_owned)
+        let body = json!({"flagKey": key, "context": {}}).to_string();
+        http_post_json(&endpoint.socket, path, &body).await.ok()
+    }
+
+    /// Waits until the client has logged a line containing `needle`.
+    pub(crate) async fn expect_log(&self, needle: &str, limit: Duration) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.find_in_log(0, &[needle]).is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                return Err(format!("logged nothing with {needle:?} within {limit:?}"));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Waits for the stdout client's `READY` (a no-op for flagd).

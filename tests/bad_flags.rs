@@ -1,0 +1,338 @@
+//! One bad flag must not hide a whole first version, over real sockets against the proxy binary
+//! serving a manifests directory:
+//!
+//! - a flag whose targeting uses an operator the proxy does not know is served as it is, with
+//!   the other flags, and warned about (log, metric); edits like that are served too;
+//! - a first version that clients cannot use at all ends `SyncFlags` and `FetchAllFlags` with
+//!   `FAILED_PRECONDITION` and the reason, and is served once it is fixed;
+//! - a resource that does not exist yet still keeps its streams open.
+//!
+//! The same through real in-process providers is a feature of the compatibility matrix
+//! (`tests/compatibility/`).
+use flagd_proxy_testkit as support;
+
+use serde_json::{Value, json};
+use support::client::{
+    Client, assert_status, client, default_variant, next, next_message, open, v1, with_selector,
+};
+use support::{Proxy, write_manifest};
+use tonic::Code;
+
+const NAMESPACE: &str = "default";
+
+fn selector(name: &str) -> String {
+    format!("core.openfeature.dev/{NAMESPACE}/{name}")
+}
+
+/// A string flag `color` defaulting to `variant`.
+fn color(variant: &str) -> Value {
+    json!({"state": "ENABLED", "variants": {"red": "red", "blue": "blue"}, "defaultVariant": variant})
+}
+
+/// A boolean flag whose targeting uses `operator`, which neither the proxy nor flagd knows.
+fn unknown_operator(operator: &str) -> Value {
+    json!({"state": "ENABLED", "variants": {"on": true, "off": false}, "defaultVariant": "off",
+           "targeting": {"if": [{operator: [{"var": "tier"}, "gold"]}, "on", "off"]}})
+}
+
+fn warnings_metric(name: &str) -> String {
+    format!("flagd_proxy_document_warnings{{namespace=\"{NAMESPACE}\",name=\"{name}\"}}")
+}
+
+fn invalid_metric(name: &str) -> String {
+    format!("flagd_proxy_invalid_documents_total{{namespace=\"{NAMESPACE}\",name=\"{name}\"}}")
+}
+
+async fn manifests_proxy(dir: &tempfile::TempDir) -> Proxy {
+    Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await
+}
+
+async fn fetch(client: &mut Client, name: &str) -> Result<String, tonic::Status> {
+    client
+        .fetch_all_flags(with_selector(
+            v1::FetchAllFlagsRequest::default(),
+            &selector(name),
+        ))
+        .await
+        .map(|response| response.into_inner().flag_configuration)
+}
+
+fn parse(flag_configuration: &str) -> Value {
+    serde_json::from_str(flag_configuration).expect("the configuration is JSON")
+}
+
+#[tokio::test]
+async fn a_first_version_with_an_unknown_operator_is_served_whole_and_warned() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let flags = json!({"color": color("red"), "beta": unknown_operator("no_such_op")});
+    write_manifest(dir.path(), NAMESPACE, "mixed", flags.clone());
+    let proxy = manifests_proxy(&dir).await;
+    let mut client = client(&proxy).await;
+    let mut stream = open(&mut client, &selector("mixed")).await.expect("stream");
+
+    // The first version reaches the client, every flag as written.
+    let first = parse(&next(&mut stream).await.flag_configuration);
+    assert_eq!(first["flags"]["color"]["defaultVariant"], "red");
+    assert_eq!(first["flags"]["beta"], flags["beta"]);
+    let fetched = fetch(&mut client, "mixed").await.expect("fetched");
+    assert_eq!(parse(&fetched)["flags"], first["flags"]);
+
+    // Warned: logged (naming the flag and the operator) and counted; not counted as invalid.
+    proxy.wait_for_metric(&warnings_metric("mixed"), 1.0).await;
+    proxy
+        .wait_for_log("flag \"beta\": targeting uses operator \"no_such_op\"")
+        .await;
+    assert_eq!(proxy.metric(&invalid_metric("mixed")).await, 0.0);
+
+    // An edit that adds another one is served too, not rejected.
+    write_manifest(
+        dir.path(),
+        NAMESPACE,
+        "mixed",
+        json!({"color": color("blue"), "beta": unknown_operator("no_such_op"),
+               "gamma": unknown_operator("newer_op")}),
+    );
+    let second = parse(&next(&mut stream).await.flag_configuration);
+    assert_eq!(second["flags"]["color"]["defaultVariant"], "blue");
+    assert!(second["flags"]["gamma"].is_object(), "{second}");
+    proxy.wait_for_metric(&warnings_metric("mixed"), 2.0).await;
+
+    // A version without them clears the count.
+    write_manifest(
+        dir.path(),
+        NAMESPACE,
+        "mixed",
+        json!({"color": color("red")}),
+    );
+    assert_eq!(
+        default_variant(&next(&mut stream).await.flag_configuration, "color"),
+        "red"
+    );
+    proxy.wait_for_metric(&warnings_metric("mixed"), 0.0).await;
+    assert_eq!(proxy.metric(&invalid_metric("mixed")).await, 0.0);
+}
+
+#[tokio::test]
+async fn a_broken_first_version_ends_streams_with_the_reason_until_it_is_fixed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(
+        dir.path(),
+        NAMESPACE,
+        "broken",
+        json!({"color": color("red"), "size": {"state": "ON", "variants": {"s": "s"}}}),
+    );
+    let proxy = manifests_proxy(&dir).await;
+    let mut client = client(&proxy).await;
+
+    // A resource that does not exist yet: its stream stays open.
+    let mut waiting = open(&mut client, &selector("later")).await.expect("stream");
+
+    // The broken one: the stream ends with the reason (after the proxy's grace), and so does
+    // FetchAllFlags (at once).
+    let mut stream = open(&mut client, &selector("broken"))
+        .await
+        .expect("stream");
+    let status = next_message(&mut stream)
+        .await
+        .expect_err("the stream ends without a message");
+    assert_status(&status, Code::FailedPrecondition, &selector("broken"));
+    for needle in ["is invalid", "flag \"size\": state must be"] {
+        assert!(status.message().contains(needle), "{needle:?}: {status:?}");
+    }
+    let status = fetch(&mut client, "broken").await.expect_err("refused");
+    assert_status(
+        &status,
+        Code::FailedPrecondition,
+        "flag \"size\": state must be",
+    );
+    proxy.wait_for_metric(&invalid_metric("broken"), 1.0).await;
+
+    // The stream of the resource that does not exist outlived that answer; it delivers once
+    // the resource is created.
+    write_manifest(
+        dir.path(),
+        NAMESPACE,
+        "later",
+        json!({"color": color("blue")}),
+    );
+    assert_eq!(
+        default_variant(&next(&mut waiting).await.flag_configuration, "color"),
+        "blue"
+    );
+
+    // Fixed: a new stream (what a client's retry opens) gets it, and so does FetchAllFlags.
+    write_manifest(
+        dir.path(),
+        NAMESPACE,
+        "broken",
+        json!({"color": color("red"), "size": {"state": "ENABLED", "variants": {"s": "s"}, "defaultVariant": "s"}}),
+    );
+    support::eventually("fetching the fixed resource", || {
+        let mut client = client.clone();
+        async move { fetch(&mut client, "broken").await }
+    })
+    .await;
+    let mut stream = open(&mut client, &selector("broken"))
+        .await
+        .expect("stream");
+    let fixed = parse(&next(&mut stream).await.flag_configuration);
+    assert_eq!(fixed["flags"]["size"]["defaultVariant"], "s");
+}
+
+// ---------------------------------------------------------------------------------------------
+// With the Kubernetes API: what whoever edits the resource is told.
+
+mod kubernetes {
+    use super::*;
+
+    use std::time::Duration;
+
+    use k8s_openapi::api::events::v1::Event;
+    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+    use kube::Api;
+    use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
+    use support::control_plane::{self, ControlPlane, feature_flag_resource};
+    use support::{EVENT_TIMEOUT, eventually};
+    use tokio::time::Instant;
+
+    const NS: &str = "warned";
+
+    fn flags_api(cp: &ControlPlane) -> Api<DynamicObject> {
+        Api::namespaced_with(cp.admin_client(), NS, &feature_flag_resource())
+    }
+
+    /// Lets the proxy's identity write Events, as `deploy/` does, and waits until it may.
+    async fn grant_events(cp: &ControlPlane) {
+        let admin = cp.admin_client();
+        let role: ClusterRole = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+            "metadata": {"name": "bad-flags-events"},
+            "rules": [{"apiGroups": ["events.k8s.io"], "resources": ["events"],
+                       "verbs": ["create", "patch"]}],
+        }))
+        .expect("ClusterRole");
+        Api::<ClusterRole>::all(admin.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .expect("creating the ClusterRole");
+        let binding: ClusterRoleBinding = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": "bad-flags-events"},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                        "name": "bad-flags-events"},
+            "subjects": [{"kind": "ServiceAccount", "name": "proxy", "namespace": "flagd"}],
+        }))
+        .expect("ClusterRoleBinding");
+        Api::<ClusterRoleBinding>::all(admin)
+            .create(&PostParams::default(), &binding)
+            .await
+            .expect("creating the ClusterRoleBinding");
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        for verb in ["create", "patch"] {
+            while !cp
+                .service_account_may("flagd", "proxy", verb, "events.k8s.io", "events", NS)
+                .await
+            {
+                assert!(Instant::now() < deadline, "the grant never took effect");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+
+    /// Waits for an Event about FeatureFlag `name` with `reason`; returns its note.
+    async fn wait_for_event(cp: &ControlPlane, name: &str, reason: &str) -> String {
+        let api: Api<Event> = Api::namespaced(cp.admin_client(), NS);
+        let params = ListParams::default();
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let list = eventually("listing Events", || api.list(&params)).await;
+            let found = list.items.into_iter().find(|e| {
+                e.reason.as_deref() == Some(reason)
+                    && e.regarding.as_ref().is_some_and(|r| {
+                        r.kind.as_deref() == Some("FeatureFlag") && r.name.as_deref() == Some(name)
+                    })
+            });
+            if let Some(event) = found {
+                return event.note.unwrap_or_default();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no {reason} Event about {NS}/{name}"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A first version with a flag that uses an unknown operator is served, and the resource
+    /// gets a Warning Event naming the flag; a first version clients cannot use gets the
+    /// rejection Event, and its stream ends with the reason.
+    #[tokio::test]
+    async fn warnings_and_rejections_are_told_on_the_resource() {
+        let Some(cp) = control_plane::start_or_skip().await else {
+            return;
+        };
+        cp.grant_proxy_cluster_wide().await;
+        grant_events(&cp).await;
+        cp.create_namespace(NS).await;
+        let api = flags_api(&cp);
+        let mixed = control_plane::feature_flag_object(
+            NS,
+            "mixed",
+            json!({"color": color("red"), "beta": unknown_operator("no_such_op")}),
+        );
+        let broken = control_plane::feature_flag_object(
+            NS,
+            "broken",
+            // The CRD's own schema checks `state`; it cannot check this.
+            json!({"size": {"state": "ENABLED", "variants": {"s": "s"}, "defaultVariant": "m"}}),
+        );
+        let params = PostParams::default();
+        for object in [&mixed, &broken] {
+            eventually("creating a FeatureFlag", || api.create(&params, object)).await;
+        }
+        let args = cp.proxy_args(&[]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let proxy = Proxy::start(&args).await;
+        let mut client = client(&proxy).await;
+
+        let mut stream = open(&mut client, &format!("core.openfeature.dev/{NS}/mixed"))
+            .await
+            .expect("stream");
+        let first = parse(&next(&mut stream).await.flag_configuration);
+        assert_eq!(first["flags"]["color"]["defaultVariant"], "red");
+        assert!(first["flags"]["beta"].is_object(), "{first}");
+        let note = wait_for_event(&cp, "mixed", "FlagConfigurationWarning").await;
+        for needle in [
+            "generation 1",
+            "is served",
+            "flag \"beta\": targeting uses operator \"no_such_op\"",
+        ] {
+            assert!(note.contains(needle), "{needle:?} missing from {note:?}");
+        }
+
+        let mut stream = open(&mut client, &format!("core.openfeature.dev/{NS}/broken"))
+            .await
+            .expect("stream");
+        let status = next_message(&mut stream).await.expect_err("ended");
+        assert_status(
+            &status,
+            Code::FailedPrecondition,
+            "flag \"size\": defaultVariant \"m\" is not one of the variants",
+        );
+        let note = wait_for_event(&cp, "broken", "FlagConfigurationRejected").await;
+        assert!(
+            note.contains("clients have no version of this resource yet"),
+            "{note}"
+        );
+
+        // Fixing the warned flag ends the warning.
+        let patch = json!({"spec": {"flagSpec": {"flags": {"beta": null}}}});
+        let (params, patch) = (PatchParams::default(), Patch::Merge(&patch));
+        eventually("fixing the FeatureFlag", || {
+            api.patch("mixed", &params, &patch)
+        })
+        .await;
+        let note = wait_for_event(&cp, "mixed", "FlagConfigurationValid").await;
+        assert!(note.contains("generation 2"), "{note}");
+    }
+}
