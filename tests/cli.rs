@@ -1,4 +1,5 @@
-//! The binary's exit status and messages for `--config`.
+//! The binary's exit status and messages for `--config` and for a Kubernetes configuration it
+//! cannot use.
 use std::process::{Command, Output};
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
@@ -63,5 +64,45 @@ fn help_with_a_config_file_exits_0() {
     assert!(
         stdout.contains("--keep-alive-permit-without-stream"),
         "{stdout}"
+    );
+}
+
+/// A kubeconfig whose cluster goes through an HTTP proxy (`proxy-url`): the proxy's Kubernetes
+/// client does not support one, and says so instead of ignoring it.
+#[test]
+fn a_kubeconfig_proxy_url_is_refused_with_a_clear_error() {
+    let kubeconfig = config_file(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
+         server: https://127.0.0.1:6443\n    proxy-url: http://127.0.0.1:3128\n    \
+         insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\n\
+         contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+        .args(["start", "--port", "0", "--management-port", "0"])
+        .args(["--bind-address", "127.0.0.1"])
+        .env_remove("FLAGD_PROXY_CONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("KUBECONFIG", kubeconfig.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run flagd-proxy");
+    // It must exit by itself; one that ignores proxy-url starts serving instead (only a hang
+    // guard: the refusal comes before anything is contacted).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().expect("poll flagd-proxy").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("flagd-proxy started with a kubeconfig proxy-url instead of refusing it");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let output = child.wait_with_output().expect("flagd-proxy's output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("names the proxy http://127.0.0.1:3128/ (kubeconfig proxy-url)"),
+        "{stderr}"
     );
 }
