@@ -687,6 +687,59 @@ fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
     );
 }
 
+/// The namespace of a watched FeatureFlag is deleted (the namespace controller deletes the
+/// FeatureFlag with it) and created again: the flagd that reads the resource through the proxy
+/// keeps evaluating its last flags meanwhile, as flagd's own Kubernetes sync does for a deleted
+/// resource, and gets the resource once it exists again.
+#[test]
+fn a_watched_resources_namespace_deleted_and_created_again_serves_it_again() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let cluster: &Cluster = &cluster;
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = install_deploy_overlay(cluster, "nsgone", &proxy_image, &[]);
+    let flags_ns = "cluster-nsgone-flags";
+    cluster.restricted_namespace(flags_ns);
+    cluster.apply(&feature_flag(flags_ns, "demo", "red"));
+    let ns = "cluster-nsgone";
+    cluster.restricted_namespace(ns);
+    let flagd = Flagd::from(
+        ns,
+        "flagd",
+        &flagd_image,
+        &format!("flagd-proxy-svc-nsgone.{proxy_ns}.svc.cluster.local:8015"),
+        &format!("core.openfeature.dev/{flags_ns}/demo"),
+    );
+    cluster.apply(&flagd.manifest());
+    cluster.wait_rollout(ns, "flagd");
+    let ip = single_pod_ip(cluster, ns, "app=flagd");
+    wait_for_color(cluster, &ip, "red");
+
+    cluster
+        .kubectl(&[
+            "delete",
+            "namespace",
+            flags_ns,
+            "--wait=true",
+            "--timeout=180s",
+        ])
+        .unwrap_or_else(|e| panic!("delete namespace {flags_ns}: {e}"));
+    assert_eq!(
+        evaluate_color(cluster, &ip).as_deref(),
+        Ok("red"),
+        "flagd keeps the last flags of a resource that is gone"
+    );
+
+    cluster.restricted_namespace(flags_ns);
+    cluster.apply(&feature_flag(flags_ns, "demo", "blue"));
+    wait_for_color(cluster, &ip, "blue");
+}
+
 /// A CA and a server certificate for `dns_name`, as PEM: (CA cert, server cert, server key).
 fn tls_material(dns_name: &str) -> (String, String, String) {
     let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
