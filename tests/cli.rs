@@ -201,3 +201,55 @@ fn a_socket_path_that_cannot_be_served_exits_64_with_one_message() {
     );
     assert_eq!(std::fs::read_to_string(&path).expect("read"), "data");
 }
+
+/// The start-up log speaks plainly: where the proxy serves (addresses, `off`; no `Some(..)`),
+/// and with the manifests source which selectors it serves and how to try one.
+#[test]
+fn the_start_up_log_says_what_is_served() {
+    use std::io::BufRead as _;
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    flagd_proxy_testkit::write_manifest(
+        manifests.path(),
+        "team-a",
+        "checkout",
+        flagd_proxy_testkit::string_flag("color", "red", &["red", "blue"]),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+        .args(["start", "--port", "0", "--management-port", "0"])
+        .args(["--bind-address", "127.0.0.1", "--manifests"])
+        .arg(manifests.path())
+        .env_remove("FLAGD_PROXY_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run flagd-proxy");
+    let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    while !line.contains("FeatureFlags served") {
+        line.clear();
+        if log.read_line(&mut line).expect("a log line") == 0 {
+            panic!(
+                "the log ended before naming what is served:\n{}",
+                lines.join("")
+            );
+        }
+        lines.push(line.clone());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let serving = lines
+        .iter()
+        .find(|l| l.contains("flagd-proxy is serving"))
+        .expect("the serving line");
+    assert!(
+        !serving.contains("Some(") && !serving.contains("None"),
+        "{serving}"
+    );
+    assert!(serving.contains("sync_socket=off"), "{serving}");
+    assert!(
+        line.contains("core.openfeature.dev/team-a/checkout")
+            && line.contains("flagd start --sources"),
+        "{line}"
+    );
+}
