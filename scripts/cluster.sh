@@ -42,6 +42,9 @@ LOCK=/run/flagd-proxy-cluster.lock
 # The process that holds $LOCK for a cluster started by `up` (it outlives this script).
 LOCK_HOLDER=/run/flagd-proxy-cluster.lock-holder
 SOCK="$R/containerd/containerd.sock"
+# kubelet's cgroup root: every pod and container of the cluster lives under it, in every cgroup
+# hierarchy, and nothing else does (the machine's own pods, if it is a node, are elsewhere).
+CGROUP_ROOT=flagd-proxy-cluster
 
 log() { printf '[cluster %s] %s\n' "$(date +%T)" "$*" >&2; }
 die() { log "error: $*"; exit 1; }
@@ -82,6 +85,11 @@ preflight() {
 
 # ---------------------------------------------------------------------------------------------
 # teardown: idempotent, safe to run when nothing (or half of it) is there.
+#
+# It touches only what the cluster made: the processes in its network namespace, the processes in
+# its own cgroup root ($CGROUP_ROOT, in each hierarchy), the mounts under its own directories ($D,
+# $R: pod network namespaces are mounted under $R too) and its namespace $NS. Nothing is found by
+# a name pattern another program could share (kubepods, cni-*).
 down() {
   if [[ -e "/run/netns/$NS" ]]; then
     # Every process in the namespace was started by this script (or by containerd for it).
@@ -89,7 +97,7 @@ down() {
     pids="$(ip netns pids "$NS" 2>/dev/null || true)"
     [[ -n "$pids" ]] && kill -TERM $pids 2>/dev/null || true
   fi
-  # Container processes live in pod namespaces; the kubepods cgroups hold exactly them.
+  # Container processes live in pod namespaces; the cluster's cgroup root holds exactly them.
   kill_cgroup_procs KILL
   local deadline=$((SECONDS + 10))
   while ((SECONDS < deadline)); do
@@ -103,32 +111,20 @@ down() {
     [[ -n "$pids" ]] && kill -KILL $pids 2>/dev/null || true
   fi
   kill_cgroup_procs KILL
-  # Mounts of kubelet volumes, container root filesystems and sandbox namespaces (deepest first).
+  # Mounts of kubelet volumes, container root filesystems and pod network namespaces (containerd
+  # mounts those under its state directory, in $R), deepest first.
   local m
   for _ in 1 2 3; do
     for m in $(awk -v d="$D" -v r="$R" 'index($2, d) == 1 || index($2, r) == 1 { print $2 }' /proc/mounts | sort -r); do
       umount "$m" 2>/dev/null || umount -l "$m" 2>/dev/null || true
     done
   done
-  # Pod network namespaces: the peers of the veths on our bridge name them (link-netns).
-  local n pod_netns=""
-  if [[ -e "/run/netns/$NS" ]]; then
-    pod_netns="$(ip -n "$NS" -o link show 2>/dev/null | grep -oE 'link-netns cni-[0-9a-f-]+' | cut -d' ' -f2 | sort -u || true)"
-  fi
-  for n in $pod_netns; do ip netns del "$n" 2>/dev/null || true; done
   if [[ -e "/run/netns/$NS" ]]; then
     ip netns del "$NS" 2>/dev/null || true
   fi
-  # Left over from a run that died half-way: a pod namespace with nothing but lo is one whose
-  # veth peer (on our bridge) went away with the node namespace.
-  for n in $(ip netns list 2>/dev/null | awk '/^cni-/ { print $1 }'); do
-    if [[ -z "$(ip -n "$n" -o link show 2>/dev/null | grep -v ': lo:' || true)" ]]; then
-      ip netns del "$n" 2>/dev/null || true
-    fi
-  done
-  # kubelet's cgroups.
+  # The cluster's cgroups, deepest first.
   local h
-  for h in /sys/fs/cgroup/*/kubepods /sys/fs/cgroup/kubepods; do
+  for h in $(cgroup_roots); do
     [[ -d "$h" ]] && find "$h" -depth -type d -exec rmdir {} \; 2>/dev/null || true
   done
   # Kernel settings kubelet changes machine-wide, back to what they were before `up`.
@@ -143,13 +139,32 @@ down() {
   rm -rf "$D" "$R"
 }
 
+# The cluster's cgroup root in each mounted cgroup hierarchy (v1: one per controller; v2: one).
+cgroup_roots() {
+  awk -v root="$CGROUP_ROOT" '$3 == "cgroup" || $3 == "cgroup2" { print $2 "/" root }' /proc/mounts | sort -u
+}
+
+# Creates the cluster's cgroup root in every hierarchy (kubelet requires it to exist).
+make_cgroup_roots() {
+  local h parent
+  for h in $(cgroup_roots); do
+    mkdir -p "$h"
+    parent="$(dirname "$h")"
+    # A v1 cpuset cgroup takes no process until it has CPUs and memory nodes of its own.
+    if [[ -f "$h/cpuset.cpus" && -z "$(cat "$h/cpuset.cpus")" ]]; then
+      cat "$parent/cpuset.cpus" >"$h/cpuset.cpus"
+      cat "$parent/cpuset.mems" >"$h/cpuset.mems"
+    fi
+  done
+}
+
 kill_cgroup_procs() {
-  local sig="$1" f
-  for f in /sys/fs/cgroup/pids/kubepods /sys/fs/cgroup/memory/kubepods /sys/fs/cgroup/kubepods; do
-    [[ -d "$f" ]] || continue
+  local sig="$1" h
+  for h in $(cgroup_roots); do
+    [[ -d "$h" ]] || continue
     # Cgroups go away while they are read (their processes die): `find` then fails, which under
     # `set -e` and `pipefail` would end the whole teardown here.
-    { find "$f" -name cgroup.procs -exec cat {} + 2>/dev/null || true; } | sort -u | while read -r pid; do
+    { find "$h" -name cgroup.procs -exec cat {} + 2>/dev/null || true; } | sort -u | while read -r pid; do
       kill "-$sig" "$pid" 2>/dev/null || true
     done
   done
@@ -240,6 +255,9 @@ state = "$R/containerd"
   enable_selinux = false
   # The VM lacks CAP_SYS_RESOURCE: a negative oom_score_adj would be refused.
   restrict_oom_score_adj = true
+  # Pod network namespaces are mounted under the state directory ($R), not /run/netns, where
+  # other programs' namespaces live: the teardown finds exactly the cluster's.
+  netns_mounts_under_state_dir = true
   [plugins."io.containerd.grpc.v1.cri".containerd]
     snapshotter = "overlayfs"
     default_runtime_name = "runc"
@@ -267,6 +285,7 @@ healthzPort: 10248
 tlsCertFile: $D/pki/kubelet.crt
 tlsPrivateKeyFile: $D/pki/kubelet.key
 cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_ROOT
 containerRuntimeEndpoint: unix://$SOCK
 failSwapOn: false
 failCgroupV1: false
@@ -478,6 +497,7 @@ up() {
   start kube-scheduler "$bin/kube-scheduler" --kubeconfig="$D/scheduler.kubeconfig" \
     --authentication-kubeconfig="$D/scheduler.kubeconfig" --authorization-kubeconfig="$D/scheduler.kubeconfig" \
     --bind-address=127.0.0.1 --leader-elect=false
+  make_cgroup_roots
   start kubelet "$bin/kubelet" --config="$D/etc/kubelet.yaml" --kubeconfig="$D/kubelet.kubeconfig" \
     --root-dir="$D/kubelet" --hostname-override="$NODE" --node-ip="$NODE_IP"
   start kube-proxy "$bin/kube-proxy" --config="$D/etc/kube-proxy.yaml"

@@ -423,8 +423,24 @@ impl Bound {
             management: self.management.local_addr().ok(),
             tls: self.prepared.tls.is_some(),
             source: self.prepared.source.name(),
+            available: available(&self.prepared.source.status()),
         }
     }
+}
+
+/// The selectors a source's status lists (`selectors`) and its count of resources, if it lists
+/// them (the manifests source does: it knows every resource at start).
+fn available(status: &serde_json::Value) -> Option<(Vec<String>, u64)> {
+    let selectors = status.get("selectors")?.as_array()?;
+    let selectors: Vec<String> = selectors
+        .iter()
+        .filter_map(|s| s.as_str().map(str::to_owned))
+        .collect();
+    let count = status
+        .get("resources")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(selectors.len() as u64);
+    Some((selectors, count))
 }
 
 /// The services whose gRPC health the proxy reports: the server as a whole and both sync
@@ -454,6 +470,8 @@ struct Listening {
     management: Option<SocketAddr>,
     tls: bool,
     source: &'static str,
+    /// Resources the source knows of at start (`selectors` in its status), and how many.
+    available: Option<(Vec<String>, u64)>,
 }
 
 impl Running {
@@ -477,14 +495,35 @@ impl Running {
 
     fn log_serving(&self) {
         let listening = &self.listening;
+        let shown = |address: Option<String>| address.unwrap_or_else(|| "off".to_owned());
         tracing::info!(
-            sync = ?listening.sync,
-            sync_socket = ?listening.socket,
-            management = ?listening.management,
+            sync = %shown(listening.sync.map(|a| a.to_string())),
+            sync_socket = %shown(listening.socket.as_ref().map(|p| p.display().to_string())),
+            management = %shown(listening.management.map(|a| a.to_string())),
             tls = listening.tls,
             source = listening.source,
             "flagd-proxy is serving"
         );
+        if let Some((selectors, count)) = &listening.available {
+            let Some(first) = selectors.first() else {
+                tracing::info!(
+                    source = listening.source,
+                    "no FeatureFlag to serve yet; clients that ask for one get it once it appears"
+                );
+                return;
+            };
+            let uri = match (listening.sync, &listening.socket) {
+                (Some(address), _) => address.to_string(),
+                (None, Some(path)) => format!("unix://{}", path.display()),
+                (None, None) => String::new(),
+            };
+            tracing::info!(
+                count,
+                selectors = %selectors.join(", "),
+                "FeatureFlags served (selectors); try one with flagd: flagd start --sources \
+                 '[{{\"uri\":\"{uri}\",\"provider\":\"grpc\",\"selector\":\"{first}\"}}]'"
+            );
+        }
     }
 
     /// Ends the streams, waits for the sync server (unless it has already ended, with `early`)

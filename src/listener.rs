@@ -1,12 +1,14 @@
 //! Where the sync server listens: a TCP port and/or a unix domain socket.
 //!
 //! The unix socket is flagd's `--sync-socket-path` shape: no network path, the file's mode is
-//! the gate. A socket file left behind by a crash is replaced at start (nothing answers on it);
-//! a file that is not a socket, or a socket another process still serves, is never touched. The
-//! file is removed when the listener is dropped.
+//! the gate. So the file never exists at its path with any other mode: the socket is bound in a
+//! private directory beside it (mode 0700), given its mode there, and moved into place. A socket
+//! file left behind by a crash is replaced at start (nothing answers on it); a file that is not a
+//! socket, or a socket another process still serves, is never touched. The file is removed when
+//! the listener is dropped, if it is still this socket's (the same inode).
 use std::future::Future;
 use std::io;
-use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -63,6 +65,8 @@ pub enum SocketError {
 pub struct UnixSocket {
     listener: UnixListener,
     path: PathBuf,
+    /// The socket file's device and inode: only that file is removed.
+    file: (u64, u64),
 }
 
 impl UnixSocket {
@@ -92,13 +96,13 @@ impl UnixSocket {
             Err(error) if error.kind() == io::ErrorKind::NotFound => {}
             Err(error) => return Err(io_error(error)),
         }
-        let listener = UnixListener::bind(path).map_err(io_error)?;
-        let socket = Self {
+        let listener = bind_with_mode(path, mode).map_err(io_error)?;
+        let meta = std::fs::symlink_metadata(path).map_err(io_error)?;
+        Ok(Self {
             listener,
             path: path.to_owned(),
-        };
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_error)?;
-        Ok(socket)
+            file: (meta.dev(), meta.ino()),
+        })
     }
 
     pub fn listener(&self) -> &UnixListener {
@@ -110,11 +114,44 @@ impl UnixSocket {
     }
 }
 
+/// Binds a socket at `path` whose file has permission bits `mode` from the moment it exists
+/// there: bound in a private directory beside `path`, given `mode`, then renamed into place.
+fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
+    let parent = match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    };
+    // Short, so the staged path stays within the length a socket path may have; another name
+    // when one is taken (left by a crashed process that had this pid, say).
+    let mut attempt = 0;
+    let private = loop {
+        let private = parent.join(format!(".fp{}-{attempt}", std::process::id()));
+        match std::fs::DirBuilder::new().mode(0o700).create(&private) {
+            Ok(()) => break private,
+            Err(error) if error.kind() == io::ErrorKind::AlreadyExists && attempt < 100 => {
+                attempt += 1;
+            }
+            Err(error) => return Err(error),
+        }
+    };
+    let staged = private.join("s");
+    let bound = UnixListener::bind(&staged).and_then(|listener| {
+        std::fs::set_permissions(&staged, std::fs::Permissions::from_mode(mode))?;
+        std::fs::rename(&staged, path)?;
+        Ok(listener)
+    });
+    if bound.is_err() {
+        let _ = std::fs::remove_file(&staged);
+    }
+    let _ = std::fs::remove_dir(&private);
+    bound
+}
+
 impl Drop for UnixSocket {
     fn drop(&mut self) {
         // Only our own socket: if another process replaced the file since, it is theirs.
-        let ours =
-            std::fs::symlink_metadata(&self.path).is_ok_and(|meta| meta.file_type().is_socket());
+        let ours = std::fs::symlink_metadata(&self.path)
+            .is_ok_and(|meta| (meta.dev(), meta.ino()) == self.file);
         if ours && let Err(error) = std::fs::remove_file(&self.path) {
             tracing::warn!(path = %self.path.display(), %error, "cannot remove the socket file");
         }
@@ -166,5 +203,69 @@ mod tests {
         let err = UnixSocket::bind(&path, 0o600).err().expect("not a socket");
         assert!(matches!(err, SocketError::NotASocket { .. }), "{err}");
         assert_eq!(std::fs::read_to_string(&path).expect("read"), "data");
+    }
+
+    /// The socket file is never at its path with a mode other than the one asked for: it
+    /// arrives there by a rename, already with its mode (it is not created there, where the
+    /// process's umask would decide its mode until a chmod).
+    #[tokio::test]
+    async fn the_socket_file_appears_with_its_final_mode() {
+        use notify::{EventKind, RecursiveMode, Watcher, event::CreateKind};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sync.sock");
+        let (tx, events) = std::sync::mpsc::channel();
+        let mut watcher = notify::recommended_watcher(move |event| {
+            let _ = tx.send(event);
+        })
+        .expect("a watcher");
+        watcher
+            .watch(dir.path(), RecursiveMode::NonRecursive)
+            .expect("watch the folder");
+        let socket = UnixSocket::bind(&path, 0o600).expect("bind");
+        let mode = std::fs::metadata(&path).expect("meta").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Every event up to the socket's arrival at its path.
+        let mut seen = Vec::new();
+        loop {
+            let event = events
+                .recv_timeout(Duration::from_secs(30))
+                .expect("the socket's arrival is seen")
+                .expect("a watch event");
+            let at_path = event.paths.iter().any(|p| p == &path);
+            seen.push(event.kind);
+            assert!(
+                !(at_path
+                    && matches!(
+                        event.kind,
+                        EventKind::Create(CreateKind::Any | CreateKind::File | CreateKind::Other)
+                    )),
+                "the socket file was created at its path: {seen:?}"
+            );
+            if at_path {
+                break;
+            }
+        }
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("list")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(
+            left,
+            [std::ffi::OsString::from("sync.sock")],
+            "nothing else left"
+        );
+        drop(socket);
+    }
+
+    /// At shutdown only this socket's own file is removed: one that replaced it since stays.
+    #[tokio::test]
+    async fn only_its_own_socket_file_is_removed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("sync.sock");
+        let socket = UnixSocket::bind(&path, 0o600).expect("bind");
+        std::fs::remove_file(&path).expect("remove");
+        let _other = std::os::unix::net::UnixListener::bind(&path).expect("another socket");
+        drop(socket);
+        assert!(path.exists(), "another process's socket is left alone");
     }
 }

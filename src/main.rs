@@ -53,6 +53,9 @@ fn start(args: StartArgs) -> ExitCode {
         }
     };
     runtime.block_on(async move {
+        // Before anything else, so that a signal during start-up is handled like any other:
+        // SIGHUP and the like ignored, a stop signal stopping the proxy once it has started.
+        let stop = listen_for_signals();
         let prepared = match app::prepare(settings).await {
             Ok(prepared) => prepared,
             Err(error) => {
@@ -60,7 +63,15 @@ fn start(args: StartArgs) -> ExitCode {
                 return ExitCode::from(EXIT_CONFIG);
             }
         };
-        match serve(prepared).await {
+        // A port in use or a socket path that cannot be served: nothing listens yet.
+        let bound = match prepared.bind().await {
+            Ok(bound) => bound,
+            Err(error) => {
+                eprintln!("flagd-proxy: {error}");
+                return ExitCode::from(EXIT_CONFIG);
+            }
+        };
+        match serve(bound, stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
                 eprintln!("flagd-proxy: {error:#}");
@@ -70,20 +81,24 @@ fn start(args: StartArgs) -> ExitCode {
     })
 }
 
-async fn serve(prepared: app::Prepared) -> anyhow::Result<()> {
-    let bound = prepared.bind().await?;
+async fn serve(bound: app::Bound, stop: StopSignals) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
-    tokio::spawn(wait_for_signal(shutdown.clone()));
+    tokio::spawn(stop.wait(shutdown.clone()));
     bound
         .run(shutdown)
         .await
         .context("flagd-proxy stopped with an error")
 }
 
-/// SIGTERM, SIGINT and SIGQUIT drain and stop the proxy. SIGHUP, SIGUSR1 and SIGUSR2 are
-/// logged and otherwise ignored (the configuration is read once, at start; TLS files and
-/// manifests are followed without a signal), so a supervisor's stray signal cannot kill it.
-async fn wait_for_signal(shutdown: CancellationToken) {
+/// The signals that stop the proxy, listened for from the start.
+struct StopSignals(Vec<(tokio::signal::unix::Signal, &'static str)>);
+
+/// SIGTERM, SIGINT and SIGQUIT drain and stop the proxy ([`StopSignals::wait`]). SIGHUP, SIGUSR1
+/// and SIGUSR2 are logged and otherwise ignored (the configuration is read once, at start; TLS
+/// files and manifests are followed without a signal), so a supervisor's stray signal cannot
+/// kill it. Installed first thing at start, so that no signal finds the default action (which
+/// ends the process) in place.
+fn listen_for_signals() -> StopSignals {
     use tokio::signal::unix::{SignalKind, signal};
     let listen = |kind: SignalKind, name: &'static str| match signal(kind) {
         Ok(signal) => Some((signal, name)),
@@ -119,15 +134,23 @@ async fn wait_for_signal(shutdown: CancellationToken) {
             );
         }
     });
-    let mut stop = futures::stream::select_all(stop.into_iter().map(|(signal, name)| {
-        tokio_stream::wrappers::SignalStream::new(signal).map(move |()| name)
-    }));
-    match stop.next().await {
-        Some(name) => tracing::info!(signal = name, "signal received; shutting down"),
-        // No stop signal can be received: serve until killed.
-        None => futures::future::pending::<()>().await,
+    tracing::debug!("listening for signals");
+    StopSignals(stop)
+}
+
+impl StopSignals {
+    /// Waits for a stop signal (one received during start-up counts), then cancels `shutdown`.
+    async fn wait(self, shutdown: CancellationToken) {
+        let mut stop = futures::stream::select_all(self.0.into_iter().map(|(signal, name)| {
+            tokio_stream::wrappers::SignalStream::new(signal).map(move |()| name)
+        }));
+        match stop.next().await {
+            Some(name) => tracing::info!(signal = name, "signal received; shutting down"),
+            // No stop signal can be received: serve until killed.
+            None => futures::future::pending::<()>().await,
+        }
+        shutdown.cancel();
     }
-    shutdown.cancel();
 }
 
 fn init_logging(format: LogFormat, debug: bool) {

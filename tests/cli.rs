@@ -1,4 +1,5 @@
-//! The binary's exit status and messages for `--config`.
+//! The binary's exit status and messages for `--config` and for a Kubernetes configuration it
+//! cannot use.
 use std::process::{Command, Output};
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
@@ -63,5 +64,192 @@ fn help_with_a_config_file_exits_0() {
     assert!(
         stdout.contains("--keep-alive-permit-without-stream"),
         "{stdout}"
+    );
+}
+
+/// A kubeconfig whose cluster goes through an HTTP proxy (`proxy-url`): the proxy's Kubernetes
+/// client does not support one, and says so instead of ignoring it.
+#[test]
+fn a_kubeconfig_proxy_url_is_refused_with_a_clear_error() {
+    let kubeconfig = config_file(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    \
+         server: https://127.0.0.1:6443\n    proxy-url: http://127.0.0.1:3128\n    \
+         insecure-skip-tls-verify: true\nusers:\n- name: u\n  user:\n    token: t\n\
+         contexts:\n- name: x\n  context: {cluster: c, user: u}\ncurrent-context: x\n",
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+        .args(["start", "--port", "0", "--management-port", "0"])
+        .args(["--bind-address", "127.0.0.1"])
+        .env_remove("FLAGD_PROXY_CONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env("KUBECONFIG", kubeconfig.path())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run flagd-proxy");
+    // It must exit by itself; one that ignores proxy-url starts serving instead (only a hang
+    // guard: the refusal comes before anything is contacted).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().expect("poll flagd-proxy").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("flagd-proxy started with a kubeconfig proxy-url instead of refusing it");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let output = child.wait_with_output().expect("flagd-proxy's output");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("names the proxy http://127.0.0.1:3128/ (kubeconfig proxy-url)"),
+        "{stderr}"
+    );
+}
+
+/// Sends `signal` (a name such as `HUP`) to process `pid`.
+fn send_signal(pid: u32, signal: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// SIGHUP, SIGUSR1 and SIGUSR2 are ignored from the very start: the proxy listens for signals
+/// before it does anything else (its first log line says so), and the signals, sent as soon as
+/// that line appears (while it is still starting), do not end it; it goes on to serve, and
+/// SIGTERM then stops it cleanly.
+#[test]
+fn reload_signals_during_start_up_are_ignored() {
+    use std::io::BufRead as _;
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    flagd_proxy_testkit::write_manifest(
+        manifests.path(),
+        "default",
+        "demo",
+        flagd_proxy_testkit::string_flag("color", "red", &["red", "blue"]),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+        .args(["start", "--port", "0", "--management-port", "0"])
+        .args(["--debug", "--bind-address", "127.0.0.1", "--manifests"])
+        .arg(manifests.path())
+        .env_remove("FLAGD_PROXY_CONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBECONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run flagd-proxy");
+    let pid = child.id();
+    let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    log.read_line(&mut line).expect("the first log line");
+    assert!(
+        line.contains("listening for signals"),
+        "the first thing done at start is to listen for signals: {line}"
+    );
+    for signal in ["HUP", "USR1", "USR2"] {
+        send_signal(pid, signal);
+    }
+    let mut seen = line.clone();
+    while !line.contains("flagd-proxy is serving") {
+        line.clear();
+        if log.read_line(&mut line).expect("a log line") == 0 {
+            let status = child.wait().expect("the exit status");
+            panic!("flagd-proxy ended during start-up ({status}) after a reload signal:\n{seen}");
+        }
+        seen.push_str(&line);
+    }
+    send_signal(pid, "HUP");
+    send_signal(pid, "TERM");
+    // The log is read to its end so the proxy never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+    let status = child.wait().expect("the exit status");
+    assert!(status.success(), "{status}");
+}
+
+/// A socket path that cannot be served (a regular file is in the way) is a configuration error:
+/// exit status 64 before anything listens, the reason said once, the file untouched.
+#[test]
+fn a_socket_path_that_cannot_be_served_exits_64_with_one_message() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let path = dir.path().join("sync.sock");
+    std::fs::write(&path, "data").expect("write a file");
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    let output = run(&[
+        "start".as_ref(),
+        "--port".as_ref(),
+        "0".as_ref(),
+        "--management-port".as_ref(),
+        "0".as_ref(),
+        "--bind-address".as_ref(),
+        "127.0.0.1".as_ref(),
+        "--manifests".as_ref(),
+        manifests.path().as_os_str(),
+        "--sync-socket-path".as_ref(),
+        path.as_os_str(),
+    ]);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert_eq!(
+        stderr
+            .matches("a file that is not a socket is in the way")
+            .count(),
+        1,
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&path).expect("read"), "data");
+}
+
+/// The start-up log speaks plainly: where the proxy serves (addresses, `off`; no `Some(..)`),
+/// and with the manifests source which selectors it serves and how to try one.
+#[test]
+fn the_start_up_log_says_what_is_served() {
+    use std::io::BufRead as _;
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    flagd_proxy_testkit::write_manifest(
+        manifests.path(),
+        "team-a",
+        "checkout",
+        flagd_proxy_testkit::string_flag("color", "red", &["red", "blue"]),
+    );
+    let mut child = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+        .args(["start", "--port", "0", "--management-port", "0"])
+        .args(["--bind-address", "127.0.0.1", "--manifests"])
+        .arg(manifests.path())
+        .env_remove("FLAGD_PROXY_CONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run flagd-proxy");
+    let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut lines = Vec::new();
+    let mut line = String::new();
+    while !line.contains("FeatureFlags served") {
+        line.clear();
+        if log.read_line(&mut line).expect("a log line") == 0 {
+            panic!(
+                "the log ended before naming what is served:\n{}",
+                lines.join("")
+            );
+        }
+        lines.push(line.clone());
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let serving = lines
+        .iter()
+        .find(|l| l.contains("flagd-proxy is serving"))
+        .expect("the serving line");
+    assert!(
+        !serving.contains("Some(") && !serving.contains("None"),
+        "{serving}"
+    );
+    assert!(serving.contains("sync_socket=off"), "{serving}");
+    assert!(
+        line.contains("core.openfeature.dev/team-a/checkout")
+            && line.contains("flagd start --sources"),
+        "{line}"
     );
 }

@@ -3,7 +3,9 @@
 //! Operator, reading FeatureFlags with its in-cluster service-account token, probed by the kubelet
 //! and reached by flagd through its Service name.
 //!
-//! One cluster serves every test of this file; each test works in its own namespaces. Without the
+//! One cluster serves every test of this file; each test works in its own namespaces, and a test
+//! that disrupts the cluster itself (an API-server restart) has it alone
+//! (`exclusive_cluster_or_skip`): the others wait for it or it for them. Without the
 //! cluster's dependencies (root, Debian packages, the Go binaries) the tests print what is missing
 //! and pass, unless `CI` is set.
 use flagd_proxy_testkit as support;
@@ -14,8 +16,8 @@ use std::process::{Child, Command};
 use serde_json::{Value, json};
 use support::TestCa;
 use support::cluster::{
-    CLUSTER_TIMEOUT, Cluster, NETNS, build_proxy_image, cluster_or_skip, operator_binary,
-    required_file, wait_for,
+    CLUSTER_TIMEOUT, Cluster, NETNS, build_proxy_image, cluster_or_skip, exclusive_cluster_or_skip,
+    operator_binary, required_file, wait_for,
 };
 use support::control_plane::test_data;
 
@@ -113,6 +115,7 @@ fn deploy_kustomization_runs_restricted_and_serves_flagd_through_its_service() {
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
+    let cluster: &Cluster = &cluster;
     let Some(flagd_image) = cluster.flagd_image() else {
         return;
     };
@@ -320,6 +323,7 @@ fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
+    let cluster: &Cluster = &cluster;
     let Some(operator_binary) = operator_binary() else {
         return;
     };
@@ -557,9 +561,11 @@ fn wait_for_all(cluster: &Cluster, ips: &[String], want: &str) {
 
 #[test]
 fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
-    let Some(cluster) = cluster_or_skip() else {
+    // It restarts the API server: no other test may be using the cluster meanwhile.
+    let Some(exclusive) = exclusive_cluster_or_skip() else {
         return;
     };
+    let cluster: &Cluster = &exclusive;
     let Some(flagd_image) = cluster.flagd_image() else {
         return;
     };
@@ -664,16 +670,7 @@ fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
             wait_for_all(cluster, &ips, "red");
 
             // 3. The API server restarted: the proxies' watches end and must come back.
-            let output =
-                Command::new(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/cluster.sh"))
-                    .arg("restart-apiserver")
-                    .output()
-                    .expect("run scripts/cluster.sh restart-apiserver");
-            assert!(
-                output.status.success(),
-                "restart-apiserver: {}",
-                String::from_utf8_lossy(&output.stderr)
-            );
+            exclusive.restart_apiserver();
             set_default_color(cluster, ns, "demo", "blue");
             wait_for_all(cluster, &ips, "blue");
         };
@@ -688,6 +685,59 @@ fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
         refusals.is_empty(),
         "flagd answered with errors while the proxies changed: {refusals:#?}"
     );
+}
+
+/// The namespace of a watched FeatureFlag is deleted (the namespace controller deletes the
+/// FeatureFlag with it) and created again: the flagd that reads the resource through the proxy
+/// keeps evaluating its last flags meanwhile, as flagd's own Kubernetes sync does for a deleted
+/// resource, and gets the resource once it exists again.
+#[test]
+fn a_watched_resources_namespace_deleted_and_created_again_serves_it_again() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let cluster: &Cluster = &cluster;
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    let proxy_image = cluster.proxy_image();
+    let proxy_ns = install_deploy_overlay(cluster, "nsgone", &proxy_image, &[]);
+    let flags_ns = "cluster-nsgone-flags";
+    cluster.restricted_namespace(flags_ns);
+    cluster.apply(&feature_flag(flags_ns, "demo", "red"));
+    let ns = "cluster-nsgone";
+    cluster.restricted_namespace(ns);
+    let flagd = Flagd::from(
+        ns,
+        "flagd",
+        &flagd_image,
+        &format!("flagd-proxy-svc-nsgone.{proxy_ns}.svc.cluster.local:8015"),
+        &format!("core.openfeature.dev/{flags_ns}/demo"),
+    );
+    cluster.apply(&flagd.manifest());
+    cluster.wait_rollout(ns, "flagd");
+    let ip = single_pod_ip(cluster, ns, "app=flagd");
+    wait_for_color(cluster, &ip, "red");
+
+    cluster
+        .kubectl(&[
+            "delete",
+            "namespace",
+            flags_ns,
+            "--wait=true",
+            "--timeout=180s",
+        ])
+        .unwrap_or_else(|e| panic!("delete namespace {flags_ns}: {e}"));
+    assert_eq!(
+        evaluate_color(cluster, &ip).as_deref(),
+        Ok("red"),
+        "flagd keeps the last flags of a resource that is gone"
+    );
+
+    cluster.restricted_namespace(flags_ns);
+    cluster.apply(&feature_flag(flags_ns, "demo", "blue"));
+    wait_for_color(cluster, &ip, "blue");
 }
 
 /// A CA and a server certificate for `dns_name`, as PEM: (CA cert, server cert, server key).
@@ -715,6 +765,7 @@ fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
+    let cluster: &Cluster = &cluster;
     let Some(flagd_image) = cluster.flagd_image() else {
         return;
     };
@@ -944,6 +995,7 @@ fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
+    let cluster: &Cluster = &cluster;
     let Some(flagd_image) = cluster.flagd_image() else {
         return;
     };
@@ -1013,6 +1065,7 @@ fn in_process_go_provider_pod_syncs_through_the_service_name() {
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
+    let cluster: &Cluster = &cluster;
     let Some(client_image) = cluster.interop_go_image() else {
         return;
     };
@@ -1047,6 +1100,7 @@ fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
+    let cluster: &Cluster = &cluster;
     let Some(helm) = helm_binary() else {
         return;
     };
@@ -1250,6 +1304,7 @@ fn helm_chart_central_and_node_modes_serve_flagd_shapes_and_rpc_providers() {
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
+    let cluster: &Cluster = &cluster;
     let Some(helm) = helm_binary() else {
         return;
     };
@@ -1378,6 +1433,7 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
     let Some(cluster) = cluster_or_skip() else {
         return;
     };
+    let cluster: &Cluster = &cluster;
     let Some(helm) = helm_binary() else {
         return;
     };

@@ -102,33 +102,82 @@ struct Shared {
 struct Connection {
     client: HyperClient<Connector, Body>,
     load: Load,
-    opened: Arc<Opened>,
+    gate: Arc<Gate>,
 }
 
-/// Whether a connection's first request has its answer. Until then its protocol (HTTP/2, by
-/// ALPN) is not known, and hyper opens another socket for every request that arrives meanwhile;
-/// so the requests placed on a new connection wait for the first one.
+/// Whether a connection's protocol is known. Until a first request has its answer the protocol
+/// (HTTP/2, by ALPN) is not, and hyper opens another socket for every request that arrives
+/// meanwhile; so one request goes first and the others wait for its answer. A first request that
+/// is given up before its answer (its caller cancelled it or timed out) hands the turn on: the
+/// next request goes first instead, and nobody waits for an answer that will never come.
 #[derive(Default)]
-struct Opened {
-    done: std::sync::atomic::AtomicBool,
-    notify: Notify,
+struct Gate {
+    state: Mutex<GateState>,
+    changed: Notify,
 }
 
-impl Opened {
-    fn set(&self) {
-        self.done.store(true, std::sync::atomic::Ordering::Release);
-        self.notify.notify_waiters();
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum GateState {
+    /// No request is on its way: the next one goes first.
+    #[default]
+    Vacant,
+    /// A first request is on its way.
+    Trying,
+    /// A request had its answer: everyone goes.
+    Open,
+}
+
+impl Gate {
+    /// Waits for this request's turn: `Some` when it goes first (the others wait until the
+    /// returned value is [`FirstRequest::answered`] or dropped), `None` when the connection is
+    /// open.
+    async fn enter(self: &Arc<Self>) -> Option<FirstRequest> {
+        loop {
+            let changed = self.changed.notified();
+            let mut changed = std::pin::pin!(changed);
+            // Registered before looking, so a change between the look and the wait is not missed.
+            changed.as_mut().enable();
+            {
+                let mut state = lock(&self.state);
+                match *state {
+                    GateState::Open => return None,
+                    GateState::Vacant => {
+                        *state = GateState::Trying;
+                        return Some(FirstRequest { gate: self.clone() });
+                    }
+                    GateState::Trying => {}
+                }
+            }
+            changed.await;
+        }
     }
 
-    async fn wait(&self) {
-        loop {
-            let notified = self.notify.notified();
-            let mut notified = std::pin::pin!(notified);
-            notified.as_mut().enable();
-            if self.done.load(std::sync::atomic::Ordering::Acquire) {
-                return;
-            }
-            notified.await;
+    fn set(&self, to: GateState) {
+        *lock(&self.state) = to;
+        self.changed.notify_waiters();
+    }
+}
+
+/// The request that goes first on a connection; dropped before [`answered`](Self::answered),
+/// it hands the turn to the next request.
+struct FirstRequest {
+    gate: Arc<Gate>,
+}
+
+impl FirstRequest {
+    /// It had its answer (a response or an error): every request may go now.
+    fn answered(self) {
+        self.gate.set(GateState::Open);
+    }
+}
+
+impl Drop for FirstRequest {
+    fn drop(&mut self) {
+        let mut state = lock(&self.gate.state);
+        if *state == GateState::Trying {
+            *state = GateState::Vacant;
+            drop(state);
+            self.gate.changed.notify_waiters();
         }
     }
 }
@@ -137,9 +186,7 @@ impl Opened {
 struct Picked {
     client: HyperClient<Connector, Body>,
     in_flight: InFlight,
-    opened: Arc<Opened>,
-    /// This request opens the connection: the others wait for its answer.
-    opens: bool,
+    gate: Arc<Gate>,
 }
 
 /// The requests in flight on one connection (responses, body included, not finished).
@@ -218,7 +265,6 @@ impl Pool {
 
     fn try_pick(&self, lifetime: Lifetime) -> Option<Picked> {
         let mut connections = lock(&self.shared.connections);
-        let mut opens = false;
         let index = match place(connections.iter().map(|c| c.load)) {
             Placement::Use(index) => index,
             Placement::Wait => return None,
@@ -233,9 +279,8 @@ impl Pool {
                 connections.push(Connection {
                     client,
                     load: Load::default(),
-                    opened: Arc::default(),
+                    gate: Arc::default(),
                 });
-                opens = true;
                 connections.len() - 1
             }
         };
@@ -252,8 +297,7 @@ impl Pool {
         Some(Picked {
             client: connection.client.clone(),
             in_flight: guard,
-            opened: connection.opened.clone(),
-            opens,
+            gate: connection.gate.clone(),
         })
     }
 }
@@ -299,12 +343,10 @@ impl tower::Service<Request<Body>> for Pool {
         let pool = self.clone();
         Box::pin(async move {
             let picked = pool.pick(Lifetime::of(&request)).await;
-            if !picked.opens {
-                picked.opened.wait().await;
-            }
+            let first = picked.gate.enter().await;
             let response = picked.client.request(request).await;
-            if picked.opens {
-                picked.opened.set();
+            if let Some(first) = first {
+                first.answered();
             }
             Ok(response?.map(|body| CountedBody {
                 body,
@@ -400,10 +442,8 @@ mod tests {
         );
     }
 
-    /// 250 watches, each after its list, and other short requests among them (reviews, events):
-    /// the watches pack 100 a connection.
-    #[tokio::test]
-    async fn short_requests_do_not_spread_watches() {
+    /// A pool of this stack's connections, TLS or plain HTTP.
+    fn test_pool() -> Pool {
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(
                 rustls::ClientConfig::builder_with_provider(Arc::new(
@@ -417,10 +457,90 @@ mod tests {
             .https_or_http()
             .enable_all_versions()
             .wrap_connector(HttpConnector::new());
-        let pool = Pool {
+        Pool {
             connector,
             shared: Arc::default(),
+        }
+    }
+
+    /// A plain HTTP server on loopback that never answers `/hang` (telling `arrived` when such a
+    /// request is in) and answers anything else with 200.
+    async fn server(arrived: tokio::sync::mpsc::UnboundedSender<()>) -> std::net::SocketAddr {
+        use hyper::service::service_fn;
+        use hyper_util::rt::TokioIo;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let address = listener.local_addr().expect("address");
+        tokio::spawn(async move {
+            while let Ok((socket, _)) = listener.accept().await {
+                let arrived = arrived.clone();
+                let service = service_fn(move |request: Request<Incoming>| {
+                    let arrived = arrived.clone();
+                    async move {
+                        if request.uri().path() == "/hang" {
+                            let _ = arrived.send(());
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, std::convert::Infallible>(Response::new(http_body_util::Full::new(
+                            Bytes::from_static(b"ok"),
+                        )))
+                    }
+                });
+                tokio::spawn(
+                    hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(socket), service),
+                );
+            }
+        });
+        address
+    }
+
+    /// The first request on a new connection is given up mid-flight (its caller timed out) while
+    /// another request waits for its answer: the waiting request goes instead, and is answered.
+    #[tokio::test]
+    async fn a_first_request_given_up_hands_the_connection_on() {
+        use tower::Service as _;
+        let (arrived_tx, mut arrived) = tokio::sync::mpsc::unbounded_channel();
+        let address = server(arrived_tx).await;
+        let pool = test_pool();
+        let get = |path: &str| {
+            Request::get(format!("http://{address}{path}"))
+                .body(Body::empty())
+                .expect("request")
         };
+        let first = tokio::spawn(pool.clone().call(get("/hang")));
+        arrived
+            .recv()
+            .await
+            .expect("the first request reaches the server");
+        let next = tokio::spawn(pool.clone().call(get("/ok")));
+        // The next request is placed on the same connection and waits for the first's answer.
+        while lock(&pool.shared.connections)[0].load.shorts < 2 {
+            tokio::task::yield_now().await;
+        }
+        first.abort();
+        assert!(first.await.is_err_and(|e| e.is_cancelled()));
+        let answer = tokio::time::timeout(Duration::from_secs(30), next)
+            .await
+            .expect("the waiting request is not left waiting for an answer that never comes")
+            .expect("the task")
+            .expect("an answer");
+        assert_eq!(answer.status(), http::StatusCode::OK);
+        assert_eq!(lock(&pool.shared.connections).len(), 1, "one connection");
+        // And later requests on that connection go straight through.
+        let again = tokio::time::timeout(Duration::from_secs(30), pool.clone().call(get("/ok")))
+            .await
+            .expect("answered")
+            .expect("an answer");
+        assert_eq!(again.status(), http::StatusCode::OK);
+    }
+
+    /// 250 watches, each after its list, and other short requests among them (reviews, events):
+    /// the watches pack 100 a connection.
+    #[tokio::test]
+    async fn short_requests_do_not_spread_watches() {
+        let pool = test_pool();
         let short = |pool: &Pool, takes: usize| {
             let pool = pool.clone();
             async move {

@@ -73,6 +73,9 @@ pub struct Catalog {
     pub problems: Vec<FileProblem>,
 }
 
+/// The most selectors `status` lists (the first, in order).
+const STATUS_SELECTORS: usize = 20;
+
 /// Serves `FeatureFlag` objects from manifest files.
 pub struct ManifestSource {
     catalog: watch::Receiver<Arc<Catalog>>,
@@ -171,7 +174,14 @@ impl Source for ManifestSource {
 
     fn status(&self) -> Value {
         let catalog = self.catalog();
-        serde_json::json!({"resources": catalog.resources.len(), "problems": catalog.problems})
+        let mut selectors: Vec<String> = catalog.resources.keys().map(|k| k.to_string()).collect();
+        selectors.sort_unstable();
+        selectors.truncate(STATUS_SELECTORS);
+        serde_json::json!({
+            "resources": catalog.resources.len(),
+            "selectors": selectors,
+            "problems": catalog.problems,
+        })
     }
 
     fn watch(&self, key: ResourceKey, publisher: Publisher) -> BoxFuture<'static, ()> {

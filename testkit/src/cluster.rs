@@ -16,9 +16,10 @@
 
 use std::collections::BTreeSet;
 use std::io::{BufRead, BufReader, Write};
+use std::ops::Deref;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
-use std::sync::{Mutex, OnceLock, mpsc};
+use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, mpsc};
 use std::time::{Duration, Instant};
 
 use super::control_plane::{bin_dir, cache_dir, test_data};
@@ -29,6 +30,8 @@ pub const NETNS: &str = "flagd-proxy-cluster";
 pub const REGISTRY: &str = "10.99.0.1:5000";
 /// Bound for one cluster event (a rollout, a pull, a sync), guarding only against hangs.
 pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(240);
+/// How long a kubectl call waits for an API server that cannot be reached.
+pub const API_SERVER_ABSENCE: Duration = Duration::from_secs(90);
 /// The proxy image every scenario runs, made from the binary under test.
 pub const PROXY_IMAGE: &str = "flagd-proxy";
 pub const PROXY_TAG: &str = "test";
@@ -47,6 +50,50 @@ pub struct Cluster {
 }
 
 static CLUSTER: OnceLock<Result<Cluster, Unavailable>> = OnceLock::new();
+
+/// The tests of a process share its cluster, each in namespaces of its own; a test that disrupts
+/// the cluster itself (restarts the API server, breaks the node's network) holds it alone. Shared
+/// users hold the read side for their whole test, a disruptive one the write side.
+static TURNS: RwLock<()> = RwLock::new(());
+
+/// The cluster, shared with the other tests of the process: nothing disrupts it meanwhile.
+pub struct SharedCluster {
+    cluster: &'static Cluster,
+    _turn: RwLockReadGuard<'static, ()>,
+}
+
+impl Deref for SharedCluster {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        self.cluster
+    }
+}
+
+/// The cluster with no other test using it: only this may disrupt it.
+pub struct ExclusiveCluster {
+    cluster: &'static Cluster,
+    _turn: RwLockWriteGuard<'static, ()>,
+}
+
+impl Deref for ExclusiveCluster {
+    type Target = Cluster;
+    fn deref(&self) -> &Cluster {
+        self.cluster
+    }
+}
+
+impl ExclusiveCluster {
+    /// Stops the API server and starts it again (`scripts/cluster.sh restart-apiserver`); returns
+    /// once it is ready.
+    pub fn restart_apiserver(&self) {
+        run_ok(
+            Command::new(repo_root().join("scripts/cluster.sh"))
+                .arg("restart-apiserver")
+                .env("FLAGD_PROXY_KUBE_BIN_DIR", bin_dir()),
+            "scripts/cluster.sh restart-apiserver",
+        );
+    }
+}
 
 /// Why there is no cluster.
 #[derive(Debug, Clone)]
@@ -132,9 +179,31 @@ pub fn missing_dependencies() -> Vec<String> {
     missing
 }
 
-/// The cluster, started on first use. When something it needs is missing this panics if `CI` is
-/// set and otherwise prints a notice and returns `None`. A cluster that fails to start panics.
-pub fn cluster_or_skip() -> Option<&'static Cluster> {
+/// The cluster, started on first use, shared with the other tests of this process until the
+/// returned value is dropped; a test that disrupts the cluster waits meanwhile. When something it
+/// needs is missing this panics if `CI` is set and otherwise prints a notice and returns `None`.
+/// A cluster that fails to start panics.
+pub fn cluster_or_skip() -> Option<SharedCluster> {
+    let cluster = started_cluster()?;
+    let turn = TURNS.read().unwrap_or_else(|e| e.into_inner());
+    Some(SharedCluster {
+        cluster,
+        _turn: turn,
+    })
+}
+
+/// Like [`cluster_or_skip`], but once every other test of this process has given the cluster up
+/// and until the returned value is dropped: for a test that disrupts the cluster itself.
+pub fn exclusive_cluster_or_skip() -> Option<ExclusiveCluster> {
+    let cluster = started_cluster()?;
+    let turn = TURNS.write().unwrap_or_else(|e| e.into_inner());
+    Some(ExclusiveCluster {
+        cluster,
+        _turn: turn,
+    })
+}
+
+fn started_cluster() -> Option<&'static Cluster> {
     let result = CLUSTER.get_or_init(|| {
         let missing = missing_dependencies();
         if missing.is_empty() {
@@ -317,18 +386,32 @@ impl Cluster {
         all
     }
 
-    /// kubectl as cluster admin.
+    /// kubectl as cluster admin. A call that cannot reach the API server (it is briefly away: a
+    /// restart, a connection cut) is made again, for up to [`API_SERVER_ABSENCE`]; any answer of
+    /// the server, an error included, is returned as it is.
     pub fn kubectl(&self, args: &[&str]) -> Result<String, String> {
-        let kubeconfig = self.kubeconfig();
-        self.exec(&self.kubectl_args(&kubeconfig, args))
+        self.kubectl_with_input(args, None)
     }
 
     /// `kubectl apply -f -` of `manifest` (YAML or JSON); panics on failure.
     pub fn apply(&self, manifest: &str) {
-        let kubeconfig = self.kubeconfig();
-        let args = self.kubectl_args(&kubeconfig, &["apply", "-f", "-"]);
-        if let Err(error) = self.exec_with_input(&args, Some(manifest)) {
+        if let Err(error) = self.kubectl_with_input(&["apply", "-f", "-"], Some(manifest)) {
             panic!("kubectl apply: {error}\n{manifest}");
+        }
+    }
+
+    fn kubectl_with_input(&self, args: &[&str], input: Option<&str>) -> Result<String, String> {
+        let kubeconfig = self.kubeconfig();
+        let args = self.kubectl_args(&kubeconfig, args);
+        let deadline = Instant::now() + API_SERVER_ABSENCE;
+        loop {
+            match self.exec_with_input(&args, input) {
+                Err(error) if api_server_unreachable(&error) && Instant::now() < deadline => {
+                    eprintln!("the API server is away, trying again: {error}");
+                    std::thread::sleep(Duration::from_secs(1));
+                }
+                result => return result,
+            }
         }
     }
 
@@ -556,6 +639,23 @@ fn run_ok(command: &mut Command, what: &str) -> std::process::Output {
         String::from_utf8_lossy(&output.stderr)
     );
     output
+}
+
+/// Whether kubectl's `error` says the API server could not be reached (as opposed to an answer).
+fn api_server_unreachable(error: &str) -> bool {
+    [
+        "connect: connection refused",
+        "connection reset by peer",
+        "Unable to connect to the server",
+        "http2: client connection lost",
+        "TLS handshake timeout",
+        "i/o timeout",
+        "the server is currently unable to handle the request",
+        "etcdserver: request timed out",
+        "etcdserver: leader changed",
+    ]
+    .iter()
+    .any(|sign| error.contains(sign))
 }
 
 /// Calls `check` every half second until it succeeds; the last error after `timeout`.

@@ -280,6 +280,7 @@ pub struct ControlPlane {
     etcd: Option<Supervised>,
     binaries: Binaries,
     apiserver_port: u16,
+    etcd_client_port: u16,
     apiserver_args: Vec<String>,
     apiserver_log: PathBuf,
     admin_client: Client,
@@ -408,6 +409,7 @@ impl ControlPlane {
             etcd: Some(etcd),
             binaries: binaries.clone(),
             apiserver_port,
+            etcd_client_port,
             apiserver_args,
             apiserver_log: apiserver_log.clone(),
             admin_client,
@@ -426,6 +428,28 @@ impl ControlPlane {
 
     /// Installs the CRDs and the ClusterRole.
     async fn install(&self, crds: &[CustomResourceDefinition]) -> anyhow::Result<()> {
+        self.install_crds(crds).await?;
+
+        let role: ClusterRole = serde_json::from_value(json!({
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": { "name": PROXY_CLUSTER_ROLE },
+            "rules": [{
+                "apiGroups": [GROUP],
+                "resources": ["featureflags", "featureflagsources"],
+                "verbs": ["get", "list", "watch"],
+            }],
+        }))
+        .context("building the ClusterRole")?;
+        Api::<ClusterRole>::all(self.admin_client.clone())
+            .create(&PostParams::default(), &role)
+            .await
+            .context("creating the proxy's ClusterRole")?;
+        Ok(())
+    }
+
+    /// Creates `crds` and waits until they are Established and their resources served.
+    async fn install_crds(&self, crds: &[CustomResourceDefinition]) -> anyhow::Result<()> {
         let crd_api: Api<CustomResourceDefinition> = Api::all(self.admin_client.clone());
         for crd in crds {
             crd_api
@@ -457,23 +481,40 @@ impl ControlPlane {
             .with_context(|| format!("waiting for CRD {name}"))?;
         }
         self.wait_for_custom_resources().await?;
-
-        let role: ClusterRole = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRole",
-            "metadata": { "name": PROXY_CLUSTER_ROLE },
-            "rules": [{
-                "apiGroups": [GROUP],
-                "resources": ["featureflags", "featureflagsources"],
-                "verbs": ["get", "list", "watch"],
-            }],
-        }))
-        .context("building the ClusterRole")?;
-        Api::<ClusterRole>::all(self.admin_client.clone())
-            .create(&PostParams::default(), &role)
-            .await
-            .context("creating the proxy's ClusterRole")?;
         Ok(())
+    }
+
+    /// Deletes the FeatureFlag CRD, and with it every FeatureFlag, and waits until it is gone.
+    pub async fn delete_feature_flag_crd(&self) {
+        let crd_api: Api<CustomResourceDefinition> = Api::all(self.admin_client.clone());
+        let name = CRD_NAMES[0];
+        crd_api
+            .delete(name, &DeleteParams::default())
+            .await
+            .unwrap_or_else(|e| panic!("deleting CRD {name}: {e}"));
+        self.wait_until(&format!("CRD {name} to be gone"), || async {
+            let crd = crd_api.get_opt(name).await?;
+            anyhow::Ok(match crd {
+                None => Ok(()),
+                Some(_) => Err("still there".to_owned()),
+            })
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    }
+
+    /// Creates the FeatureFlag CRD again (after [`Self::delete_feature_flag_crd`]) and waits
+    /// until FeatureFlags are served.
+    pub async fn create_feature_flag_crd(&self) {
+        let crds = load_crds(&test_data(OPERATOR_CRDS).unwrap_or_else(|e| panic!("{e}")))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let crd: Vec<CustomResourceDefinition> = crds
+            .into_iter()
+            .filter(|crd| crd.metadata.name.as_deref() == Some(CRD_NAMES[0]))
+            .collect();
+        self.install_crds(&crd)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
     }
 
     /// A client authenticated as the administrator (group `system:masters`).
@@ -637,6 +678,18 @@ impl ControlPlane {
         sum_long_running_watches(&text, resource)
     }
 
+    /// Sum of `apiserver_request_total{verb=<verb>,resource=<resource>}`: the requests of that
+    /// kind it answered since it started. `verb` is as the API server counts it: `LIST`, `WATCH`,
+    /// `GET`, ...; it counts a list limited to one name (`fieldSelector=metadata.name=...`, what
+    /// the proxy makes) as a `GET`.
+    pub async fn requests(&self, verb: &str, resource: &str) -> u64 {
+        let text = self
+            .admin_get("/metrics")
+            .await
+            .expect("reading the apiserver's /metrics");
+        sum_samples(&text, "apiserver_request_total", verb, resource)
+    }
+
     /// Polls `open_watches(resource)` until it equals `want` (within a hang guard of a minute).
     pub async fn wait_for_open_watches(&self, resource: &str, want: u64) {
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -651,6 +704,57 @@ impl ControlPlane {
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// Compacts etcd's history up to its current revision, as kube-apiserver does every five
+    /// minutes: a watch from any older resource version is then answered 410 Gone. Returns the
+    /// revision.
+    pub async fn compact_etcd(&self) -> u64 {
+        // etcd's JSON gateway: a range request's header carries the current revision.
+        let range = self
+            .etcd_post("/v3/kv/range", &json!({"key": "AA=="}).to_string())
+            .await;
+        let revision: u64 = range["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse().ok())
+            .unwrap_or_else(|| panic!("no revision in etcd's answer: {range}"));
+        self.etcd_post(
+            "/v3/kv/compaction",
+            &json!({"revision": revision.to_string(), "physical": true}).to_string(),
+        )
+        .await;
+        revision
+    }
+
+    /// POSTs `body` to etcd's JSON gateway; the answer. Panics on a failure.
+    async fn etcd_post(&self, path: &str, body: &str) -> serde_json::Value {
+        let exchange = async {
+            let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.etcd_client_port))
+                .await
+                .context("connect to etcd")?;
+            let request = format!(
+                "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                 Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            stream.write_all(request.as_bytes()).await?;
+            let mut answer = String::new();
+            stream.read_to_string(&mut answer).await?;
+            anyhow::Ok(answer)
+        };
+        let answer = tokio::time::timeout(PROBE_TIMEOUT, exchange)
+            .await
+            .unwrap_or_else(|_| panic!("etcd did not answer POST {path}"))
+            .unwrap_or_else(|e| panic!("POST {path} to etcd: {e:#}"));
+        let (head, json) = answer
+            .split_once("\r\n\r\n")
+            .unwrap_or_else(|| panic!("etcd's answer to {path}: {answer}"));
+        assert!(
+            head.starts_with("HTTP/1.1 200"),
+            "etcd's answer to {path}: {answer}"
+        );
+        serde_json::from_str(json.trim())
+            .unwrap_or_else(|e| panic!("etcd's answer to {path} is not JSON ({e}): {json}"))
     }
 
     /// Kills the apiserver (SIGKILL, as a crash would) and waits for it to exit. etcd keeps
@@ -1010,9 +1114,16 @@ async fn plain_http_get(port: u16, path: &str) -> std::io::Result<String> {
 
 /// Sums `apiserver_longrunning_requests` samples with `verb="WATCH"` and the given resource.
 pub fn sum_long_running_watches(metrics: &str, resource: &str) -> u64 {
+    sum_samples(metrics, "apiserver_longrunning_requests", "WATCH", resource)
+}
+
+/// Sum of the samples of the apiserver metric `name` with labels `verb` and `resource`, over all
+/// other labels.
+fn sum_samples(metrics: &str, name: &str, verb: &str, resource: &str) -> u64 {
+    let prefix = format!("{name}{{");
     let mut total = 0.0_f64;
     for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix("apiserver_longrunning_requests{") else {
+        let Some(rest) = line.strip_prefix(&prefix) else {
             continue;
         };
         let Some((labels, value)) = rest.rsplit_once('}') else {
@@ -1025,7 +1136,7 @@ pub fn sum_long_running_watches(metrics: &str, resource: &str) -> u64 {
                 .find(|(k, _)| k == name)
                 .map(|(_, v)| v.as_str())
         };
-        if label("verb") == Some("WATCH") && label("resource") == Some(resource) {
+        if label("verb") == Some(verb) && label("resource") == Some(resource) {
             // A sample may carry a timestamp after the value.
             let value = value.split_whitespace().next().unwrap_or("0");
             total += value.parse::<f64>().unwrap_or(0.0);

@@ -1,6 +1,7 @@
 //! Helpers for flagd-proxy's integration tests and benchmark: run the proxy binary, write
 //! manifests, make certificates, talk to the proxy with a gRPC sync client, and run a
-//! Kubernetes control plane ([`control_plane`]) or a cluster ([`cluster`]).
+//! Kubernetes control plane ([`control_plane`]) or a cluster ([`cluster`]), and break the path
+//! to a server ([`relay`]).
 //!
 //! Integration tests take it in as `use flagd_proxy_testkit as support;`.
 
@@ -9,6 +10,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod helm;
 pub mod raw_h2;
+pub mod relay;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

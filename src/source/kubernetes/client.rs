@@ -53,6 +53,13 @@ pub enum KubeError {
     },
     #[error("in-cluster Kubernetes configuration (KUBERNETES_SERVICE_HOST is set): {0}")]
     InCluster(#[source] InClusterError),
+    #[error(
+        "the Kubernetes configuration for {server} names the proxy {proxy} (kubeconfig \
+         proxy-url): flagd-proxy connects to the API server directly and does not go through a \
+         proxy; remove proxy-url, or point the configuration at an address of the API server \
+         that needs none"
+    )]
+    ProxyUrl { server: String, proxy: String },
     #[error("cannot build the Kubernetes client for {server}: {source}")]
     Client {
         server: String,
@@ -150,6 +157,12 @@ pub(super) async fn configure(settings: &KubeSettings) -> Result<Configured, Kub
         ConfigChoice::None => return Err(KubeError::NoConfiguration),
     };
     let server = config.cluster_url.to_string();
+    if let Some(proxy) = &config.proxy_url {
+        return Err(KubeError::ProxyUrl {
+            server,
+            proxy: proxy.to_string(),
+        });
+    }
     let client = build_client(config, token).map_err(|source| KubeError::Client {
         server: server.clone(),
         source,

@@ -1,19 +1,26 @@
 //! The Kubernetes source: one watch per requested `FeatureFlag`, on demand.
 //!
-//! Every watch is a `kube::runtime::watcher` limited to one namespace and one name (field
-//! selector `metadata.name=<name>`), all of them sharing one [`kube::Client`]. What a watch sees
-//! is reported to the hub's [`Publisher`]:
+//! Every watch is limited to one namespace and one name (field selector
+//! `metadata.name=<name>`), all of them sharing one [`kube::Client`]: a list of that one object,
+//! then a watch from the list's resource version, with bookmarks. What a watch sees is reported
+//! to the hub's [`Publisher`]:
 //!
-//! - the object, after every initial list (`InitDone`) that contained it and on every change;
-//! - its absence, after an initial list that did not contain it and when it is deleted (clients
-//!   keep the last flags, as flagd's own Kubernetes sync does);
+//! - the object, after a list that contained it and on every change;
+//! - its absence, after a list that did not contain it and when it is deleted (clients keep the
+//!   last flags, as flagd's own Kubernetes sync does);
 //! - `forbidden` when RBAC refuses the read (the message names the missing permission);
-//! - `unreachable` for every other failure (connection refused, 5xx, bad credentials, CRD not
-//!   installed).
+//! - `unreachable` for every other failure (connection refused or lost, 5xx, bad credentials,
+//!   CRD not installed).
 //!
-//! After a failure the watch starts again with a fresh list, after the process's backoff
-//! ([`crate::backoff`]), so a permission granted later or an API server that comes back is
-//! picked up without a restart.
+//! A watch that ends (the API server's timeout) or fails (a restart, a cut connection, a dead one
+//! found by the HTTP/2 keepalive) is made again from the last resource version it saw, which
+//! bookmarks keep current: an API server that comes back costs each watched resource one watch
+//! request, not a list. Only a version the API server no longer has (410 Gone: etcd compacted
+//! it, or a restarted API server's watch cache starts later) is followed by a new list; the
+//! subscribers get the newest version, never one in between. Failures are retried after the
+//! process's backoff ([`crate::backoff`]), so a permission granted later or an API server that
+//! comes back is picked up without a restart, and a watch that works again tells subscribers'
+//! status that their flags are current again.
 //!
 //! The module has three parts: this one (the source and its watch loop), `client` (where the
 //! client's configuration comes from, the bearer token file) and `failure` (what a failed
@@ -25,8 +32,9 @@ use std::time::Instant;
 use futures::StreamExt;
 use futures::future::BoxFuture;
 use kube::Client;
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind};
-use kube::runtime::watcher::{self, Event};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, WatchParams};
+use kube::core::WatchEvent;
+use kube::runtime::watcher;
 use serde_json::Value;
 
 use crate::backoff::Backoff;
@@ -136,59 +144,181 @@ struct WatchContext {
     backoff: Backoff,
 }
 
-/// Runs until dropped: a watcher for one object, started again after every failure.
+/// How long the API server keeps one watch request open (seconds); then it is made again from
+/// the last version seen. The same as kube-runtime's watcher.
+const WATCH_TIMEOUT_SECS: u32 = 290;
+
+/// Runs until dropped: lists the object once, then watches it from the list's resource version.
+/// A watch that ends or fails is made again from the last version seen (bookmarks keep it
+/// current), so an API server restart or a cut connection costs each watched resource one watch
+/// request, not a list; only a version the API server no longer has (410 Gone, after etcd
+/// compaction) is followed by a list. Failures are retried after the backoff.
 async fn watch_resource(api: Api<DynamicObject>, mut context: WatchContext, publisher: Publisher) {
-    let config = watcher::Config::default().fields(&format!(
-        "metadata.name={}",
-        escape_field_value(&context.key.name)
-    ));
-    let mut refusals = Refusals::default();
+    let fields = format!("metadata.name={}", escape_field_value(&context.key.name));
+    let mut watch = ResourceWatch::default();
     loop {
-        let mut tracker = Tracker::default();
-        let mut events = pin!(watcher::watcher(api.clone(), config.clone()));
-        let problem = loop {
-            match events.next().await {
-                Some(Ok(event)) => {
-                    if !matches!(event, Event::Init) {
-                        // `Init` comes before the list request; anything else means it worked.
-                        refusals.access_worked();
-                    }
-                    match tracker.on_event(event) {
-                        Some(Report::Present(object)) => publish(&publisher, &context, &object),
-                        Some(Report::Absent) => publisher.absent(),
-                        None => {}
-                    }
-                }
-                Some(Err(error)) => match classify(&error, &context.key, &context.server) {
-                    Action::Continue => {
-                        tracing::debug!(resource = %context.key, %error, "watch expired; listing again");
-                    }
-                    Action::Restart => {
-                        tracing::debug!(resource = %context.key, %error, "restarting the watch");
-                        break None;
-                    }
-                    Action::Report(problem) => break Some(problem),
-                },
-                None => break None,
+        let step = match watch.resume.clone() {
+            None => watch.list(&api, &fields, &context, &publisher).await,
+            Some(version) => {
+                watch
+                    .watch(&api, &fields, &version, &context, &publisher)
+                    .await
             }
         };
-        match problem {
-            Some(problem) if problem.kind == Kind::Forbidden && !refusals.refused() => {
-                context
-                    .metrics
-                    .source_error(SOURCE, Kind::Forbidden.label());
-                tracing::warn!(resource = %context.key, reason = %problem.message,
-                    "the API server refused access that worked before; retrying before telling clients");
-            }
-            Some(problem) => {
-                if problem.kind != Kind::Forbidden {
-                    refusals.other_failure();
-                }
-                report(&publisher, &context, problem);
-            }
-            None => {}
+        if let Step::Failed(error) = step
+            && watch.failed(&error, &context, &publisher)
+        {
+            tokio::time::sleep(context.backoff.next_delay()).await;
         }
-        tokio::time::sleep(context.backoff.next_delay()).await;
+    }
+}
+
+/// What one request of the loop ended with.
+enum Step {
+    /// Go on at once: watch again from the version to resume from, or list when there is none.
+    Next,
+    /// A failure: it is judged, then the loop goes on after the backoff.
+    Failed(watcher::Error),
+}
+
+/// The state of one resource's watch loop.
+#[derive(Default)]
+struct ResourceWatch {
+    /// The resource version to watch from; `None`: list first.
+    resume: Option<String>,
+    /// What subscribers were told last, told again when a watch works after a failure that was
+    /// reported (nothing else would end that report when nothing changed meanwhile).
+    last: Option<Report<DynamicObject>>,
+    /// A failure was reported since the last request that worked.
+    failing: bool,
+    /// The API server answered 410 Gone since the last watch event: a second one in a row is
+    /// retried after the backoff, not at once.
+    gone: bool,
+    refusals: Refusals,
+}
+
+impl ResourceWatch {
+    async fn list(
+        &mut self,
+        api: &Api<DynamicObject>,
+        fields: &str,
+        context: &WatchContext,
+        publisher: &Publisher,
+    ) -> Step {
+        let list = match api.list(&ListParams::default().fields(fields)).await {
+            Ok(list) => list,
+            Err(error) => return Step::Failed(watcher::Error::InitialListFailed(error)),
+        };
+        let Some(version) = list.metadata.resource_version.filter(|v| !v.is_empty()) else {
+            return Step::Failed(watcher::Error::NoResourceVersion);
+        };
+        self.worked();
+        let report = match list.items.into_iter().next() {
+            Some(object) => Report::Present(object),
+            None => Report::Absent,
+        };
+        self.tell(report, context, publisher);
+        self.resume = Some(version);
+        Step::Next
+    }
+
+    async fn watch(
+        &mut self,
+        api: &Api<DynamicObject>,
+        fields: &str,
+        version: &str,
+        context: &WatchContext,
+        publisher: &Publisher,
+    ) -> Step {
+        let params = WatchParams::default()
+            .fields(fields)
+            .timeout(WATCH_TIMEOUT_SECS);
+        let events = match api.watch(&params, version).await {
+            Ok(events) => events,
+            Err(error) => return Step::Failed(watcher::Error::WatchStartFailed(error)),
+        };
+        if std::mem::take(&mut self.failing) {
+            tracing::debug!(resource = %context.key, version, "watch resumed");
+            if let Some(last) = self.last.take() {
+                self.tell(last, context, publisher);
+            }
+        }
+        self.worked();
+        let mut events = pin!(events);
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(WatchEvent::Added(object) | WatchEvent::Modified(object)) => {
+                    self.gone = false;
+                    self.resume = object.metadata.resource_version.clone();
+                    self.tell(Report::Present(object), context, publisher);
+                }
+                Ok(WatchEvent::Deleted(object)) => {
+                    self.gone = false;
+                    self.resume = object.metadata.resource_version.clone();
+                    self.tell(Report::Absent, context, publisher);
+                }
+                Ok(WatchEvent::Bookmark(bookmark)) => {
+                    self.gone = false;
+                    self.resume = Some(bookmark.metadata.resource_version);
+                }
+                Ok(WatchEvent::Error(status)) => {
+                    return Step::Failed(watcher::Error::WatchError(status));
+                }
+                Err(error) => return Step::Failed(watcher::Error::WatchFailed(error)),
+            }
+        }
+        // The API server ended the watch (its timeout): watch again from the last version.
+        Step::Next
+    }
+
+    fn worked(&mut self) {
+        self.refusals.access_worked();
+    }
+
+    /// Tells subscribers the resource's state and keeps it.
+    fn tell(
+        &mut self,
+        report: Report<DynamicObject>,
+        context: &WatchContext,
+        publisher: &Publisher,
+    ) {
+        match &report {
+            Report::Present(object) => publish(publisher, context, object),
+            Report::Absent => publisher.absent(),
+        }
+        self.last = Some(report);
+    }
+
+    /// Judges a failure: reports it, or lists again where the version to resume from is gone.
+    /// True when the next request is to wait for the backoff.
+    fn failed(
+        &mut self,
+        error: &watcher::Error,
+        context: &WatchContext,
+        publisher: &Publisher,
+    ) -> bool {
+        let problem = match classify(error, &context.key, &context.server) {
+            Action::Continue | Action::Restart => {
+                tracing::debug!(resource = %context.key, %error, "the watch's version is gone; listing again");
+                self.resume = None;
+                return std::mem::replace(&mut self.gone, true);
+            }
+            Action::Report(problem) => problem,
+        };
+        self.failing = true;
+        if problem.kind == Kind::Forbidden && !self.refusals.refused() {
+            context
+                .metrics
+                .source_error(SOURCE, Kind::Forbidden.label());
+            tracing::warn!(resource = %context.key, reason = %problem.message,
+                "the API server refused access that worked before; retrying before telling clients");
+            return true;
+        }
+        if problem.kind != Kind::Forbidden {
+            self.refusals.other_failure();
+        }
+        report(publisher, context, problem);
+        true
     }
 }
 
@@ -213,51 +343,11 @@ fn report(publisher: &Publisher, context: &WatchContext, problem: Problem) {
     publisher.unreachable(problem.message);
 }
 
-/// What a watch event means for subscribers.
-#[derive(Debug, PartialEq)]
+/// What subscribers are told of the resource.
+#[derive(Clone, Debug, PartialEq)]
 enum Report<K> {
     Present(K),
     Absent,
-}
-
-/// Turns watcher events into reports. During an initial list (`Init` … `InitDone`) the object is
-/// held back and reported once the list is complete, so a relist after an expired watch ends on
-/// the object's final state, or on its absence if the list did not contain it.
-#[derive(Debug)]
-struct Tracker<K> {
-    /// `Some` while an initial list is in progress, holding what it has returned so far.
-    listing: Option<Option<K>>,
-}
-
-impl<K> Default for Tracker<K> {
-    fn default() -> Self {
-        Self { listing: None }
-    }
-}
-
-impl<K> Tracker<K> {
-    fn on_event(&mut self, event: Event<K>) -> Option<Report<K>> {
-        match event {
-            Event::Init => {
-                self.listing = Some(None);
-                None
-            }
-            Event::InitApply(object) => match &mut self.listing {
-                Some(seen) => {
-                    *seen = Some(object);
-                    None
-                }
-                None => Some(Report::Present(object)),
-            },
-            Event::InitDone => match self.listing.take() {
-                Some(Some(object)) => Some(Report::Present(object)),
-                Some(None) => Some(Report::Absent),
-                None => None,
-            },
-            Event::Apply(object) => Some(Report::Present(object)),
-            Event::Delete(_) => Some(Report::Absent),
-        }
-    }
 }
 
 /// Escapes a value for a field selector (`\`, `,` and `=` are special).

@@ -1,4 +1,4 @@
-//! Unit tests of the watch loop: the event tracker, and the loop against a scripted API server
+//! Unit tests of the watch loop against a scripted API server
 //! (see [`super::api_server`]), asserting on what the hub's subscribers see.
 use std::time::Duration;
 
@@ -6,51 +6,6 @@ use super::api_server::{Call, ScriptedApi, WatchEvents, feature_flag, status};
 use super::*;
 use crate::hub::{Availability, Hub, HubOptions, ResourceState, Subscription};
 use crate::testing::default_variant;
-
-#[test]
-fn tracker_reports_the_listed_state_after_init_done() {
-    let mut tracker = Tracker::default();
-    assert_eq!(tracker.on_event(Event::Init), None);
-    assert_eq!(tracker.on_event(Event::InitApply("v1")), None);
-    assert_eq!(
-        tracker.on_event(Event::InitDone),
-        Some(Report::Present("v1"))
-    );
-    assert_eq!(
-        tracker.on_event(Event::Apply("v2")),
-        Some(Report::Present("v2"))
-    );
-    assert_eq!(tracker.on_event(Event::Delete("v2")), Some(Report::Absent));
-    assert_eq!(
-        tracker.on_event(Event::Apply("v3")),
-        Some(Report::Present("v3"))
-    );
-}
-
-#[test]
-fn tracker_reports_absence_when_the_list_is_empty() {
-    let mut tracker = Tracker::<&str>::default();
-    assert_eq!(tracker.on_event(Event::Init), None);
-    assert_eq!(tracker.on_event(Event::InitDone), Some(Report::Absent));
-}
-
-#[test]
-fn relist_after_expiry_ends_on_the_final_state() {
-    let mut tracker = Tracker::default();
-    tracker.on_event(Event::Init);
-    tracker.on_event(Event::InitApply("v1"));
-    tracker.on_event(Event::InitDone);
-    // 410 Gone: the watcher lists again; the object was deleted meanwhile.
-    assert_eq!(tracker.on_event(Event::Init), None);
-    assert_eq!(tracker.on_event(Event::InitDone), Some(Report::Absent));
-    // Another relist that finds a newer version.
-    tracker.on_event(Event::Init);
-    assert_eq!(tracker.on_event(Event::InitApply("v5")), None);
-    assert_eq!(
-        tracker.on_event(Event::InitDone),
-        Some(Report::Present("v5"))
-    );
-}
 
 #[test]
 fn field_selector_values_are_escaped() {
@@ -144,8 +99,15 @@ impl Harness {
         call
     }
 
-    /// The next request, which must be the watch of `ns/flags` from `resource_version`.
+    /// The next request, which must be the watch of `ns/flags` from `resource_version`; it is
+    /// answered with an open stream of events.
     async fn watch(&mut self, resource_version: &str) -> WatchEvents {
+        self.watch_call(resource_version).await.watch()
+    }
+
+    /// The next request, which must be the watch of `ns/flags` from `resource_version`,
+    /// unanswered.
+    async fn watch_call(&mut self, resource_version: &str) -> Call {
         let call = self.api.next_call().await;
         assert!(
             call.is_watch()
@@ -155,7 +117,7 @@ impl Harness {
                     .contains(&format!("resourceVersion={resource_version}")),
             "expected the watch of ns/flags from {resource_version}: {call:?}"
         );
-        call.watch()
+        call
     }
 
     /// Waits until the resource's state satisfies `check`.
@@ -324,5 +286,67 @@ async fn refusal_after_success_is_believed_when_it_repeats() {
     assert!(
         matches!(end, Err(crate::hub::SubscriptionEnd::Forbidden(_))),
         "{end:?}"
+    );
+}
+
+/// A bookmark as the API server sends it: only the kind and the resource version.
+fn bookmark(resource_version: &str) -> Value {
+    serde_json::json!({
+        "apiVersion": "core.openfeature.dev/v1beta1",
+        "kind": "FeatureFlag",
+        "metadata": {"resourceVersion": resource_version},
+    })
+}
+
+#[tokio::test]
+async fn a_lost_watch_resumes_from_its_last_version_without_a_list() {
+    let mut h = Harness::start().await;
+    let events = h.established().await;
+    events.send("MODIFIED", feature_flag("flags", "11", "blue"));
+    assert_eq!(h.next_variant().await, "blue");
+    events.send("BOOKMARK", bookmark("25"));
+    // The watch ends (the API server went away): the next request is the watch from the
+    // bookmark's version, and it fails.
+    drop(events);
+    h.watch_call("25")
+        .await
+        .status(500, "InternalError", "the API server is restarting");
+    h.wait_for("unreachable", |s| {
+        matches!(s.availability, Availability::Unreachable(_))
+    })
+    .await;
+    // After the backoff: the same watch again, no list; it works, and subscribers are told the
+    // flags they have are current again (with no new version).
+    let events = h.watch("25").await;
+    let state = h
+        .wait_for("present", |s| s.availability == Availability::Present)
+        .await;
+    assert_eq!(
+        state.snapshot.expect("a version").version,
+        2,
+        "no new version"
+    );
+    events.send("MODIFIED", feature_flag("flags", "26", "green"));
+    assert_eq!(h.next_variant().await, "green");
+}
+
+#[tokio::test]
+async fn a_watch_refused_as_too_old_lists_again() {
+    let mut h = Harness::start().await;
+    let events = h.established().await;
+    drop(events);
+    // The version to resume from was compacted away: 410 Gone on the watch request itself.
+    h.watch_call("10")
+        .await
+        .status(410, "Expired", "too old resource version: 10 (40)");
+    h.list()
+        .await
+        .list("40", vec![feature_flag("flags", "39", "violet")]);
+    let _events = h.watch("40").await;
+    assert_eq!(h.next_variant().await, "violet");
+    assert_eq!(
+        h.hub.resources()[0].1.availability,
+        Availability::Present,
+        "a relist is not a failure"
     );
 }
