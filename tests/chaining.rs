@@ -101,3 +101,39 @@ async fn aged_connections_close_and_reconnecting_clients_stay_current() {
         last = next_color(&mut again).await.expect("newest version");
     }
 }
+
+/// The central proxy refuses a resource whose first version is invalid: the node tier passes
+/// the refusal on (FAILED_PRECONDITION with the reason) instead of waiting silently, and serves
+/// the resource once it is fixed at the source.
+#[tokio::test]
+async fn a_refused_first_version_is_passed_on_by_the_node_tier() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let broken = serde_json::json!({"color": {"state": "ON", "variants": {"red": "red"}}});
+    write_manifest(dir.path(), "default", "demo", broken);
+    let manifests = dir.path().to_str().expect("utf-8").to_owned();
+    let central = Proxy::start(&["--manifests", &manifests]).await;
+    let upstream = format!("127.0.0.1:{}", central.port);
+    let node = Proxy::start(&["--upstream", &upstream]).await;
+
+    let mut stream = open_demo(node.port).await;
+    let status = next_color(&mut stream)
+        .await
+        .expect_err("the stream ends with the refusal");
+    assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().contains("is invalid") && status.message().contains("state must be"),
+        "{status:?}"
+    );
+
+    write_manifest(dir.path(), "default", "demo", colors("blue"));
+    let mut last = Err(status);
+    for _ in 0..60 {
+        let mut again = open_demo(node.port).await;
+        last = next_color(&mut again).await;
+        if last.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    assert_eq!(last.expect("served once fixed"), "blue");
+}

@@ -193,7 +193,8 @@ pub struct SourceArgs {
     pub kube_token_path: Option<PathBuf>,
 
     /// Record Kubernetes Events on FeatureFlag resources that are served: a Warning when a new
-    /// version is rejected, a Normal one when it is valid again. Needs create and patch on
+    /// version is rejected or served with warnings (a flag flagd may not evaluate), a Normal
+    /// one when it is valid again. Needs create and patch on
     /// events (events.k8s.io); the reporting instance is the POD_NAME environment variable (the
     /// pod name, from the downward API). `--events=false` turns it off.
     #[arg(

@@ -205,6 +205,15 @@ impl Publisher {
         }
     }
 
+    /// The upstream proxy refuses the resource as invalid (it has no valid version of it): it
+    /// is passed on to this proxy's subscribers as if refused here, without counting it as a
+    /// document this proxy found invalid.
+    pub fn invalid_upstream(&self, reason: String) {
+        if self.set(Availability::Invalid(reason.clone().into())) {
+            tracing::warn!(resource = %self.key, %reason, "the upstream refuses the resource as invalid");
+        }
+    }
+
     fn invalid(&self, reason: String) {
         self.metrics
             .invalid_documents

@@ -176,6 +176,12 @@ fn report(status: tonic::Status, publisher: &Publisher, metrics: &Metrics) {
     match status.code() {
         Code::PermissionDenied | Code::Unauthenticated => publisher.forbidden(message),
         Code::NotFound => publisher.absent(),
+        // The upstream has no valid version of the resource: its clients are told so, and
+        // so are this proxy's (a version fixed upstream arrives on the next stream).
+        Code::FailedPrecondition => {
+            metrics.source_error("upstream", "invalid");
+            publisher.invalid_upstream(status.message().to_owned());
+        }
         _ => {
             metrics.source_error("upstream", "unreachable");
             publisher.unreachable(message);
