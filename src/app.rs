@@ -41,6 +41,8 @@ pub enum ConfigError {
     Upstream(#[source] UpstreamError),
     #[error("{0}")]
     Authz(#[source] AuthzConfigError),
+    #[error("{0}")]
+    ContextValues(String),
     #[error(
         "--sync-socket-path cannot be combined with --client-ca-path: the unix socket carries no TLS, so its clients present no certificate"
     )]
@@ -205,6 +207,7 @@ fn check(settings: &Settings) -> Result<(), ConfigError> {
     if serve.sync_socket_path.is_some() && client_certificates {
         return Err(ConfigError::SocketWithoutClientCertificates);
     }
+    crate::context::check_entries(&settings.context_values).map_err(ConfigError::ContextValues)?;
     Ok(())
 }
 

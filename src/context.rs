@@ -6,6 +6,35 @@
 /// Keys the proxy fills itself; a context value may not take them.
 pub const RESERVED_KEYS: &[&str] = &["proxy", "proxyVersion", "selector"];
 
+/// The most bytes all context values (keys and values) may take together. They go into every
+/// message beside the flag configuration, whose limit leaves 4 KiB of a client's 4 MiB for
+/// everything else; this keeps them well within it.
+pub const MAX_TOTAL_BYTES: usize = 2048;
+
+/// Checks the entries together: their total size, and keys that differ only in case from a
+/// reserved one (refused: a client reading `Selector` beside `selector` is confused).
+pub fn check_entries(entries: &[(String, String)]) -> Result<(), String> {
+    let total: usize = entries.iter().map(|(k, v)| k.len() + v.len()).sum();
+    if total > MAX_TOTAL_BYTES {
+        return Err(format!(
+            "--context-value entries take {total} bytes together, over the limit of \
+             {MAX_TOTAL_BYTES}: they are sent in every message; keep them to short labels"
+        ));
+    }
+    for (key, _) in entries {
+        if let Some(reserved) = RESERVED_KEYS
+            .iter()
+            .find(|reserved| reserved.eq_ignore_ascii_case(key))
+        {
+            return Err(format!(
+                "--context-value key {key:?} differs only in case from the proxy's own key \
+                 {reserved:?}; choose another key"
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Parses one `key=value` entry (the value may be empty and may contain `=`).
 pub fn parse_entry(entry: &str) -> Result<(String, String), String> {
     let Some((key, value)) = entry.split_once('=') else {
@@ -39,5 +68,16 @@ mod tests {
         for bad in ["novalue", "=x", "selector=x", "proxy=x"] {
             assert!(parse_entry(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn entries_are_bounded_together_and_look_alikes_refused() {
+        let entry = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+        assert_eq!(check_entries(&[entry("region", "eu-west")]), Ok(()));
+        let big = vec![entry("a", &"x".repeat(1500)), entry("b", &"y".repeat(600))];
+        let error = check_entries(&big).expect_err("too large together");
+        assert!(error.contains("over the limit of 2048"), "{error}");
+        let error = check_entries(&[entry("Selector", "x")]).expect_err("look-alike");
+        assert!(error.contains("\"selector\""), "{error}");
     }
 }

@@ -167,6 +167,32 @@ pub struct Converted {
     pub document: String,
     /// Problems clients report per flag; the document is served all the same.
     pub warnings: Vec<DocumentWarning>,
+    /// What the flag set's metadata adds to every message besides the document
+    /// ([`context_bytes`]).
+    pub context_bytes: usize,
+}
+
+/// Bytes the flag set's metadata adds to a message besides the document: `flagd.sync.v1` sends
+/// its scalar entries again in every message's `sync_context`. An upper bound of their protobuf
+/// encoding (key, value and each entry's framing).
+pub fn context_bytes(document: &Value) -> usize {
+    /// Tags, lengths and the value's kind of one `Struct` entry, at most.
+    const ENTRY_FRAMING: usize = 16;
+    let Some(Value::Object(metadata)) = document.get("metadata") else {
+        return 0;
+    };
+    metadata
+        .iter()
+        .map(|(key, value)| {
+            let value = match value {
+                Value::String(s) => s.len(),
+                Value::Bool(_) => 1,
+                Value::Number(_) => 8,
+                _ => return 0,
+            };
+            key.len() + value + ENTRY_FRAMING
+        })
+        .sum()
 }
 
 /// The deepest nesting of objects and arrays accepted in a resource or document, from every
@@ -202,6 +228,7 @@ pub fn convert(resource: &Value) -> Result<Converted, DocumentError> {
     let document = from_flag_spec(flag_spec)?;
     let warnings = check(&document)?;
     Ok(Converted {
+        context_bytes: context_bytes(&document),
         document: document.to_string(),
         warnings,
     })

@@ -10,6 +10,26 @@ fn run(args: &[&std::ffi::OsStr]) -> Output {
         .expect("run flagd-proxy")
 }
 
+/// Runs `start` on loopback with ephemeral ports, serving `manifests`, with `extra` arguments.
+fn start_on_manifests(manifests: &std::path::Path, extra: &[&std::ffi::OsStr]) -> Output {
+    let mut args: Vec<&std::ffi::OsStr> = [
+        "start",
+        "--port",
+        "0",
+        "--management-port",
+        "0",
+        "--bind-address",
+        "127.0.0.1",
+        "--manifests",
+    ]
+    .iter()
+    .map(|arg| arg.as_ref())
+    .collect();
+    args.push(manifests.as_os_str());
+    args.extend_from_slice(extra);
+    run(&args)
+}
+
 fn config_file(text: &str) -> tempfile::NamedTempFile {
     let file = tempfile::Builder::new()
         .suffix(".yaml")
@@ -177,19 +197,10 @@ fn a_socket_path_that_cannot_be_served_exits_64_with_one_message() {
     let path = dir.path().join("sync.sock");
     std::fs::write(&path, "data").expect("write a file");
     let manifests = tempfile::tempdir().expect("a manifests folder");
-    let output = run(&[
-        "start".as_ref(),
-        "--port".as_ref(),
-        "0".as_ref(),
-        "--management-port".as_ref(),
-        "0".as_ref(),
-        "--bind-address".as_ref(),
-        "127.0.0.1".as_ref(),
-        "--manifests".as_ref(),
-        manifests.path().as_os_str(),
-        "--sync-socket-path".as_ref(),
-        path.as_os_str(),
-    ]);
+    let output = start_on_manifests(
+        manifests.path(),
+        &["--sync-socket-path".as_ref(), path.as_os_str()],
+    );
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert_eq!(output.status.code(), Some(64), "{stderr}");
     assert_eq!(
@@ -252,4 +263,19 @@ fn the_start_up_log_says_what_is_served() {
             && line.contains("flagd start --sources"),
         "{line}"
     );
+}
+
+/// `--context-value` entries go into every message: a large one is refused before anything
+/// listens, with exit status 64 and the limit named.
+#[test]
+fn oversized_context_values_exit_64() {
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    let large = format!("notes={}", "n".repeat(100_000));
+    let output = start_on_manifests(
+        manifests.path(),
+        &["--context-value".as_ref(), large.as_ref()],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("over the limit of 2048"), "{stderr}");
 }

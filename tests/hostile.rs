@@ -1031,3 +1031,49 @@ async fn a_request_message_that_never_arrives_ends_with_deadline_exceeded() {
     }
     scene.assert_healthy().await;
 }
+
+/// A FeatureFlag whose flag-set metadata is large: `flagd.sync.v1` sends it again in every
+/// message's `sync_context`, so a document under `--max-document-bytes` made a message of twice
+/// its size, over the 4 MiB every default gRPC client accepts (they failed the stream with
+/// RESOURCE_EXHAUSTED and reconnected in a loop). The whole message counts against the limit:
+/// such a version is refused with the reason, and a default client keeps its stream and its last
+/// version, then gets the next valid one.
+#[tokio::test]
+async fn metadata_that_would_double_a_message_past_the_clients_limit_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let manifest = |metadata: Value, default: &str| {
+        let mut object = support::feature_flag(
+            "default",
+            "demo",
+            string_flag("color", default, &["red", "blue", "green"]),
+        );
+        object["spec"]["flagSpec"]["metadata"] = metadata;
+        support::write_atomically(
+            &dir.path().join("default-demo.yaml"),
+            &serde_norway::to_string(&object).expect("yaml"),
+        );
+    };
+    manifest(serde_json::json!({"team": "checkout"}), "red");
+    let manifests = dir.path().to_str().expect("utf-8").to_owned();
+    let proxy = Proxy::start(&["--manifests", &manifests]).await;
+    let mut client = support::client::client(&proxy).await;
+    let mut stream = open(&mut client, "core.openfeature.dev/default/demo")
+        .await
+        .expect("stream");
+    assert_eq!(color(&next(&mut stream).await), "red");
+
+    // 2.3 MB of metadata: the document is under the limit, the message would not be.
+    manifest(
+        serde_json::json!({"team": "checkout", "notes": "n".repeat(2_300_000)}),
+        "blue",
+    );
+    proxy
+        .wait_for_log("sent again in every message's sync_context")
+        .await;
+    manifest(serde_json::json!({"team": "checkout"}), "green");
+    assert_eq!(
+        color(&next(&mut stream).await),
+        "green",
+        "the stream stays healthy and skips the refused version"
+    );
+}

@@ -348,7 +348,8 @@ pub struct HubArgs {
     )]
     pub max_watches: usize,
 
-    /// The largest flag configuration sent, in bytes. Larger resources are not pushed (clients
+    /// The largest flag configuration sent, in bytes, its flag-set metadata counted again (it is
+    /// repeated in every message's sync_context). Larger resources are not pushed (clients
     /// refuse messages over 4 MiB); subscribers keep the last good version.
     #[arg(long, value_name = "BYTES", env = "FLAGD_PROXY_MAX_DOCUMENT_BYTES", default_value_t = hub::DEFAULT_MAX_DOCUMENT_BYTES)]
     pub max_document_bytes: usize,

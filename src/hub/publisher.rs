@@ -59,7 +59,8 @@ impl Publisher {
         match document::convert(resource) {
             Ok(converted) => {
                 warnings = converted.warnings;
-                self.accept(converted.document, &warnings, changed_at);
+                let document = converted.document;
+                self.accept(document, converted.context_bytes, &warnings, changed_at);
             }
             Err(error) => self.invalid(error.to_string()),
         }
@@ -83,22 +84,46 @@ impl Publisher {
     pub fn flag_configuration(&self, document: String, changed_at: Instant) {
         let checked = serde_json::from_str::<Value>(&document)
             .map_err(|e| format!("the flag configuration is not JSON: {e}"))
-            .and_then(|value| document::check(&value).map_err(|e| e.to_string()));
+            .and_then(|value| {
+                let warnings = document::check(&value).map_err(|e| e.to_string())?;
+                Ok((warnings, document::context_bytes(&value)))
+            });
         match checked {
-            Ok(warnings) => self.accept(document, &warnings, changed_at),
+            Ok((warnings, context_bytes)) => {
+                self.accept(document, context_bytes, &warnings, changed_at);
+            }
             Err(reason) => self.invalid(reason),
         }
     }
 
     /// Publishes a checked document unless it is too large for clients or unchanged. Its
-    /// `warnings` do not stop it: they are logged and counted.
-    fn accept(&self, document: String, warnings: &[DocumentWarning], changed_at: Instant) {
-        if document.len() > self.max_document_bytes {
-            let reason = format!(
-                "the flag configuration is {} bytes, over the limit of {} bytes that clients accept",
-                document.len(),
-                self.max_document_bytes
-            );
+    /// `warnings` do not stop it: they are logged and counted. What counts against the limit is
+    /// the whole message: the document and what its metadata adds (`context_bytes`, sent again
+    /// in every `sync_context`).
+    fn accept(
+        &self,
+        document: String,
+        context_bytes: usize,
+        warnings: &[DocumentWarning],
+        changed_at: Instant,
+    ) {
+        let message_bytes = document.len() + context_bytes;
+        if message_bytes > self.max_document_bytes {
+            let reason = if context_bytes == 0 {
+                format!(
+                    "the flag configuration is {} bytes, over the limit of {} bytes that clients accept",
+                    document.len(),
+                    self.max_document_bytes
+                )
+            } else {
+                format!(
+                    "the flag configuration is {} bytes and its flag-set metadata, sent again in \
+                     every message's sync_context, adds {context_bytes}: {message_bytes} bytes, \
+                     over the limit of {} bytes that clients accept",
+                    document.len(),
+                    self.max_document_bytes
+                )
+            };
             return self.invalid(reason);
         }
         let tx = &self.tx;

@@ -139,6 +139,40 @@ async fn oversized_documents_are_not_pushed() {
     assert!(state.snapshot.is_none());
 }
 
+/// What the flag set's metadata adds to every message (`sync_context`) counts against the limit:
+/// a document under it whose message is not is refused, and subscribers keep the last version.
+#[tokio::test]
+async fn metadata_counts_against_the_message_limit() {
+    let source = FakeSource::new();
+    let hub = hub_with(
+        &source,
+        HubOptions {
+            max_document_bytes: 1000,
+            ..HubOptions::default()
+        },
+    );
+    let key = ResourceKey::new("ns", "a");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&flag_resource("red"), Instant::now());
+    assert_eq!(variant(&next(&mut sub).await), "red");
+    let mut large = flag_resource("blue");
+    large["spec"]["flagSpec"]["metadata"] = serde_json::json!({"notes": "n".repeat(600)});
+    let document = crate::document::from_resource(&large).expect("valid");
+    assert!(document.len() < 1000, "the document alone fits");
+    publisher.resource(&large, Instant::now());
+    let state = sub.settled().await;
+    assert!(
+        matches!(state.availability, Availability::Invalid(ref r) if r.contains("sync_context")),
+        "{:?}",
+        state.availability
+    );
+    assert_eq!(
+        variant(state.snapshot.as_ref().expect("the last version stays")),
+        "red"
+    );
+}
+
 #[tokio::test]
 async fn forbidden_ends_subscriptions() {
     let source = FakeSource::new();
