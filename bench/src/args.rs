@@ -154,9 +154,79 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) keep_workdir: bool,
 
+    /// Soak instead of the fan-out scenarios (see docs/benchmarks.md, "Soak"): this proxy on
+    /// manifest files, steady subscribers on `--soak-resources` resources, then hours of churn
+    /// compressed (updates, short-lived connections, resources that appear and disappear) while
+    /// RSS, open files, threads, streams, connections and watches are sampled; they must return
+    /// to their baseline and every steady subscriber must end on the final version.
+    #[arg(long)]
+    pub(crate) soak: bool,
+
+    /// Soak: manifest rewrites of the steady resources, written round-robin.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub(crate) soak_updates: u64,
+
+    /// Soak: rewrites per second; the churn lasts `--soak-updates` / this, and the connects and
+    /// the resource lifecycles are spread over the same time.
+    #[arg(long, default_value_t = 2_000)]
+    pub(crate) soak_update_rate: u64,
+
+    /// Soak: short-lived connections, each opening a stream, taking the first version and
+    /// closing: half at once, half after holding the stream for up to 250 ms; half of each
+    /// abruptly (the socket cut under the open stream, no HTTP/2 goodbye, a TCP reset).
+    #[arg(long, default_value_t = 100_000)]
+    pub(crate) soak_connects: u64,
+
+    /// Soak: resource lifecycles. Three in four: a subscriber asks for a resource that does not
+    /// exist, the file is created, a second subscriber comes, the file is rewritten and deleted
+    /// (every other time created and deleted again), and both leave. One in four: a subscriber
+    /// asks for a resource that never appears and leaves.
+    #[arg(long, default_value_t = 10_000)]
+    pub(crate) soak_lifecycles: u64,
+
+    /// Soak: steady resources (one manifest file each).
+    #[arg(long, default_value_t = 200)]
+    pub(crate) soak_resources: usize,
+
+    /// Soak: steady subscriber streams, connected before the churn and kept to the end.
+    #[arg(long, default_value_t = 400)]
+    pub(crate) soak_subscribers: usize,
+
+    /// Soak: HTTP/2 connections the steady subscribers share.
+    #[arg(long, default_value_t = 8)]
+    pub(crate) soak_connections: usize,
+
+    /// Soak: short-lived connections in flight at once (and 8 resource lifecycles).
+    #[arg(long, default_value_t = 16)]
+    pub(crate) soak_concurrency: usize,
+
+    /// Soak: the proxy's `--idle-timeout` (how long a watch outlives its last subscriber). Short,
+    /// so that the watches of the resources that come and go stop and start again many times.
+    #[arg(long, default_value = "2s", value_parser = humantime::parse_duration)]
+    pub(crate) soak_idle_timeout: Duration,
+
+    /// Soak: how often the proxy is sampled.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub(crate) soak_sample_every: Duration,
+
+    /// Soak: how long one expected event (a first version, an update reaching a subscriber) may
+    /// take, and how long the cool-down waits for the subscribers and the counts to settle.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub(crate) soak_timeout: Duration,
+
+    /// Soak: once the counts have settled, wait this long before sampling the end (idle blocking
+    /// threads of the proxy's runtime exit after 10 s).
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub(crate) soak_quiet: Duration,
+
+    /// Soak: the approximate size of each flag document.
+    #[arg(long, default_value_t = 1024)]
+    pub(crate) soak_payload_bytes: usize,
+
     /// A quick correctness run: 50 subscribers, 3 paced updates, a 3-update burst, 1 KiB, this
     /// project's proxy only (unless --go-proxy-bin is given). Exits non-zero if a subscriber
-    /// missed an update, ended stale or lost its stream.
+    /// missed an update, ended stale or lost its stream. With `--soak`: a soak of a few seconds
+    /// (2,000 updates, 200 connects, 24 lifecycles, 40 steady subscribers on 8 resources).
     #[arg(long)]
     pub(crate) smoke: bool,
 }
@@ -165,6 +235,19 @@ impl Args {
     pub(crate) fn apply_smoke(&mut self) {
         if !self.smoke {
             return;
+        }
+        if self.soak {
+            self.soak_updates = 2_000;
+            self.soak_update_rate = 1_000;
+            self.soak_connects = 200;
+            self.soak_lifecycles = 24;
+            self.soak_resources = 8;
+            self.soak_subscribers = 40;
+            self.soak_connections = 4;
+            self.soak_idle_timeout = Duration::from_secs(1);
+            self.soak_sample_every = Duration::from_millis(500);
+            self.soak_timeout = Duration::from_secs(10);
+            self.soak_quiet = Duration::from_secs(1);
         }
         self.subscribers = 50;
         self.updates = 3;

@@ -275,18 +275,26 @@ pub(crate) async fn subscriber(
     slot: usize,
     tracker: Arc<Tracker>,
 ) {
+    let error = follow(channel, &selector, |seq| tracker.record(slot, seq)).await;
+    tracker.failed(&error);
+}
+
+/// Opens a stream for `selector` and hands each version's sequence number to `record` until the
+/// stream ends; how it ended.
+pub(crate) async fn follow(
+    channel: Channel,
+    selector: &str,
+    mut record: impl FnMut(u64),
+) -> Status {
     let result = async {
-        let mut stream = open_stream(channel, &selector).await?;
+        let mut stream = open_stream(channel, selector).await?;
         while let Some(seq) = stream.message().await? {
-            tracker.record(slot, seq);
+            record(seq);
         }
         Ok::<(), Status>(())
     }
     .await;
-    let error = result
+    result
         .err()
-        .unwrap_or_else(|| Status::unknown("stream ended"));
-    {
-        tracker.failed(&error);
-    }
+        .unwrap_or_else(|| Status::unknown("stream ended"))
 }

@@ -6,7 +6,9 @@
 //! version takes to reach every subscriber, whether every subscriber ends on the final version,
 //! how long a new subscriber waits for its first snapshot, what the proxy process costs in memory
 //! and CPU time, and, with `--storm`, how it takes every subscriber reconnecting at once (see
-//! `storm.rs`). Prints a Markdown table and can write JSON.
+//! `storm.rs`). Prints a Markdown table and can write JSON. With `--soak`, it soaks this proxy
+//! instead: hours of churn compressed, with the proxy's resources sampled and required to come
+//! back to their baseline (see `soak.rs`).
 //!
 //! A run that finds the proxy under test incorrect (a subscriber missed an update, ended on an old
 //! version or lost its stream; or the run itself failed) still prints and writes its report, then
@@ -50,6 +52,7 @@ mod report;
 mod sampling;
 mod scenario;
 mod sitting;
+mod soak;
 mod sources;
 mod storm;
 mod targets;
@@ -103,6 +106,11 @@ fn main() -> anyhow::Result<ExitCode> {
         .worker_threads(args.threads.max(1))
         .enable_all()
         .build()?;
+    if args.soak {
+        let status = runtime.block_on(soak::main(&args))?;
+        runtime.shutdown_background();
+        return Ok(ExitCode::from(status));
+    }
     let verdict = runtime.block_on(run(args))?;
     // Subscriber tasks may still be parked; do not wait for them.
     runtime.shutdown_background();

@@ -78,6 +78,8 @@ impl ProxyProcess {
     /// Starts `bin` on free loopback ports, reading the manifests in `dir` (this proxy) or the
     /// `file:` selectors' files, or, with `cluster`, FeatureFlag resources on that API server
     /// (this proxy through its `--kube-*` flags, the Go proxy through `KUBECONFIG`).
+    /// `extra` arguments are added for this proxy only.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn start(
         kind: Kind,
         bin: &Path,
@@ -86,6 +88,7 @@ impl ProxyProcess {
         tls: Option<&BenchTls>,
         payload: usize,
         watches: usize,
+        extra: &[String],
     ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let management_port = free_port()?;
@@ -119,6 +122,7 @@ impl ProxyProcess {
                         .arg("--server-key-path")
                         .arg(&tls.key);
                 }
+                command.args(extra);
             }
             (Kind::Go | Kind::Model, Some(cluster)) => {
                 command.env("KUBECONFIG", cluster.proxy_kubeconfig());

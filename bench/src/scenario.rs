@@ -230,6 +230,7 @@ pub(crate) async fn run_one(
         tls.as_ref(),
         scenario.payload,
         scenario.resources + cold.len() + 16,
+        &[],
     )?;
     sources.attach(proxy.control.take());
     let dial = Dial {

@@ -25,15 +25,20 @@ pub(crate) fn default_go_bin() -> Option<PathBuf> {
 /// The proxies to run, each with its binary.
 pub(crate) type Proxies = Vec<(Kind, PathBuf)>;
 
-/// The proxies to run, and why the Go proxy is not among them.
-pub(crate) fn proxies(args: &Args) -> anyhow::Result<(Proxies, Option<String>)> {
-    let rust_bin = match &args.proxy_bin {
+/// This project's proxy binary: `--proxy-bin`, else `flagd-proxy` next to this program.
+pub(crate) fn rust_bin(args: &Args) -> anyhow::Result<PathBuf> {
+    Ok(match &args.proxy_bin {
         Some(bin) => bin.clone(),
         None => std::env::current_exe()?
             .parent()
             .context("no directory for this program")?
             .join("flagd-proxy"),
-    };
+    })
+}
+
+/// The proxies to run, and why the Go proxy is not among them.
+pub(crate) fn proxies(args: &Args) -> anyhow::Result<(Proxies, Option<String>)> {
+    let rust_bin = rust_bin(args)?;
     let mut kinds = Vec::new();
     if !args.only_go {
         if !rust_bin.exists() {

@@ -1,7 +1,9 @@
 //! The benchmark program still runs end to end, and this proxy passes its correctness checks
 //! (every subscriber gets every paced update and ends on the final version of a burst), with
 //! both sources: manifest files, and FeatureFlag resources on the test control plane. A proxy
-//! that misses updates fails the run. The smoke runs report timings but assert none.
+//! that misses updates fails the run. A short soak (`--soak --smoke`) comes back to its
+//! baseline, and one whose watches outlive it fails. The smoke runs report timings but assert
+//! none.
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -64,6 +66,34 @@ fn quoted(path: &Path) -> String {
     format!("'{}'", path.display().to_string().replace('\'', r"'\''"))
 }
 
+/// Writes `dir/name`: a bash wrapper around this proxy that runs `replace` (bash, with the flag's
+/// value in `$2`, adding to `args`) in place of the flag `flag` and its value, and passes every
+/// other argument on.
+fn wrapper(dir: &Path, name: &str, flag: &str, replace: &str) -> PathBuf {
+    let path = dir.join(name);
+    let script = format!(
+        r#"#!/usr/bin/env bash
+set -euo pipefail
+args=()
+while [[ $# -gt 0 ]]; do
+  if [[ $1 == {flag} ]]; then
+    {replace}
+    shift 2
+  else
+    args+=("$1")
+    shift
+  fi
+done
+exec {proxy} "${{args[@]}}"
+"#,
+        proxy = quoted(&proxy_bin()),
+    );
+    std::fs::write(&path, script).expect("write the wrapper");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))
+        .expect("make the wrapper executable");
+    path
+}
+
 /// This proxy behind a wrapper that hands it a copy of its manifests directory taken at start:
 /// it serves the first version and never sees an update. The run must fail after printing and
 /// writing its report, and say on standard error which proxy was wrong, in which scenario, and
@@ -75,30 +105,13 @@ fn benchmark_smoke_run_fails_when_the_proxy_misses_updates() {
             .join(format!("bench-frozen-proxy-{}", std::process::id())),
     );
     std::fs::create_dir_all(&scratch.0).expect("scratch folder");
-    let wrapper = scratch.0.join("frozen-flagd-proxy");
-    let script = format!(
-        r#"#!/usr/bin/env bash
-set -euo pipefail
-args=()
-while [[ $# -gt 0 ]]; do
-  if [[ $1 == --manifests ]]; then
-    frozen="$(mktemp -d -p {scratch})"
+    let replace = format!(
+        r#"frozen="$(mktemp -d -p {scratch})"
     cp -R "$2/." "$frozen/"
-    args+=(--manifests "$frozen")
-    shift 2
-  else
-    args+=("$1")
-    shift
-  fi
-done
-exec {proxy} "${{args[@]}}"
-"#,
-        scratch = quoted(&scratch.0),
-        proxy = quoted(&proxy_bin()),
+    args+=(--manifests "$frozen")"#,
+        scratch = quoted(&scratch.0)
     );
-    std::fs::write(&wrapper, script).expect("write the wrapper");
-    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
-        .expect("make the wrapper executable");
+    let wrapper = wrapper(&scratch.0, "frozen-flagd-proxy", "--manifests", &replace);
     let markdown = scratch.0.join("report.md");
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
         .args([
@@ -136,4 +149,93 @@ exec {proxy} "${{args[@]}}"
     ] {
         assert!(verdict.contains(needle), "{needle:?} not in {verdict:?}");
     }
+}
+
+/// Runs `flagd-proxy-bench --soak --smoke` against `proxy`, writing its report to `markdown`.
+fn soak_smoke(proxy: &Path, markdown: &Path) -> std::process::Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
+        .args(["--soak", "--smoke", "--proxy-bin"])
+        .arg(proxy)
+        .arg("--markdown")
+        .arg(markdown)
+        .output()
+        .expect("run flagd-proxy-bench")
+}
+
+/// A soak of a few seconds: updates, short-lived connections and resources that come and go;
+/// every sampled quantity comes back to its baseline and every steady subscriber ends on the
+/// final version.
+#[test]
+fn soak_smoke_run_returns_to_its_baseline() {
+    let scratch = Scratch(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-soak-{}", std::process::id())),
+    );
+    std::fs::create_dir_all(&scratch.0).expect("scratch folder");
+    let markdown = scratch.0.join("soak.md");
+    let output = soak_smoke(&proxy_bin(), &markdown);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let context = format!(
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(output.status.success(), "{context}");
+    for needle in [
+        "| quantity | baseline | peak during churn | end | tolerance | result |",
+        "| watches (`flagd_proxy_upstream_watches`) | 8 |",
+        "| short-lived connections (first version, then closed) | 200 |",
+        "| failed: short-lived connections / lifecycles | 0 / 0 |",
+        "every one of the 40 steady subscribers on the final version of its resource",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "{needle:?} not in the report:\n{context}"
+        );
+    }
+    assert!(!stdout.contains("FAIL"), "{context}");
+    let written = std::fs::read_to_string(&markdown).expect("the report is written");
+    assert!(written.contains("## flagd-proxy soak"), "{written}");
+}
+
+/// This proxy behind a wrapper that raises its `--idle-timeout` to an hour: the watches of the
+/// resources that came and went outlive the soak, as leaked watches would. The soak must fail,
+/// say so in its report, and name the quantity on standard error.
+#[test]
+fn soak_smoke_run_fails_when_watches_are_left_behind() {
+    let scratch = Scratch(
+        Path::new(env!("CARGO_TARGET_TMPDIR"))
+            .join(format!("bench-soak-leaky-{}", std::process::id())),
+    );
+    std::fs::create_dir_all(&scratch.0).expect("scratch folder");
+    let wrapper = wrapper(
+        &scratch.0,
+        "leaky-flagd-proxy",
+        "--idle-timeout",
+        "args+=(--idle-timeout 1h)",
+    );
+    let markdown = scratch.0.join("soak.md");
+    let output = soak_smoke(&wrapper, &markdown);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let context = format!("stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert_eq!(output.status.code(), Some(1), "{context}");
+    assert!(stdout.contains("Soak: **FAILED**"), "{context}");
+    assert!(
+        stdout.contains("| watches (`flagd_proxy_upstream_watches`) | 8 |")
+            && stdout.contains("| = baseline | **FAIL** |"),
+        "{context}"
+    );
+    let named = stderr.lines().any(|line| {
+        line.starts_with(
+            "flagd-proxy-bench: FAILED: soak: watches (`flagd_proxy_upstream_watches`): ",
+        ) && line.ends_with("at the baseline (allowed: = baseline)")
+    });
+    assert!(
+        named,
+        "the leaked watches are not named on standard error:\n{context}"
+    );
+    // The subscribers were served all the same.
+    assert!(
+        !stderr.contains("steady subscriber(s) not on the final version"),
+        "{context}"
+    );
 }

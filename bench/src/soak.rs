@@ -1,0 +1,624 @@
+//! `--soak`: hours of churn compressed, against this proxy reading manifest files, with the
+//! proxy's memory, open files, threads, streams, connections and watches sampled throughout.
+//!
+//! 1. **Warm-up**: `--soak-resources` manifests (version 0), the proxy started on them, and
+//!    `--soak-subscribers` steady streams over `--soak-connections` connections, each on
+//!    version 0. Then the **baseline** sample.
+//! 2. **Churn**, all at once and each spread evenly over `--soak-updates` /
+//!    `--soak-update-rate` seconds: the steady manifests rewritten round-robin (a thread of its
+//!    own, `files.rs`); `--soak-connects` short-lived connections that open a stream, take the
+//!    first version and close, gracefully or abruptly, at once or after holding the stream; and
+//!    `--soak-lifecycles` resources that appear and disappear with subscribers asking for them
+//!    before and while they exist, or that never appear (`clients.rs`). The proxy is sampled
+//!    every `--soak-sample-every` (`probe.rs`).
+//! 3. **Cool-down**: the churn stops; every steady subscriber must reach the final version of
+//!    its resource; once streams, connections, watches and resources waited on are back (or
+//!    `--soak-idle-timeout` + `--soak-timeout` have passed) and `--soak-quiet` more, the **end**
+//!    sample. Each quantity must be within its tolerance of the baseline (`judge.rs`).
+//!
+//! A run that finds a quantity beyond its tolerance, or a subscriber wrong, prints and writes
+//! its report, names each problem on standard error and exits with status 1.
+
+use std::sync::Mutex;
+use std::sync::atomic::AtomicBool;
+
+use super::*;
+
+mod clients;
+mod files;
+mod judge;
+mod probe;
+
+use clients::{Churn, ChurnCounts, LIFECYCLE_LOOPS, Pace, SteadyTracker, connect_steady};
+use files::{Dirs, Steady, Template, Written};
+use judge::{Correctness, Judged};
+use probe::{Phase, Sample, Sampler};
+
+/// The soak's settings, as the report gives them.
+#[derive(Debug, Clone, serde::Serialize)]
+struct Settings {
+    updates: u64,
+    update_rate: u64,
+    connects: u64,
+    lifecycles: u64,
+    resources: usize,
+    subscribers: usize,
+    connections: usize,
+    concurrency: usize,
+    idle_timeout: String,
+    sample_every: String,
+    timeout: String,
+    quiet: String,
+    payload_bytes: usize,
+    document_bytes: usize,
+}
+
+/// Everything a soak found.
+#[derive(Debug, serde::Serialize)]
+struct SoakReport {
+    settings: Settings,
+    machine: Value,
+    load_average_before: String,
+    load_average_after: String,
+    seconds_warm_up: f64,
+    seconds_churn: f64,
+    seconds_cool_down: f64,
+    seconds_total: f64,
+    updates_written: u64,
+    /// `flagd_proxy_versions_published_total` at the end less at the baseline.
+    versions_published: Option<f64>,
+    /// `flagd_proxy_updates_sent_total` at the end less at the baseline.
+    messages_sent: Option<f64>,
+    /// CPU time of the proxy and of this load generator during the churn.
+    churn_cpu_seconds: f64,
+    churn_load_generator_cpu_seconds: f64,
+    /// Versions each steady subscriber received during the soak: fewest, median, most.
+    steady_received: (u64, u64, u64),
+    steady_repeats: u64,
+    churn: ChurnCounts,
+    quantities: Vec<Judged>,
+    correctness: Correctness,
+    churn_errors: Vec<String>,
+    last_steady_error: Option<String>,
+    problems: Vec<String>,
+    samples: Vec<Sample>,
+}
+
+/// Runs the soak, prints and writes its report; the exit status.
+pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
+    if args.soak_resources == 0
+        || args.soak_subscribers == 0
+        || args.soak_connections == 0
+        || args.soak_update_rate == 0
+    {
+        bail!(
+            "--soak-resources, --soak-subscribers, --soak-connections and --soak-update-rate must be positive"
+        );
+    }
+    let workdir =
+        std::env::temp_dir().join(format!("flagd-proxy-bench-soak-{}", std::process::id()));
+    std::fs::create_dir_all(&workdir)?;
+    let outcome = soak(args, &workdir).await;
+    if args.keep_workdir {
+        eprintln!("working directory kept: {}", workdir.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&workdir);
+    }
+    let report = match outcome {
+        Ok(report) => report,
+        Err(error) => {
+            eprintln!("flagd-proxy-bench: FAILED: soak: the run failed: {error:#}");
+            return Ok(EXIT_INCORRECT);
+        }
+    };
+    let markdown = markdown(&report);
+    println!("{markdown}");
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &markdown).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    for problem in &report.problems {
+        eprintln!("flagd-proxy-bench: FAILED: soak: {problem}");
+    }
+    Ok(if report.problems.is_empty() {
+        0
+    } else {
+        EXIT_INCORRECT
+    })
+}
+
+/// The soak itself: warm-up, churn, cool-down.
+async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
+    let began = Instant::now();
+    let load_before = loadavg();
+    let steady = Arc::new(Steady::create(
+        Dirs::new(workdir)?,
+        args.soak_resources,
+        args.soak_payload_bytes,
+    )?);
+    let bin = rust_bin(args)?;
+    anyhow::ensure!(
+        bin.exists(),
+        "{} not found: build it (cargo build --release --bin flagd-proxy) or pass --proxy-bin",
+        bin.display()
+    );
+    let idle_timeout = humantime::format_duration(args.soak_idle_timeout).to_string();
+    let mut proxy = ProxyProcess::start(
+        Kind::Rust,
+        &bin,
+        workdir,
+        None,
+        None,
+        args.soak_payload_bytes,
+        args.soak_resources + 2 * LIFECYCLE_LOOPS * 8 + 16,
+        &["--idle-timeout".to_owned(), idle_timeout],
+    )?;
+    let (pid, management_port) = (proxy.pid, proxy.management_port);
+    let guard = RssGuard::spawn(pid, args.max_rss_mib);
+    let dial = Dial {
+        port: proxy.port,
+        tls: None,
+    };
+
+    // Warm-up.
+    wait_ready(&mut proxy, &dial, &steady.selector(0)).await?;
+    let tracker = Arc::new(SteadyTracker::new(args.soak_subscribers));
+    let mut steady_tasks = connect_steady(
+        &dial,
+        &steady,
+        args.soak_subscribers,
+        args.soak_connections,
+        &tracker,
+    )
+    .await?;
+    let zeros = vec![0; args.soak_resources];
+    let waiting = tracker.wait_on(&zeros, args.soak_timeout).await;
+    anyhow::ensure!(
+        waiting == 0,
+        "{waiting} steady subscriber(s) did not get the first version within {:?}",
+        args.soak_timeout
+    );
+    let sampler = Sampler::spawn(pid, management_port, began, args.soak_sample_every);
+    let steady_counts = |s: &Sample| {
+        s.streams == Some(args.soak_subscribers as f64)
+            && s.connections == Some(args.soak_connections as f64)
+    };
+    settle(
+        pid,
+        management_port,
+        began,
+        args.soak_timeout,
+        steady_counts,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let baseline = sample(pid, management_port, began, Phase::WarmUp).await;
+    sampler.push(baseline.clone());
+    let seconds_warm_up = began.elapsed().as_secs_f64();
+    eprintln!(
+        "soak: baseline after {seconds_warm_up:.1} s: RSS {:.1} MiB, {} fds, {} threads, {} streams, {} watches",
+        baseline.rss_kib.unwrap_or(0.0) / 1024.0,
+        baseline.fds.unwrap_or(0.0),
+        baseline.threads.unwrap_or(0.0),
+        baseline.streams.unwrap_or(0.0),
+        baseline.watches.unwrap_or(0.0)
+    );
+
+    // Churn.
+    sampler.set_phase(Phase::Churn);
+    let churn_began = Instant::now();
+    let (churn, written, stopped_why) =
+        run_churn(args, &steady, &mut proxy, dial.port, churn_began).await;
+    let churn_end = sample(pid, management_port, began, Phase::Churn).await;
+    sampler.push(churn_end.clone());
+    let seconds_churn = churn_began.elapsed().as_secs_f64();
+    eprintln!(
+        "soak: churn done in {seconds_churn:.1} s: {} updates, {} connects, {} lifecycles",
+        written.updates,
+        churn.counts.connects.load(Ordering::Relaxed),
+        churn.counts.lifecycles_appearing.load(Ordering::Relaxed)
+            + churn.counts.lifecycles_never.load(Ordering::Relaxed)
+    );
+
+    // Cool-down.
+    sampler.set_phase(Phase::CoolDown);
+    let cool_began = Instant::now();
+    let stale = tracker.wait_on(&steady.finals(), args.soak_timeout).await;
+    let back = |s: &Sample| {
+        [
+            (s.streams, baseline.streams),
+            (s.connections, baseline.connections),
+            (s.watches, baseline.watches),
+            (s.waiting, baseline.waiting),
+        ]
+        .iter()
+        .all(|(now, then)| now.is_some() && now == then)
+    };
+    settle(
+        pid,
+        management_port,
+        began,
+        args.soak_idle_timeout + args.soak_timeout,
+        back,
+    )
+    .await;
+    tokio::time::sleep(args.soak_quiet).await;
+    let end = sample(pid, management_port, began, Phase::CoolDown).await;
+    sampler.push(end.clone());
+    let seconds_cool_down = cool_began.elapsed().as_secs_f64();
+    let proxy_exited = proxy.exited().map(|status| {
+        let tail = proxy.log_tail();
+        let tail: Vec<&str> = tail.lines().rev().take(4).collect();
+        format!("{status}; its log ended: {}", tail.join(" / "))
+    });
+    let killed_for_rss = guard.killed();
+    drop(guard);
+    let samples = sampler.all();
+    drop(sampler);
+    steady_tasks.abort_all();
+    while steady_tasks.join_next().await.is_some() {}
+    drop(proxy);
+
+    let during: Vec<Sample> = samples
+        .iter()
+        .filter(|s| s.phase == Phase::Churn)
+        .cloned()
+        .collect();
+    let quantities = judge::judge(&judge::quantities(), &baseline, &during, &end);
+    let mut not_done = Vec::new();
+    let counts = &churn.counts;
+    let connects = counts.connects.load(Ordering::Relaxed);
+    let lifecycles = counts.lifecycles_appearing.load(Ordering::Relaxed)
+        + counts.lifecycles_never.load(Ordering::Relaxed);
+    let mut short = |done: u64, wanted: u64, what: &str| {
+        if done < wanted {
+            not_done.push(format!("{} of {wanted} {what} not done", wanted - done));
+        }
+    };
+    short(written.updates, args.soak_updates, "updates");
+    short(
+        connects + counts.connect_failures.load(Ordering::Relaxed),
+        args.soak_connects,
+        "short-lived connections",
+    );
+    short(
+        lifecycles + counts.lifecycle_failures.load(Ordering::Relaxed),
+        args.soak_lifecycles,
+        "resource lifecycles",
+    );
+    if let Some(why) = stopped_why {
+        not_done.push(format!("the churn stopped early: {why}"));
+    }
+    if killed_for_rss {
+        not_done.push(format!(
+            "the proxy was killed for going over --max-rss-mib ({} MiB)",
+            args.max_rss_mib
+        ));
+    }
+    let correctness = Correctness {
+        steady_subscribers: args.soak_subscribers,
+        stale,
+        steady_stream_errors: tracker.errors.load(Ordering::Relaxed),
+        steady_backwards: tracker.backwards.load(Ordering::Relaxed),
+        steady_unparsed: tracker.unparsed.load(Ordering::Relaxed),
+        connect_failures: counts.connect_failures.load(Ordering::Relaxed),
+        lifecycle_failures: counts.lifecycle_failures.load(Ordering::Relaxed),
+        not_done,
+        write_errors: written.errors,
+        proxy_exited,
+    };
+    let mut problems = judge::leaks(&quantities);
+    problems.extend(correctness.problems());
+    let mut churn_errors = probe::lock(&churn.errors).clone();
+    churn_errors.extend(written.last_error.clone());
+    let last_steady_error = probe::lock(&tracker.last_error).clone();
+    let delta = |get: fn(&Sample) -> Option<f64>| Some(get(&end)? - get(&baseline)?);
+    let Ok(churn) = Arc::try_unwrap(churn) else {
+        bail!("a churn task outlived the churn");
+    };
+    Ok(SoakReport {
+        settings: settings(args),
+        machine: machine(),
+        load_average_before: load_before,
+        load_average_after: loadavg(),
+        seconds_warm_up,
+        seconds_churn,
+        seconds_cool_down,
+        seconds_total: began.elapsed().as_secs_f64(),
+        updates_written: written.updates,
+        versions_published: delta(|s| s.published),
+        messages_sent: delta(|s| s.updates_sent),
+        churn_cpu_seconds: churn_end.cpu_seconds - baseline.cpu_seconds,
+        churn_load_generator_cpu_seconds: churn_end.load_generator_cpu_seconds
+            - baseline.load_generator_cpu_seconds,
+        steady_received: tracker.received_spread(),
+        steady_repeats: tracker.repeats.load(Ordering::Relaxed),
+        churn: churn.counts,
+        quantities,
+        correctness,
+        churn_errors,
+        last_steady_error,
+        problems,
+        samples,
+    })
+}
+
+/// Waits until a probe stream for `selector` gets version 0.
+async fn wait_ready(proxy: &mut ProxyProcess, dial: &Dial, selector: &str) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(status) = proxy.exited() {
+            bail!("the proxy exited with {status}:\n{}", proxy.log_tail());
+        }
+        let probe = async {
+            let channel = open_channel(dial, None).await?;
+            let mut stream = open_stream(channel, selector).await?;
+            stream.message().await?.context("stream ended")
+        };
+        match tokio::time::timeout(Duration::from_secs(5), probe).await {
+            Ok(Ok(0)) => return Ok(()),
+            Ok(Ok(seq)) => bail!("the probe got version {seq}, expected 0"),
+            _ if Instant::now() > deadline => {
+                bail!("the proxy did not serve a snapshot:\n{}", proxy.log_tail())
+            }
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
+
+/// A sample, taken on a blocking thread.
+async fn sample(pid: u32, management_port: u16, began: Instant, phase: Phase) -> Sample {
+    tokio::task::spawn_blocking(move || probe::take(pid, management_port, began, phase))
+        .await
+        .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()))
+}
+
+/// Samples every 250 ms until `done` holds for a sample, or `timeout`.
+async fn settle(
+    pid: u32,
+    management_port: u16,
+    began: Instant,
+    timeout: Duration,
+    done: impl Fn(&Sample) -> bool,
+) {
+    let deadline = Instant::now() + timeout;
+    while Instant::now() < deadline {
+        if done(&sample(pid, management_port, began, Phase::CoolDown).await) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The churn: the writer, the short-lived connections and the lifecycles, until all are done
+/// or the proxy exits. Why it stopped early, if it did.
+async fn run_churn(
+    args: &Args,
+    steady: &Arc<Steady>,
+    proxy: &mut ProxyProcess,
+    port: u16,
+    start: Instant,
+) -> (Arc<Churn>, Written, Option<String>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let over = Duration::from_secs_f64(args.soak_updates as f64 / args.soak_update_rate as f64);
+    let writer = files::spawn_writer(
+        steady.clone(),
+        args.soak_updates,
+        args.soak_update_rate,
+        start,
+        stop.clone(),
+    );
+    let churn = Arc::new(Churn::new(
+        port,
+        steady.clone(),
+        args.soak_payload_bytes,
+        args.soak_timeout,
+        stop.clone(),
+    ));
+    let mut tasks = tokio::task::JoinSet::new();
+    churn.spawn_connects(
+        &mut tasks,
+        args.soak_concurrency,
+        args.soak_connects,
+        Pace::new(start, args.soak_connects, over),
+    );
+    churn.spawn_lifecycles(
+        &mut tasks,
+        args.soak_lifecycles,
+        Pace::new(start, args.soak_lifecycles, over),
+    );
+    let mut stopped_why = None;
+    let mut last_progress = Instant::now();
+    loop {
+        if stopped_why.is_none() {
+            if let Some(status) = proxy.exited() {
+                stopped_why = Some(format!("the proxy exited ({status})"));
+                stop.store(true, Ordering::Relaxed);
+            } else if stop.load(Ordering::Relaxed) {
+                stopped_why = Some("too many short-lived connections or lifecycles failed".into());
+            }
+        }
+        if tasks.is_empty() && writer.is_finished() {
+            break;
+        }
+        while tasks.try_join_next().is_some() {}
+        if last_progress.elapsed() >= Duration::from_secs(30) {
+            last_progress = Instant::now();
+            let counts = &churn.counts;
+            eprintln!(
+                "soak: {:.0} s into the churn: {} updates written, {} connects, {} lifecycles",
+                start.elapsed().as_secs_f64(),
+                steady
+                    .written
+                    .iter()
+                    .map(|w| w.load(Ordering::Relaxed))
+                    .sum::<u64>(),
+                counts.connects.load(Ordering::Relaxed),
+                counts.lifecycles_appearing.load(Ordering::Relaxed)
+                    + counts.lifecycles_never.load(Ordering::Relaxed)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let written = writer.join().unwrap_or_else(|_| Written {
+        last_error: Some("the writer panicked".into()),
+        errors: 1,
+        ..Written::default()
+    });
+    (churn, written, stopped_why)
+}
+
+fn settings(args: &Args) -> Settings {
+    let text = |d: Duration| humantime::format_duration(d).to_string();
+    Settings {
+        updates: args.soak_updates,
+        update_rate: args.soak_update_rate,
+        connects: args.soak_connects,
+        lifecycles: args.soak_lifecycles,
+        resources: args.soak_resources,
+        subscribers: args.soak_subscribers,
+        connections: args.soak_connections,
+        concurrency: args.soak_concurrency,
+        idle_timeout: text(args.soak_idle_timeout),
+        sample_every: text(args.soak_sample_every),
+        timeout: text(args.soak_timeout),
+        quiet: text(args.soak_quiet),
+        payload_bytes: args.soak_payload_bytes,
+        // The flag configuration the subscribers get.
+        document_bytes: document(0, args.soak_payload_bytes).len(),
+    }
+}
+
+/// The Markdown report.
+fn markdown(report: &SoakReport) -> String {
+    let (s, m, c) = (&report.settings, &report.machine, &report.churn);
+    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let mut out = String::from("## flagd-proxy soak\n\n");
+    out.push_str(&format!(
+        "Machine: {} CPUs ({}), {} GiB, Linux {}. Load average before: {}; after: {}. Duration: {:.0} s (warm-up {:.0} s, churn {:.0} s, cool-down {:.0} s).\n\n",
+        m["cpus"],
+        m["cpu_model"].as_str().unwrap_or("?"),
+        m["memory_gib"],
+        m["kernel"].as_str().unwrap_or("?"),
+        report.load_average_before,
+        report.load_average_after,
+        report.seconds_total,
+        report.seconds_warm_up,
+        report.seconds_churn,
+        report.seconds_cool_down,
+    ));
+    out.push_str(&format!(
+        "Settings: this proxy on manifest files (`--manifests`, `--idle-timeout {}`); {} steady resources ({} B documents); {} steady subscribers over {} connections; {} updates at {}/s; {} short-lived connections ({} at a time); {} resource lifecycles ({} at a time); a sample every {}; cool-down: {} to settle, then {} quiet.\n\n",
+        s.idle_timeout,
+        s.resources,
+        s.document_bytes,
+        s.subscribers,
+        s.connections,
+        s.updates,
+        s.update_rate,
+        s.connects,
+        s.concurrency,
+        s.lifecycles,
+        LIFECYCLE_LOOPS,
+        s.sample_every,
+        s.timeout,
+        s.quiet,
+    ));
+    out.push_str(&judge::table(&report.quantities));
+    out.push_str("\nTokio tasks: not observable (the proxy exports no count of them); its tasks are per connection, per stream and per watch, counted above, and threads.\n\n");
+    let opt = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".into());
+    let (min, median, max) = report.steady_received;
+    let rows: Vec<(&str, String)> = vec![
+        (
+            "steady-resource updates written (renames)",
+            report.updates_written.to_string(),
+        ),
+        (
+            "versions published (`flagd_proxy_versions_published_total`, end − baseline, every resource)",
+            opt(report.versions_published),
+        ),
+        (
+            "messages sent (`flagd_proxy_updates_sent_total`, end − baseline)",
+            opt(report.messages_sent),
+        ),
+        (
+            "versions received per steady subscriber: fewest / median / most",
+            format!("{min} / {median} / {max}"),
+        ),
+        (
+            "short-lived connections (first version, then closed)",
+            get(&c.connects).to_string(),
+        ),
+        (
+            "… closed abruptly (socket cut, TCP reset)",
+            get(&c.connects_abrupt).to_string(),
+        ),
+        (
+            "… stream held up to 250 ms first",
+            format!(
+                "{} ({} versions received meanwhile)",
+                get(&c.connects_held),
+                get(&c.held_messages)
+            ),
+        ),
+        (
+            "resource lifecycles: appeared and removed / never appeared",
+            format!(
+                "{} / {}",
+                get(&c.lifecycles_appearing),
+                get(&c.lifecycles_never)
+            ),
+        ),
+        (
+            "manifest files created / deleted by the lifecycles",
+            format!("{} / {}", get(&c.files_created), get(&c.files_deleted)),
+        ),
+        (
+            "connections of their subscribers",
+            get(&c.lifecycle_connects).to_string(),
+        ),
+        (
+            "CPU time during the churn: proxy / load generator (s)",
+            format!(
+                "{:.1} / {:.1}",
+                report.churn_cpu_seconds, report.churn_load_generator_cpu_seconds
+            ),
+        ),
+        (
+            "failed: short-lived connections / lifecycles",
+            format!(
+                "{} / {}",
+                get(&c.connect_failures),
+                get(&c.lifecycle_failures)
+            ),
+        ),
+    ];
+    out.push_str("| churn | count |\n|---|---:|\n");
+    for (name, value) in rows {
+        out.push_str(&format!("| {name} | {value} |\n"));
+    }
+    for error in &report.churn_errors {
+        out.push_str(&format!("\nchurn error: {error}\n"));
+    }
+    if let Some(error) = &report.last_steady_error {
+        out.push_str(&format!("\nlast steady subscriber error: {error}\n"));
+    }
+    out.push('\n');
+    if report.problems.is_empty() {
+        out.push_str(&format!(
+            "Soak: every quantity back within its tolerance of the baseline, and every one of the {} steady subscribers on the final version of its resource.\n",
+            s.subscribers
+        ));
+    } else {
+        out.push_str(&format!(
+            "Soak: **FAILED** (the run exits with status {EXIT_INCORRECT}):\n\n"
+        ));
+        for problem in &report.problems {
+            out.push_str(&format!("- {problem}\n"));
+        }
+    }
+    out
+}

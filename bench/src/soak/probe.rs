@@ -1,0 +1,231 @@
+//! Samples of the proxy under soak: from /proc (RSS, open file descriptors, threads) and from
+//! its `/metrics` (streams, connections, watches, resources waited on, metric series, versions
+//! published). The proxy exports no count of its tokio tasks; its tasks are per connection,
+//! per stream and per watch, which are counted here.
+
+use std::collections::HashMap;
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// What the sampler is sampling.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Phase {
+    WarmUp,
+    Churn,
+    CoolDown,
+}
+
+impl Phase {
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Phase::WarmUp,
+            1 => Phase::Churn,
+            _ => Phase::CoolDown,
+        }
+    }
+
+    fn to_u8(self) -> u8 {
+        match self {
+            Phase::WarmUp => 0,
+            Phase::Churn => 1,
+            Phase::CoolDown => 2,
+        }
+    }
+}
+
+/// One sample of the proxy. A figure the proxy did not give (its `/metrics` did not answer, or
+/// lacked the metric) is `None`.
+#[derive(Clone, Debug, serde::Serialize)]
+pub(crate) struct Sample {
+    /// Seconds since the soak began.
+    pub(crate) at_seconds: f64,
+    pub(crate) phase: Phase,
+    /// VmRSS, KiB.
+    pub(crate) rss_kib: Option<f64>,
+    /// Entries of /proc/<pid>/fd.
+    pub(crate) fds: Option<f64>,
+    /// `Threads:` of /proc/<pid>/status.
+    pub(crate) threads: Option<f64>,
+    /// `sync_active_streams`.
+    pub(crate) streams: Option<f64>,
+    /// `flagd_proxy_open_connections{port="sync"}`.
+    pub(crate) connections: Option<f64>,
+    /// `flagd_proxy_upstream_watches`.
+    pub(crate) watches: Option<f64>,
+    /// `flagd_proxy_waiting_resources`.
+    pub(crate) waiting: Option<f64>,
+    /// Sample lines of `/metrics` (every label set of every metric).
+    pub(crate) series: Option<f64>,
+    /// `flagd_proxy_versions_published_total`.
+    pub(crate) published: Option<f64>,
+    /// `flagd_proxy_updates_sent_total`, over every protocol.
+    pub(crate) updates_sent: Option<f64>,
+    /// CPU time of the proxy (user + system), seconds.
+    pub(crate) cpu_seconds: f64,
+    /// CPU time of this load generator, seconds.
+    pub(crate) load_generator_cpu_seconds: f64,
+}
+
+/// Samples the proxy `pid`, whose management port is `management_port`. /proc is read first,
+/// so the connection that fetches `/metrics` is not among the open files.
+pub(crate) fn take(pid: u32, management_port: u16, began: Instant, phase: Phase) -> Sample {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
+    let field = |name: &str| {
+        status
+            .as_deref()
+            .and_then(|s| status_field(s, name))
+            .map(|v| v as f64)
+    };
+    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .ok()
+        .map(|d| d.count() as f64);
+    let (rss_kib, threads) = (field("VmRSS:"), field("Threads:"));
+    let metrics = fetch_metrics(management_port).ok();
+    let metric = |name: &str| metrics.as_ref().and_then(|m| m.get(name).copied());
+    let sum = |prefix: &str| {
+        metrics.as_ref().map(|m| {
+            m.iter()
+                .filter(|(k, _)| k.starts_with(prefix))
+                .map(|(_, v)| v)
+                .sum::<f64>()
+        })
+    };
+    Sample {
+        at_seconds: began.elapsed().as_secs_f64(),
+        phase,
+        rss_kib,
+        fds,
+        threads,
+        streams: metric("sync_active_streams"),
+        connections: metric("flagd_proxy_open_connections{port=\"sync\"}"),
+        watches: metric("flagd_proxy_upstream_watches"),
+        waiting: metric("flagd_proxy_waiting_resources"),
+        series: metrics.as_ref().map(|m| m.len() as f64),
+        published: metric("flagd_proxy_versions_published_total"),
+        updates_sent: sum("flagd_proxy_updates_sent_total"),
+        cpu_seconds: crate::proc_sample(pid).cpu_seconds,
+        load_generator_cpu_seconds: crate::proc_sample(std::process::id()).cpu_seconds,
+    }
+}
+
+/// The number after `name` in /proc/<pid>/status (`VmRSS:  1234 kB` gives 1234).
+pub(crate) fn status_field(status: &str, name: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(name))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// `GET /metrics` on the management port (HTTP/1.1, 5 s to connect and to answer): every
+/// sample line, by name and labels.
+fn fetch_metrics(port: u16) -> std::io::Result<HashMap<String, f64>> {
+    let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    stream.write_all(b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")?;
+    let mut response = Vec::new();
+    stream.read_to_end(&mut response)?;
+    let text = String::from_utf8_lossy(&response);
+    if !text.starts_with("HTTP/1.1 200") {
+        return Err(std::io::Error::other("/metrics did not answer 200"));
+    }
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    Ok(parse_metrics(body))
+}
+
+/// The sample lines of a Prometheus text exposition: `name{labels} value` by `name{labels}`.
+pub(crate) fn parse_metrics(body: &str) -> HashMap<String, f64> {
+    body.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| {
+            let (name, value) = l.trim().rsplit_once(' ')?;
+            Some((name.to_owned(), value.parse().ok()?))
+        })
+        .collect()
+}
+
+/// Samples the proxy every `every` from a thread of its own (so the load generator's backlog
+/// does not delay it), until dropped.
+pub(crate) struct Sampler {
+    pub(crate) samples: Arc<Mutex<Vec<Sample>>>,
+    phase: Arc<AtomicU8>,
+    running: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Sampler {
+    pub(crate) fn spawn(pid: u32, management_port: u16, began: Instant, every: Duration) -> Self {
+        let samples = Arc::new(Mutex::new(Vec::new()));
+        let phase = Arc::new(AtomicU8::new(Phase::WarmUp.to_u8()));
+        let running = Arc::new(AtomicBool::new(true));
+        let (ours, current, on) = (samples.clone(), phase.clone(), running.clone());
+        let thread = std::thread::spawn(move || {
+            while on.load(Ordering::Relaxed) {
+                let phase = Phase::from_u8(current.load(Ordering::Relaxed));
+                let sample = take(pid, management_port, began, phase);
+                lock(&ours).push(sample);
+                // Sleep in short steps, so that dropping the sampler does not wait long.
+                let next = Instant::now() + every;
+                while on.load(Ordering::Relaxed) && Instant::now() < next {
+                    std::thread::sleep(Duration::from_millis(50).min(every));
+                }
+            }
+        });
+        Self {
+            samples,
+            phase,
+            running,
+            thread: Some(thread),
+        }
+    }
+
+    pub(crate) fn set_phase(&self, phase: Phase) {
+        self.phase.store(phase.to_u8(), Ordering::Relaxed);
+    }
+
+    /// Adds a sample taken elsewhere (the baseline, the end).
+    pub(crate) fn push(&self, sample: Sample) {
+        lock(&self.samples).push(sample);
+    }
+
+    pub(crate) fn all(&self) -> Vec<Sample> {
+        lock(&self.samples).clone()
+    }
+}
+
+impl Drop for Sampler {
+    fn drop(&mut self) {
+        self.running.store(false, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
+}
+
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_sample_lines_and_status_fields() {
+        let body = "# HELP sync_active_streams x\n# TYPE sync_active_streams gauge\nsync_active_streams 400\nflagd_proxy_open_connections{port=\"sync\"} 8\nflagd_proxy_versions_published_total 1.5e3\n# EOF\n";
+        let metrics = parse_metrics(body);
+        assert_eq!(metrics.len(), 3, "{metrics:?}");
+        assert_eq!(metrics["sync_active_streams"], 400.0);
+        assert_eq!(metrics["flagd_proxy_open_connections{port=\"sync\"}"], 8.0);
+        assert_eq!(metrics["flagd_proxy_versions_published_total"], 1500.0);
+        let status = "Name:\tflagd-proxy\nVmRSS:\t   12345 kB\nThreads:\t7\n";
+        assert_eq!(status_field(status, "VmRSS:"), Some(12345));
+        assert_eq!(status_field(status, "Threads:"), Some(7));
+        assert_eq!(status_field(status, "VmHWM:"), None);
+    }
+}
