@@ -243,12 +243,14 @@ async fn accept(
             Some(tls) => {
                 let acceptor = tls.acceptor();
                 let tx = tx.clone();
+                // One deadline for the handshake and the preface together.
+                let deadline = tokio::time::Instant::now() + deadline;
                 tokio::spawn(async move {
-                    match tokio::time::timeout(deadline, acceptor.accept(tcp)).await {
+                    match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
                             let connection = Connection {
                                 stream: Stream::Tls(Box::new(stream)),
-                                preface: PrefaceDeadline::new(deadline),
+                                preface: PrefaceDeadline::until(deadline),
                                 write_stall,
                                 _slot: slot,
                                 _total: total,

@@ -1,6 +1,7 @@
 //! TLS on the sync port: server certificates from files, rotation without a restart, and
 //! optional client-certificate verification.
 use flagd_proxy_testkit as support;
+use std::time::Duration;
 
 use rustls_pki_types::pem::PemObject;
 
@@ -32,6 +33,21 @@ fn trusting(ca_pem: &std::path::Path) -> ClientTlsConfig {
 /// The variant of `color` in the stream's next message.
 async fn next_color(stream: &mut tonic::Streaming<v1::SyncFlagsResponse>) -> String {
     default_variant(&next(stream).await.flag_configuration, "color")
+}
+
+/// A raw TLS connector (ALPN h2) that trusts `ca`.
+fn tls_connector(ca: &TestCa) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(&ca.ca_cert).expect("read ca");
+    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
+        roots.add(cert.expect("ca pem")).expect("add ca");
+    }
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let mut config = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
 }
 
 fn args(dir: &tempfile::TempDir, extra: &[String]) -> Vec<String> {
@@ -144,25 +160,55 @@ async fn expired_certificates_are_reported_and_expiry_is_a_metric() {
 async fn a_silent_client_after_the_tls_handshake_is_closed() {
     let ca = TestCa::new();
     let (_dir, proxy) = tls_proxy(&ca, &["--handshake-timeout", "1s"]).await;
-    let mut roots = rustls::RootCertStore::empty();
-    let pem = std::fs::read(&ca.ca_cert).expect("read ca");
-    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
-        roots.add(cert.expect("ca pem")).expect("add ca");
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
         .await
         .expect("connect");
     let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
-    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+    let mut tls = tls_connector(&ca)
         .connect(name, tcp)
         .await
         .expect("the handshake completes");
     support::wait_closed(&mut tls, "a silent TLS client was kept").await;
+}
+
+/// --handshake-timeout covers the TLS handshake and the preface together: a client that spends
+/// most of it before its handshake and then sends the preface within a fresh --handshake-timeout
+/// of the handshake (but after the first one has run out) is closed, never served.
+#[tokio::test]
+async fn the_handshake_timeout_covers_tls_and_the_preface_together() {
+    use tokio::io::AsyncWriteExt as _;
+    const TIMEOUT: Duration = Duration::from_secs(3);
+    // Before the handshake: most of the budget. After it: the budget less a little, so that the
+    // preface would be in time if the budget began again at the handshake.
+    const BEFORE: Duration = Duration::from_millis(2500);
+    const AFTER: Duration = Duration::from_millis(2500);
+    let ca = TestCa::new();
+    let timeout = format!("{}s", TIMEOUT.as_secs());
+    // No keepalive pings during the test: a served connection stays open.
+    let extra = [
+        "--handshake-timeout",
+        &timeout,
+        "--keepalive-interval",
+        "1h",
+    ];
+    let (_dir, proxy) = tls_proxy(&ca, &extra).await;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
+        .await
+        .expect("connect");
+    tokio::time::sleep(BEFORE).await;
+    let mut tls = tls_connector(&ca)
+        .connect(
+            rustls_pki_types::ServerName::try_from("localhost").expect("name"),
+            tcp,
+        )
+        .await
+        .expect("the handshake completes within the budget");
+    tokio::time::sleep(AFTER).await;
+    // The preface and an empty SETTINGS frame; the server may have closed already.
+    let _ = tls.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n").await;
+    let _ = tls.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).await;
+    let _ = tls.flush().await;
+    support::wait_closed(&mut tls, "a preface after the budget was served").await;
 }
 
 #[tokio::test]

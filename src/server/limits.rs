@@ -216,9 +216,15 @@ pub(crate) struct PrefaceDeadline {
 
 impl PrefaceDeadline {
     pub(crate) fn new(limit: Duration) -> Self {
+        Self::until(tokio::time::Instant::now() + limit)
+    }
+
+    /// The whole preface must have arrived by `deadline` (for TLS: the time the connection was
+    /// accepted plus `--handshake-timeout`, which covers the handshake and the preface together).
+    pub(crate) fn until(deadline: tokio::time::Instant) -> Self {
         Self {
             remaining: PREFACE.len(),
-            deadline: Some(Box::pin(tokio::time::sleep(limit))),
+            deadline: Some(Box::pin(tokio::time::sleep_until(deadline))),
         }
     }
 
