@@ -44,6 +44,7 @@ pub struct Metrics {
     /// `--max-waiting-resources`).
     pub waiting_resources: Gauge,
     pub versions_published: Counter,
+    pub versions_skipped: Counter,
     pub updates_sent: Family<ProtocolLabels, Counter>,
     pub invalid_documents: Family<ResourceLabels, Counter>,
     /// Warnings in the version of each watched resource that clients get now (problems clients
@@ -116,11 +117,17 @@ impl Metrics {
             "Warnings in the flag configuration clients get now, per watched resource: flags (or shared evaluators) with problems that clients report for those flags only, when they evaluate them (for example an operator this proxy does not know); the version is served",
             Family::default(),
         );
+        let versions_skipped = registered(
+            proxy,
+            "versions_skipped",
+            "Versions a subscriber connected when they were published was never sent, because a newer one came first (a slow subscriber skips to the newest); one per subscriber and version, so a stuck subscriber adds one with every version",
+            Counter::default(),
+        );
         let (source_errors, rejected_requests) = Self::error_metrics(proxy);
         let propagation_seconds = registered(
             proxy,
             "propagation_seconds",
-            "Time from a change seen at the source until the last subscriber connected at that moment was sent it",
+            "Time from a change seen at the source until the last subscriber connected at that moment was sent it (subscribers that left, or that a newer version reached first, are not waited for: see versions_skipped)",
             Histogram::new(exponential_buckets(0.0005, 2.0, 16)),
         );
         let open_connections = registered(
@@ -144,6 +151,7 @@ impl Metrics {
             upstream_watches,
             waiting_resources,
             versions_published,
+            versions_skipped,
             updates_sent,
             invalid_documents,
             document_warnings,
@@ -181,6 +189,11 @@ impl Metrics {
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// Records how long a version took to reach its subscribers.
+    pub fn observe_propagation(&self, elapsed: std::time::Duration) {
+        self.propagation_seconds.observe(elapsed.as_secs_f64());
     }
 
     pub fn reject(&self, reason: &'static str) {

@@ -133,7 +133,11 @@ impl Hub {
     pub fn subscribe(&self, key: ResourceKey) -> Result<Subscription, HubError> {
         let mut upstreams = self.inner.lock();
         if let Some(tx) = upstreams.get(&key) {
-            return Ok(Subscription::new(key, tx.subscribe()));
+            return Ok(Subscription::new(
+                key,
+                tx.subscribe(),
+                self.inner.metrics.clone(),
+            ));
         }
         if upstreams.len() >= self.inner.options.max_watches {
             self.inner.metrics.reject("max_watches");
@@ -149,7 +153,7 @@ impl Hub {
         upstreams.insert(key.clone(), tx.clone());
         drop(upstreams);
         tokio::spawn(run_upstream(self.inner.clone(), key.clone(), tx));
-        Ok(Subscription::new(key, rx))
+        Ok(Subscription::new(key, rx, self.inner.metrics.clone()))
     }
 
     /// The resources watched right now, with their state.

@@ -129,6 +129,7 @@ impl Publisher {
         let tx = &self.tx;
         let mut published = None;
         let mut served = false;
+        let mut superseded = (0, None);
         tx.send_if_modified(|state| {
             if matches!(state.availability, Availability::TooManyWaiting { .. }) {
                 return false;
@@ -150,7 +151,9 @@ impl Publisher {
                 tx.receiver_count(),
             ));
             published = Some(version);
-            state.snapshot = Some(snapshot);
+            if let Some(previous) = state.snapshot.replace(snapshot) {
+                superseded = previous.superseded();
+            }
             // The resource exists: it no longer counts as waited on.
             self.waiting.release();
             true
@@ -160,6 +163,13 @@ impl Publisher {
                 .document_warnings
                 .get_or_create(&self.labels())
                 .set(i64::try_from(warnings.len()).unwrap_or(i64::MAX));
+        }
+        let (skipped, propagation) = superseded;
+        if skipped > 0 {
+            self.metrics.versions_skipped.inc_by(skipped as u64);
+        }
+        if let Some(elapsed) = propagation {
+            self.metrics.observe_propagation(elapsed);
         }
         if let Some(version) = published {
             self.metrics.versions_published.inc();

@@ -1,7 +1,7 @@
 //! What subscribers see: versions of a resource's flag configuration and its availability.
-use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
@@ -14,8 +14,12 @@ pub struct Snapshot {
     pub flag_configuration: Arc<str>,
     /// When the source saw the change that produced this version.
     pub changed_at: Instant,
-    /// Subscribers counted when this version was published that have not been sent it yet.
-    pub(super) pending: AtomicUsize,
+    /// Subscribers counted when this version was published that have not been sent it yet (nor
+    /// left, nor been passed by a newer version).
+    pending: AtomicUsize,
+    /// Nanoseconds from `changed_at` to the latest time it was sent to a subscriber, plus one
+    /// (0: not sent to anyone yet).
+    last_sent: AtomicU64,
     encodings: Encodings,
 }
 
@@ -48,7 +52,52 @@ impl Snapshot {
             flag_configuration,
             changed_at,
             pending: AtomicUsize::new(pending),
+            last_sent: AtomicU64::new(0),
             encodings: Encodings::default(),
+        }
+    }
+
+    /// Notes that a counted subscriber was sent this version. The time from the change until
+    /// every counted subscriber had it, if this was the last one.
+    pub(super) fn sent_to_one(&self) -> Option<Duration> {
+        let elapsed = self.changed_at.elapsed();
+        let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX - 1);
+        self.last_sent.fetch_max(nanos + 1, Ordering::AcqRel);
+        self.settle_one().then_some(elapsed)
+    }
+
+    /// Notes that a counted subscriber left without being sent this version. The time from the
+    /// change until every other counted subscriber had it, if this was the last one and anyone
+    /// was sent it.
+    pub(super) fn left_by_one(&self) -> Option<Duration> {
+        if self.settle_one() {
+            self.last_sent()
+        } else {
+            None
+        }
+    }
+
+    /// Ends the count: a newer version replaces this one, and the subscribers not sent this one
+    /// yet will be sent the newer one instead. How many they were, and the time from the change
+    /// until the last of the others had it (if any was sent it).
+    pub(super) fn superseded(&self) -> (usize, Option<Duration>) {
+        match self.pending.swap(0, Ordering::AcqRel) {
+            0 => (0, None),
+            skipped => (skipped, self.last_sent()),
+        }
+    }
+
+    /// One fewer counted subscriber to wait for; true for the last one.
+    fn settle_one(&self) -> bool {
+        self.pending
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| n.checked_sub(1))
+            == Ok(1)
+    }
+
+    fn last_sent(&self) -> Option<Duration> {
+        match self.last_sent.load(Ordering::Acquire) {
+            0 => None,
+            nanos => Some(Duration::from_nanos(nanos - 1)),
         }
     }
 

@@ -1,7 +1,6 @@
 //! One subscriber's view of a resource: the newest version, skipping any it was too slow for.
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -39,17 +38,31 @@ pub struct Subscription {
     last: Option<u64>,
     /// The version current when this subscriber joined; it was not counted for that one.
     joined_at: Option<u64>,
+    /// The newest version handed to this subscriber's transport.
+    sent: Option<u64>,
+    metrics: Arc<Metrics>,
 }
 
 impl Subscription {
-    pub(super) fn new(key: ResourceKey, rx: watch::Receiver<ResourceState>) -> Self {
+    pub(super) fn new(
+        key: ResourceKey,
+        rx: watch::Receiver<ResourceState>,
+        metrics: Arc<Metrics>,
+    ) -> Self {
         let joined_at = rx.borrow().snapshot.as_ref().map(|s| s.version);
         Self {
             key,
             rx,
             last: None,
             joined_at,
+            sent: None,
+            metrics,
         }
+    }
+
+    /// Whether this subscriber was counted for `snapshot` (it was there when it was published).
+    fn counted_for(&self, snapshot: &Snapshot) -> bool {
+        self.joined_at.is_none_or(|v| snapshot.version > v)
     }
 
     pub fn key(&self) -> &ResourceKey {
@@ -114,14 +127,13 @@ impl Subscription {
     }
 
     /// Marks `snapshot` as handed to this subscriber's transport, for the propagation metric.
-    pub fn delivered(&self, snapshot: &Snapshot, metrics: &Metrics) {
-        if self.joined_at.is_some_and(|v| snapshot.version <= v) {
+    pub fn delivered(&mut self, snapshot: &Snapshot) {
+        self.sent = Some(snapshot.version);
+        if !self.counted_for(snapshot) {
             return;
         }
-        if snapshot.pending.fetch_sub(1, Ordering::AcqRel) == 1 {
-            metrics
-                .propagation_seconds
-                .observe(snapshot.changed_at.elapsed().as_secs_f64());
+        if let Some(elapsed) = snapshot.sent_to_one() {
+            self.metrics.observe_propagation(elapsed);
         }
     }
 
@@ -138,6 +150,21 @@ impl Subscription {
         match settled {
             Some(state) => state,
             None => futures::future::pending().await,
+        }
+    }
+}
+
+impl Drop for Subscription {
+    /// A subscriber that leaves before it was sent the current version is not waited for: the
+    /// version's propagation ends with the last of the others.
+    fn drop(&mut self) {
+        let current = self.rx.borrow().snapshot.clone();
+        if let Some(snapshot) = current
+            && self.counted_for(&snapshot)
+            && self.sent != Some(snapshot.version)
+            && let Some(elapsed) = snapshot.left_by_one()
+        {
+            self.metrics.observe_propagation(elapsed);
         }
     }
 }

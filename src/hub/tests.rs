@@ -385,7 +385,7 @@ async fn propagation_is_measured_once_all_counted_subscribers_have_it() {
     let publisher = source.wait_for_watch(&key).await;
     publisher.resource(&flag_resource("on"), Instant::now());
     let snapshot = next(&mut a).await;
-    a.delivered(&snapshot, hub.metrics());
+    a.delivered(&snapshot);
     let count = || {
         hub.metrics()
             .encode()
@@ -393,8 +393,67 @@ async fn propagation_is_measured_once_all_counted_subscribers_have_it() {
     };
     assert!(!count(), "one of two subscribers still waits");
     let snapshot = next(&mut b).await;
-    b.delivered(&snapshot, hub.metrics());
+    b.delivered(&snapshot);
     assert!(count(), "{}", hub.metrics().encode());
+}
+
+/// The number after `name ` in the hub's metrics (0 when absent).
+fn metric_value(hub: &Hub, name: &str) -> f64 {
+    hub.metrics()
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A subscriber that is never sent anything does not freeze the propagation histogram: each
+/// version is measured when a newer one replaces it, to the last of the subscribers that had
+/// it, and the stuck subscriber is counted in `versions_skipped`, once per version.
+#[tokio::test]
+async fn a_stuck_subscriber_is_counted_apart_and_every_version_is_measured() {
+    const COUNT: &str = "flagd_proxy_propagation_seconds_count";
+    const SKIPPED: &str = "flagd_proxy_versions_skipped_total";
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut reading = hub.subscribe(key.clone()).expect("subscribe");
+    let _stuck = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    for (round, variant) in ["red", "blue", "green", "gold"].into_iter().enumerate() {
+        publisher.resource(&flag_resource(variant), Instant::now());
+        let snapshot = next(&mut reading).await;
+        reading.delivered(&snapshot);
+        // Every version before this one is measured, and skipped by the stuck subscriber.
+        assert_eq!(metric_value(&hub, COUNT), round as f64, "round {round}");
+        assert_eq!(metric_value(&hub, SKIPPED), round as f64, "round {round}");
+    }
+}
+
+/// A subscriber that leaves before it is sent the current version is not waited for.
+#[tokio::test]
+async fn a_subscriber_that_leaves_is_not_waited_for() {
+    let source = FakeSource::new();
+    let hub = hub(&source, Duration::from_secs(60));
+    let key = ResourceKey::new("ns", "a");
+    let mut staying = hub.subscribe(key.clone()).expect("subscribe");
+    let leaving = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    let snapshot = next(&mut staying).await;
+    staying.delivered(&snapshot);
+    assert_eq!(
+        metric_value(&hub, "flagd_proxy_propagation_seconds_count"),
+        0.0
+    );
+    drop(leaving);
+    assert_eq!(
+        metric_value(&hub, "flagd_proxy_propagation_seconds_count"),
+        1.0
+    );
+    assert_eq!(
+        metric_value(&hub, "flagd_proxy_versions_skipped_total"),
+        0.0
+    );
 }
 
 /// A `FeatureFlag` like [`flag_resource`] with a second flag `g` whose targeting uses an operator

@@ -37,7 +37,6 @@ pub(crate) fn open(
         protocol,
         identity,
         _open: OpenStream::new(metrics.clone(), protocol),
-        metrics: metrics.clone(),
         updates_sent: metrics
             .updates_sent
             .get_or_create(&ProtocolLabels {
@@ -113,7 +112,6 @@ struct StreamState {
     shutdown: CancellationToken,
     protocol: Protocol,
     identity: Arc<Struct>,
-    metrics: Arc<Metrics>,
     /// This protocol's `updates_sent` counter, looked up once per stream.
     updates_sent: prometheus_client::metrics::counter::Counter,
     _open: OpenStream,
@@ -146,7 +144,7 @@ impl StreamState {
                         .protocol
                         .frame(&snapshot, self.subscription.key(), &self.identity);
                     self.updates_sent.inc();
-                    self.subscription.delivered(&snapshot, &self.metrics);
+                    self.subscription.delivered(&snapshot);
                     Ok(frame)
                 }
                 Err(SubscriptionEnd::Forbidden(reason)) => Err(RequestError::Forbidden {
@@ -192,7 +190,6 @@ mod tests {
             shutdown: CancellationToken::new(),
             protocol: Protocol::FlagdSyncV1,
             identity: Arc::new(Struct::default()),
-            metrics: hub.metrics().clone(),
             updates_sent: Default::default(),
             _open: OpenStream::new(hub.metrics().clone(), Protocol::FlagdSyncV1),
             revoked: None,
