@@ -742,19 +742,10 @@ async fn hostile_files_in_the_manifests_directory_do_not_stop_other_files() {
     std::fs::write(dir.join("deep.json"), nested("[", "]", "1")).expect("write");
     std::fs::write(dir.join("deep.yaml"), nested("[", "]", "1")).expect("write");
     scene.change().await;
-    let problems = |body: &str| {
-        let status: Value = serde_json::from_str(body).expect("status JSON");
-        status["sourceStatus"]["problems"]
-            .as_array()
-            .expect("problems")
-            .iter()
-            .map(|p| p["path"].as_str().expect("path").to_owned())
-            .collect::<Vec<_>>()
-    };
     let (_, body) = support::http_get(scene.proxy.management_port, "/status")
         .await
         .expect("status");
-    let problems = problems(&body);
+    let problems = source_problems(&body);
     for name in [
         "fifo.yaml",
         "zero.yaml",
@@ -767,6 +758,80 @@ async fn hostile_files_in_the_manifests_directory_do_not_stop_other_files() {
             "{name} is not reported: {problems:?}"
         );
     }
+    scene.assert_healthy().await;
+}
+
+/// The paths of the files `/status` reports problems for.
+fn source_problems(body: &str) -> Vec<String> {
+    let status: Value = serde_json::from_str(body).expect("status JSON");
+    status["sourceStatus"]["problems"]
+        .as_array()
+        .expect("problems")
+        .iter()
+        .map(|p| p["path"].as_str().expect("path").to_owned())
+        .collect()
+}
+
+/// A field of /proc/<pid>/status in KiB.
+fn proc_status_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("field")
+}
+
+/// CPU time (user + system) of a process, in clock ticks.
+fn cpu_ticks(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
+    // Fields after the command name (which may hold spaces) start at state.
+    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+}
+
+/// YAML that would cost memory or time out of proportion to its size is refused before it is
+/// deserialized: one 100 KB anchor referenced 20,000 times (2 GB expanded) and 800 KB of flow
+/// mappings nested through quoted scalars that hold closing brackets. Both are reported, the
+/// proxy's peak memory and CPU time stay small, and another file's edit is served meanwhile.
+#[tokio::test]
+async fn yaml_aliases_and_brackets_in_quoted_scalars_cost_nothing_out_of_proportion() {
+    let mut scene = Scene::start().await;
+    let dir = scene.dir.path().to_owned();
+    let pid = scene.proxy.pid();
+    let ticks_before = cpu_ticks(pid);
+    let mut aliases = format!("a: &a \"{}\"\nrefs: [", "x".repeat(100 * 1024));
+    aliases.push_str(&vec!["*a"; 20_000].join(", "));
+    aliases.push_str("]\n");
+    std::fs::write(dir.join("aliases.yaml"), aliases).expect("write");
+    let level = "{a: \"}\", b: ";
+    let levels = 800 * 1024 / level.len();
+    let quoted = format!("{}1{}", level.repeat(levels), "}".repeat(levels));
+    std::fs::write(dir.join("quoted.yaml"), quoted).expect("write");
+    scene.change().await;
+    let deadline = std::time::Instant::now() + support::EVENT_TIMEOUT;
+    loop {
+        let (_, body) = support::http_get(scene.proxy.management_port, "/status")
+            .await
+            .expect("status");
+        let problems = source_problems(&body);
+        let reported = |name: &str| problems.iter().any(|p| p.ends_with(name));
+        if reported("aliases.yaml") && reported("quoted.yaml") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not both reported: {problems:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    scene.change().await;
+    // Expanded, the aliases alone are 2 GB; parsed, the nesting took tens of CPU seconds.
+    let peak_mib = proc_status_kib(pid, "VmHWM:") / 1024;
+    assert!(peak_mib < 256, "peak RSS {peak_mib} MiB");
+    let cpu_seconds = (cpu_ticks(pid) - ticks_before) / 100;
+    assert!(cpu_seconds < 10, "{cpu_seconds} s of CPU");
     scene.assert_healthy().await;
 }
 

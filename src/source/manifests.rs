@@ -8,9 +8,9 @@
 //! Updates are followed when files are written in place, renamed into place, published
 //! ConfigMap-style (a `..data` symlink swapped), or when a configured directory is itself a
 //! symlink that is swapped (git-sync) or is deleted and created again (while it is missing, the
-//! last good objects stay). Only regular files are read, at most 16 MiB each, and
-//! their nesting is bounded ([`crate::document::MAX_DEPTH`]) before they are parsed, which keeps
-//! parsing linear in the file's size. Symlink loops, FIFOs and devices are skipped.
+//! last good objects stay). Only regular files are read, at most 16 MiB each, and YAML's
+//! nesting ([`crate::document::MAX_DEPTH`]) and alias expansion are bounded by a tokenizer before
+//! it is deserialized, which keeps parsing linear in the file's size. Symlink loops, FIFOs and devices are skipped.
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};

@@ -87,25 +87,62 @@ pub(super) fn collect_files(
     true
 }
 
-/// Refuses text whose flow collections (`{`/`[`, in JSON and YAML alike) nest deeper than
-/// [`document::MAX_DEPTH`], before a parser spends time on it: YAML parsers take time that
-/// grows with the square of the nesting. Brackets inside strings count too; no real manifest
-/// comes near the limit with them.
-fn check_nesting(text: &str) -> Result<(), String> {
-    let mut depth = 0usize;
-    for byte in text.bytes() {
-        match byte {
-            b'{' | b'[' => {
-                depth += 1;
-                if depth > document::MAX_DEPTH {
+/// The most a YAML file may expand to through its aliases: what its nodes add up to once every
+/// alias is replaced by the node it names (scalar bytes, plus one per node). The same as the
+/// largest file read, so aliases cannot make a file yield more than a file without them could.
+const MAX_EXPANDED_BYTES: u64 = MAX_FILE_BYTES;
+
+/// Checks a YAML text with a tokenizing parser before it is deserialized: collections nest at
+/// most [`document::MAX_DEPTH`] levels (a deserializer's time can grow with the square of the
+/// nesting; quoted scalars are read as scalars, so brackets inside them count for nothing), and
+/// the text expanded through its aliases stays under [`MAX_EXPANDED_BYTES`] (one anchor
+/// referenced many times is a "billion laughs"). Stops at the first problem, so the time it
+/// takes is linear in the part of the text it reads.
+fn check_yaml(text: &str) -> Result<(), String> {
+    use saphyr_parser::{Event, Parser};
+    // Open collections: their anchor (0 for none) and the expanded size when they began.
+    let mut open: Vec<(usize, u64)> = Vec::new();
+    // The expanded size of each anchored node, once it is complete.
+    let mut anchored: std::collections::HashMap<usize, u64> = std::collections::HashMap::new();
+    let mut expanded: u64 = 0;
+    for event in Parser::new_from_str(text) {
+        let (event, span) = event.map_err(|e| format!("invalid YAML: {e}"))?;
+        match event {
+            Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
+                if open.len() >= document::MAX_DEPTH {
                     return Err(format!(
-                        "brackets nest more than {} levels deep; not parsed",
-                        document::MAX_DEPTH
+                        "collections nest more than {} levels deep (line {}); not parsed",
+                        document::MAX_DEPTH,
+                        span.start.line()
                     ));
                 }
+                open.push((anchor, expanded));
+                expanded += 1;
             }
-            b'}' | b']' => depth = depth.saturating_sub(1),
+            Event::SequenceEnd | Event::MappingEnd => {
+                if let Some((anchor, began)) = open.pop()
+                    && anchor != 0
+                {
+                    anchored.insert(anchor, expanded - began);
+                }
+            }
+            Event::Scalar(value, _, anchor, _) => {
+                let size = value.len() as u64 + 1;
+                expanded += size;
+                if anchor != 0 {
+                    anchored.insert(anchor, size);
+                }
+            }
+            // An alias of a node still open (a cycle) counts once; the deserializer refuses it.
+            Event::Alias(anchor) => expanded += anchored.get(&anchor).copied().unwrap_or(1),
             _ => {}
+        }
+        if expanded > MAX_EXPANDED_BYTES {
+            return Err(format!(
+                "aliases expand the YAML past {} MiB (line {}); not parsed",
+                MAX_EXPANDED_BYTES / (1024 * 1024),
+                span.start.line()
+            ));
         }
     }
     Ok(())
@@ -117,12 +154,13 @@ pub(super) fn parse_objects(
     content: &[u8],
 ) -> Result<Vec<(ResourceKey, Arc<Value>)>, String> {
     let text = std::str::from_utf8(content).map_err(|e| format!("not UTF-8: {e}"))?;
-    check_nesting(text)?;
     let mut documents = Vec::new();
     if path.extension().is_some_and(|e| e == "json") {
+        // serde_json bounds its own recursion (128 levels) and is linear in the text.
         documents
             .push(serde_json::from_str::<Value>(text).map_err(|e| format!("invalid JSON: {e}"))?);
     } else {
+        check_yaml(text)?;
         for (index, document) in serde_norway::Deserializer::from_str(text).enumerate() {
             let value = Value::deserialize(document)
                 .map_err(|e| format!("invalid YAML in document {}: {e}", index + 1))?;
@@ -241,18 +279,43 @@ mod tests {
 
     #[test]
     fn deep_nesting_is_refused_before_parsing() {
-        let ok = format!(
-            "{}1{}",
-            "[".repeat(document::MAX_DEPTH),
-            "]".repeat(document::MAX_DEPTH)
-        );
-        assert!(check_nesting(&ok).is_ok());
-        // Closing brackets never go below zero: stray ones do not buy depth.
-        let stray = format!("{}{ok}", "]".repeat(10));
-        assert!(check_nesting(&stray).is_ok());
-        let deep = format!("{{a: {ok}}}");
-        let err = parse(&deep).expect_err("too deep");
+        let levels = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
+        assert_eq!(check_yaml(&levels(document::MAX_DEPTH)), Ok(()));
+        let err = parse(&format!("a: {}", levels(document::MAX_DEPTH))).expect_err("too deep");
         assert!(err.contains("nest more than"), "{err}");
+        // Closing brackets inside quoted scalars do not hide the nesting around them.
+        let hidden = format!("{}1{}", "{a: \"}}}}\", b: ".repeat(100), "}".repeat(100));
+        let err = check_yaml(&hidden).expect_err("too deep");
+        assert!(err.contains("nest more than"), "{err}");
+        // Brackets inside quoted scalars are text, not nesting.
+        let quoted = format!("a: \"{}\"\nb: '{}'\n", "[".repeat(1000), "{".repeat(1000));
+        assert_eq!(check_yaml(&quoted), Ok(()));
+    }
+
+    #[test]
+    fn aliases_are_bounded_by_what_they_expand_to() {
+        // A few aliases of a small anchor, as real manifests use them, are fine.
+        let shared = "rule: &r {if: [{var: x}, on, off]}\na: *r\nb: *r\nc: *r\n";
+        assert_eq!(check_yaml(shared), Ok(()));
+        // One 100 KB anchor referenced 200 times expands to 20 MB: refused.
+        let big = "x".repeat(100 * 1024);
+        let mut text = format!("anchor: &big \"{big}\"\nrefs:\n");
+        for _ in 0..200 {
+            text.push_str("  - *big\n");
+        }
+        let err = check_yaml(&text).expect_err("expands too far");
+        assert!(err.contains("aliases expand the YAML past 16 MiB"), "{err}");
+        // Nested aliases ("billion laughs") are counted at their expanded size.
+        let mut laughs = String::from("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
+        let names: Vec<char> = ('b'..='j').collect();
+        let mut previous = 'a';
+        for name in names {
+            let refs = vec![format!("*{previous}"); 10].join(", ");
+            laughs.push_str(&format!("{name}: &{name} [{refs}]\n"));
+            previous = name;
+        }
+        let err = check_yaml(&laughs).expect_err("billion laughs");
+        assert!(err.contains("aliases expand"), "{err}");
     }
 
     #[test]
