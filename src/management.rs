@@ -24,6 +24,8 @@ use crate::metrics::Metrics;
 use crate::server::limits::AddressLimit;
 use crate::server::limits::{self, GuardedTcp, TotalLimit};
 
+mod room;
+
 /// Whether the proxy is serving: true once listening, false from the moment shutdown begins.
 #[derive(Clone, Default)]
 pub struct Readiness(Arc<AtomicBool>);
@@ -135,26 +137,38 @@ pub async fn run(
     let graceful = GracefulShutdown::new();
     let service = TowerToHyperService::new(router);
     let write_stall = options.keepalive_interval + options.keepalive_timeout;
+    let room = room::Room::new();
     while let Some((tcp, peer)) = next_accepted(&shutdown, "management", || listener.accept()).await
     {
         let Some(address_place) = per_address.admit(peer.ip()) else {
             continue;
         };
-        let Some(total_place) = total.admit() else {
+        // At the limit, the connection quiet the longest makes room (the limit is still
+        // counted as reached): a probe always gets in.
+        let Some(total_place) = total.admit().or_else(|| room.make_room()) else {
             continue;
         };
+        let ticket = room.enter(total_place);
         let builder = builder.clone();
         let service = service.clone();
         let watcher = graceful.watcher();
         let header_timeout = options.header_timeout;
         tokio::spawn(async move {
-            if !limits::first_bytes(&tcp, true, header_timeout).await {
-                return;
-            }
-            let io = GuardedTcp::new(tcp, write_stall, (address_place, total_place));
-            let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
-            if let Err(error) = watcher.watch(connection.into_owned()).await {
-                tracing::debug!(%peer, %error, "management connection ended");
+            let serve = async {
+                if !limits::first_bytes(&tcp, true, header_timeout).await {
+                    return;
+                }
+                let io = ticket.heard(GuardedTcp::new(tcp, write_stall, address_place));
+                let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+                if let Err(error) = watcher.watch(connection.into_owned()).await {
+                    tracing::debug!(%peer, %error, "management connection ended");
+                }
+            };
+            tokio::select! {
+                () = serve => {}
+                () = ticket.closed() => {
+                    tracing::debug!(%peer, "management connection closed to make room for a new one");
+                }
             }
         });
     }

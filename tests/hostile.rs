@@ -676,6 +676,55 @@ async fn idle_management_connections_cannot_starve_the_probes_or_the_sync_port()
     drop(held);
 }
 
+/// HTTP/2 connections that finish their preface and then idle, from several addresses, fill
+/// the management port's connection limit: health probes still get in (the connection quiet the
+/// longest makes room for each), every time.
+#[tokio::test]
+async fn idle_http2_management_connections_from_many_addresses_cannot_lock_out_probes() {
+    const ADDRESSES: u8 = 4;
+    const PER_ADDRESS: usize = 4;
+    let total = (usize::from(ADDRESSES) * PER_ADDRESS).to_string();
+    let per_address = PER_ADDRESS.to_string();
+    let scene = Scene::start_with(&[
+        "--max-management-connections",
+        &total,
+        "--max-management-connections-per-address",
+        &per_address,
+    ])
+    .await;
+    let target = (
+        "127.0.0.1".parse::<IpAddr>().expect("ip"),
+        scene.proxy.management_port,
+    );
+    let mut held = Vec::new();
+    for host in 2..2 + ADDRESSES {
+        let address = IpAddr::from([127, 0, 0, host]);
+        for _ in 0..PER_ADDRESS {
+            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+            socket
+                .bind((address, 0).into())
+                .expect("bind a loopback address");
+            let mut tcp = socket.connect(target.into()).await.expect("connect");
+            let mut hello = support::raw_h2::PREFACE.to_vec();
+            hello.extend(support::raw_h2::frame(support::raw_h2::SETTINGS, 0, 0, &[]));
+            tcp.write_all(&hello).await.expect("preface");
+            // The server's own SETTINGS: this connection is admitted and served.
+            let mut header = [0u8; 9];
+            tokio::time::timeout(EVENT_TIMEOUT, tcp.read_exact(&mut header))
+                .await
+                .expect("the server speaks")
+                .expect("admitted");
+            held.push(tcp);
+        }
+    }
+    for _ in 0..5 {
+        assert_eq!(scene.probe("/healthz").await, 200);
+        assert_eq!(scene.probe("/readyz").await, 200);
+    }
+    assert!(scene.rejected("max_management_connections").await > 0.0);
+    drop(held);
+}
+
 #[tokio::test]
 async fn fetch_all_flags_for_missing_resources_holds_no_waiting_place() {
     // Watches of resources that exist stay long after their last client; these must not.

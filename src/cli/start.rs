@@ -533,8 +533,9 @@ impl From<ServerArgs> for ServerOptions {
 #[derive(Debug, Args)]
 #[command(next_help_heading = "Management port")]
 pub struct ManagementArgs {
-    /// The most open connections to the management port in total; further ones are closed at
-    /// once. 0 means no limit.
+    /// The most open connections to the management port in total; at the limit, a new one takes
+    /// the place of the connection quiet the longest, which is closed (so health probes always
+    /// get in). 0 means no limit.
     #[arg(
         long,
         value_name = "N",
