@@ -226,13 +226,11 @@ async fn accept(
             None => {
                 let tx = tx.clone();
                 tokio::spawn(async move {
-                    if !limits::first_bytes(&tcp, false, deadline).await {
-                        tracing::debug!(%peer, "connection closed: no HTTP/2 preface in time");
-                        return;
-                    }
+                    // The preface is checked as it is read, under the deadline: a peer that
+                    // closes early frees its place at once, and nothing polls for it.
                     let connection = Connection {
                         stream: Stream::Plain(tcp),
-                        preface: PrefaceDeadline::met(),
+                        preface: PrefaceDeadline::new(deadline),
                         write_stall,
                         _slot: slot,
                         _total: total,

@@ -725,6 +725,36 @@ async fn idle_http2_management_connections_from_many_addresses_cannot_lock_out_p
     drop(held);
 }
 
+/// Connections that send one byte of the preface and close give their place in
+/// `--max-connections` back at once, not when `--handshake-timeout` runs out (an hour here):
+/// new clients are served.
+#[tokio::test]
+async fn a_peer_that_closes_before_its_preface_frees_its_place_at_once() {
+    const OPEN: &str = "flagd_proxy_open_connections{port=\"sync\"}";
+    let mut scene =
+        Scene::start_with(&["--max-connections", "6", "--handshake-timeout", "1h"]).await;
+    let before = scene.metric(OPEN).await;
+    let free = 6 - before as usize;
+    let mut held = Vec::new();
+    for _ in 0..free {
+        let mut tcp = TcpStream::connect(("127.0.0.1", scene.proxy.port))
+            .await
+            .expect("connect");
+        tcp.write_all(&support::raw_h2::PREFACE[..1])
+            .await
+            .expect("one byte");
+        held.push(tcp);
+    }
+    // Every place is taken; then the peers close.
+    scene.proxy.wait_for_metric(OPEN, 6.0).await;
+    drop(held);
+    scene.proxy.wait_for_metric(OPEN, before).await;
+    for _ in 0..free {
+        scene.subscribe().await;
+    }
+    scene.change().await;
+}
+
 #[tokio::test]
 async fn fetch_all_flags_for_missing_resources_holds_no_waiting_place() {
     // Watches of resources that exist stay long after their last client; these must not.

@@ -205,9 +205,9 @@ impl WriteStall {
     }
 }
 
-/// Fails a connection's reads when it has not sent the HTTP/2 preface within its deadline: for
-/// TLS connections, whose bytes cannot be looked at before the handshake (plain-text ones are
-/// checked before they are served, see [`first_bytes`]).
+/// Fails a connection's reads when it has not sent the HTTP/2 preface within its deadline (sync
+/// connections of every kind: checked as the server reads, so a peer that closes early ends its
+/// connection at once and nothing polls for bytes still to come).
 pub(crate) struct PrefaceDeadline {
     /// Preface bytes still to come; 0 once they have.
     remaining: usize,
@@ -225,14 +225,6 @@ impl PrefaceDeadline {
         Self {
             remaining: PREFACE.len(),
             deadline: Some(Box::pin(tokio::time::sleep_until(deadline))),
-        }
-    }
-
-    /// No deadline: the preface has been checked already.
-    pub(crate) fn met() -> Self {
-        Self {
-            remaining: 0,
-            deadline: None,
         }
     }
 
