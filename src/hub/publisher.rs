@@ -55,15 +55,22 @@ impl Publisher {
 
     /// The resource exists with this content (a `FeatureFlag` object as JSON).
     pub fn resource(&self, resource: &Value, changed_at: Instant) {
-        let mut warnings = Vec::new();
-        match document::convert(resource) {
+        let warnings = match document::convert(resource) {
             Ok(converted) => {
-                warnings = converted.warnings;
-                let document = converted.document;
-                self.accept(document, converted.context_bytes, &warnings, changed_at);
+                let warnings = converted.warnings;
+                self.accept(
+                    converted.document,
+                    converted.context_bytes,
+                    &warnings,
+                    changed_at,
+                );
+                warnings
             }
-            Err(error) => self.invalid(error.to_string()),
-        }
+            Err(error) => {
+                self.invalid(error.to_string());
+                Vec::new()
+            }
+        };
         if let Some(events) = &self.events {
             let state = self.tx.borrow();
             match &state.availability {

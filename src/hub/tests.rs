@@ -118,16 +118,21 @@ async fn invalid_versions_keep_the_last_good_one() {
     );
 }
 
+/// A hub whose clients accept messages of at most `max_document_bytes`.
+fn limited_hub(source: &Arc<FakeSource>, max_document_bytes: usize) -> Hub {
+    hub_with(
+        source,
+        HubOptions {
+            max_document_bytes,
+            ..HubOptions::default()
+        },
+    )
+}
+
 #[tokio::test]
 async fn oversized_documents_are_not_pushed() {
     let source = FakeSource::new();
-    let hub = hub_with(
-        &source,
-        HubOptions {
-            max_document_bytes: 100,
-            ..HubOptions::default()
-        },
-    );
+    let hub = limited_hub(&source, 100);
     let key = ResourceKey::new("ns", "a");
     let mut sub = hub.subscribe(key.clone()).expect("subscribe");
     let publisher = source.wait_for_watch(&key).await;
@@ -144,13 +149,7 @@ async fn oversized_documents_are_not_pushed() {
 #[tokio::test]
 async fn metadata_counts_against_the_message_limit() {
     let source = FakeSource::new();
-    let hub = hub_with(
-        &source,
-        HubOptions {
-            max_document_bytes: 1000,
-            ..HubOptions::default()
-        },
-    );
+    let hub = limited_hub(&source, 1000);
     let key = ResourceKey::new("ns", "a");
     let mut sub = hub.subscribe(key.clone()).expect("subscribe");
     let publisher = source.wait_for_watch(&key).await;
