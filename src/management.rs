@@ -23,8 +23,7 @@ use crate::listener::next_accepted;
 use crate::metrics::Metrics;
 use crate::server::limits::AddressLimit;
 use crate::server::limits::{self, GuardedTcp, TotalLimit};
-
-mod room;
+use crate::server::room::Room;
 
 /// Whether the proxy is serving: true once listening, false from the moment shutdown begins.
 #[derive(Clone, Default)]
@@ -137,7 +136,7 @@ pub async fn run(
     let graceful = GracefulShutdown::new();
     let service = TowerToHyperService::new(router);
     let write_stall = options.keepalive_interval + options.keepalive_timeout;
-    let room = room::Room::new();
+    let room = Room::new();
     while let Some((tcp, peer)) = next_accepted(&shutdown, "management", || listener.accept()).await
     {
         let Some(address_place) = per_address.admit(peer.ip()) else {

@@ -16,17 +16,20 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::connection::{Activity, ConnectionInfo};
 use crate::listener::{SyncListener, UnixSocket, next_accepted};
 use crate::metrics::Metrics;
 use crate::server::connection::{Connection, Stream};
 use crate::server::limits::{
-    AddressLimit, AddressSlot, PrefaceDeadline, RequestDeadline, TotalLimit, WriteStall,
+    AddressLimit, AddressSlot, PrefaceDeadline, RequestDeadline, TotalLimit, TotalSlot, WriteStall,
 };
+use crate::server::room::Room;
 use crate::tls::ReloadingTls;
 use crate::wire::{FlagdSyncV1, LegacySyncV1, SyncRoutes, SyncService};
 
 mod connection;
 pub(crate) mod limits;
+pub(crate) mod room;
 
 /// Streams a connection may make the server reset (flow-control and protocol errors the client
 /// causes, the "MadeYouReset" pattern) before it is sent GOAWAY. tonic leaves hyper's limit off.
@@ -48,6 +51,7 @@ pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024;
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const DEFAULT_CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_PENDING_REQUESTS_PER_ADDRESS: usize = 1_000;
 /// The grace period of [`ServerOptions::max_connection_age`] when only the age is given.
@@ -78,6 +82,8 @@ pub struct ServerOptions {
     /// How long a new connection may take to complete its TLS handshake and send the HTTP/2
     /// preface.
     pub handshake_timeout: Duration,
+    /// How long a connection may have no stream open before it is closed; `None`: no limit.
+    pub connection_idle_timeout: Option<Duration>,
     /// How long a stream's request message may take to arrive.
     pub request_timeout: Duration,
     /// The most requests from one client IP address whose message has not arrived yet; 0
@@ -97,6 +103,7 @@ impl Default for ServerOptions {
             max_connection_age: None,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
+            connection_idle_timeout: Some(DEFAULT_CONNECTION_IDLE_TIMEOUT),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_pending_requests_per_address: DEFAULT_MAX_PENDING_REQUESTS_PER_ADDRESS,
         }
@@ -161,7 +168,9 @@ fn accept_all(
             "max_connections",
             metrics.clone(),
         ),
+        room: Room::new(),
         handshake_timeout: options.handshake_timeout,
+        idle_timeout: options.connection_idle_timeout,
         write_stall: options.keepalive_interval + options.keepalive_timeout,
     });
     for listener in listeners {
@@ -215,44 +224,41 @@ async fn accept(
             drop(tcp);
             continue;
         };
-        let Some(total) = admission.total.admit() else {
+        let Some(total) = admission.place() else {
             tracing::debug!(%peer, "connection closed: --max-connections reached");
             continue;
         };
         let _ = tcp.set_nodelay(true);
         let deadline = admission.handshake_timeout;
-        let write_stall = WriteStall::new(admission.write_stall);
         match &tls {
             None => {
-                let tx = tx.clone();
+                let (tx, admission) = (tx.clone(), admission.clone());
                 tokio::spawn(async move {
                     // The preface is checked as it is read, under the deadline: a peer that
                     // closes early frees its place at once, and nothing polls for it.
-                    let connection = Connection {
-                        stream: Stream::Plain(tcp),
-                        preface: PrefaceDeadline::new(deadline),
-                        write_stall,
-                        _slot: slot,
-                        _total: total,
-                    };
+                    let connection = admission.connection(
+                        Stream::Plain(tcp),
+                        PrefaceDeadline::new(deadline),
+                        slot,
+                        total,
+                    );
                     let _ = tx.send(Ok(connection)).await;
                 });
             }
             Some(tls) => {
                 let acceptor = tls.acceptor();
-                let tx = tx.clone();
+                let (tx, admission) = (tx.clone(), admission.clone());
                 // One deadline for the handshake and the preface together.
                 let deadline = tokio::time::Instant::now() + deadline;
                 tokio::spawn(async move {
                     match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
-                            let connection = Connection {
-                                stream: Stream::Tls(Box::new(stream)),
-                                preface: PrefaceDeadline::until(deadline),
-                                write_stall,
-                                _slot: slot,
-                                _total: total,
-                            };
+                            let connection = admission.connection(
+                                Stream::Tls(Box::new(stream)),
+                                PrefaceDeadline::until(deadline),
+                                slot,
+                                total,
+                            );
                             let _ = tx.send(Ok(connection)).await;
                         }
                         Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
@@ -277,17 +283,16 @@ async fn accept_unix(
     while let Some((stream, _)) =
         next_accepted(&shutdown, &path, || socket.listener().accept()).await
     {
-        let Some(total) = admission.total.admit() else {
+        let Some(total) = admission.place() else {
             tracing::debug!("unix socket connection closed: --max-connections reached");
             continue;
         };
-        let connection = Connection {
-            stream: Stream::Unix(stream),
-            preface: PrefaceDeadline::new(admission.handshake_timeout),
-            write_stall: WriteStall::new(admission.write_stall),
-            _slot: AddressSlot::none(),
-            _total: total,
-        };
+        let connection = admission.connection(
+            Stream::Unix(stream),
+            PrefaceDeadline::new(admission.handshake_timeout),
+            AddressSlot::none(),
+            total,
+        );
         if tx.send(Ok(connection)).await.is_err() {
             return;
         }
@@ -298,9 +303,39 @@ async fn accept_unix(
 struct Admission {
     per_address: AddressLimit,
     total: TotalLimit,
+    /// The open connections, so that at the total limit an idle one makes room.
+    room: Arc<Room>,
     handshake_timeout: Duration,
+    idle_timeout: Option<Duration>,
     /// How long writes may make no progress before the connection is closed.
     write_stall: Duration,
+}
+
+impl Admission {
+    /// A place among all connections: a free one, or else the one of the connection idle the
+    /// longest (no stream open), which is closed. `None` when every connection has a stream.
+    fn place(&self) -> Option<TotalSlot> {
+        self.total.admit().or_else(|| self.room.make_room())
+    }
+
+    /// An admitted connection, entered in the room.
+    fn connection(
+        &self,
+        stream: Stream,
+        preface: PrefaceDeadline,
+        slot: AddressSlot,
+        total: TotalSlot,
+    ) -> Connection {
+        let ticket = self.room.enter(total);
+        Connection {
+            stream,
+            preface,
+            write_stall: WriteStall::new(self.write_stall),
+            activity: ticket.activity().clone(),
+            idle: ticket.until_idle(self.idle_timeout),
+            _slot: slot,
+        }
+    }
 }
 
 /// Refuses requests whose header block is over the limit with `RESOURCE_EXHAUSTED`, and counts
@@ -353,9 +388,21 @@ where
             return Box::pin(futures::future::ready(Ok(status.into_http())));
         }
         let metrics = self.limits.metrics.clone();
+        // The stream counts as open on its connection until its response body is dropped.
+        let open = request
+            .extensions()
+            .get::<ConnectionInfo>()
+            .and_then(|info| info.activity.as_ref())
+            .map(Activity::open_stream);
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
+            let response = match open {
+                Some(open) => {
+                    response.map(|body| tonic::body::Body::new(Holding { body, _held: open }))
+                }
+                None => response,
+            };
             // tonic answers a request message over the decoding limit with OUT_OF_RANGE before
             // the service sees it; no service of this server returns that code otherwise.
             let out_of_range = (tonic::Code::OutOfRange as i32).to_string();
@@ -368,6 +415,32 @@ where
             }
             Ok(response)
         })
+    }
+}
+
+/// A response body that holds something (an open stream's count) for as long as it lives.
+struct Holding<T> {
+    body: tonic::body::Body,
+    _held: T,
+}
+
+impl<T: Unpin + Send + 'static> http_body::Body for Holding<T> {
+    type Data = bytes::Bytes;
+    type Error = tonic::Status;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        std::pin::Pin::new(&mut self.get_mut().body).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
     }
 }
 

@@ -692,29 +692,12 @@ async fn idle_http2_management_connections_from_many_addresses_cannot_lock_out_p
         &per_address,
     ])
     .await;
-    let target = (
-        "127.0.0.1".parse::<IpAddr>().expect("ip"),
-        scene.proxy.management_port,
-    );
+    let target = ("127.0.0.1", scene.proxy.management_port);
     let mut held = Vec::new();
     for host in 2..2 + ADDRESSES {
         let address = IpAddr::from([127, 0, 0, host]);
         for _ in 0..PER_ADDRESS {
-            let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-            socket
-                .bind((address, 0).into())
-                .expect("bind a loopback address");
-            let mut tcp = socket.connect(target.into()).await.expect("connect");
-            let mut hello = support::raw_h2::PREFACE.to_vec();
-            hello.extend(support::raw_h2::frame(support::raw_h2::SETTINGS, 0, 0, &[]));
-            tcp.write_all(&hello).await.expect("preface");
-            // The server's own SETTINGS: this connection is admitted and served.
-            let mut header = [0u8; 9];
-            tokio::time::timeout(EVENT_TIMEOUT, tcp.read_exact(&mut header))
-                .await
-                .expect("the server speaks")
-                .expect("admitted");
-            held.push(tcp);
+            held.push(idle_http2(address, target.1).await);
         }
     }
     for _ in 0..5 {
@@ -723,6 +706,75 @@ async fn idle_http2_management_connections_from_many_addresses_cannot_lock_out_p
     }
     assert!(scene.rejected("max_management_connections").await > 0.0);
     drop(held);
+}
+
+/// An HTTP/2 connection from `address` to `port` that sends its preface and SETTINGS, is
+/// admitted (the server's SETTINGS arrive), and then opens no stream.
+async fn idle_http2(address: IpAddr, port: u16) -> TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind((address, 0).into())
+        .expect("bind a loopback address");
+    let target = ("127.0.0.1".parse::<IpAddr>().expect("ip"), port);
+    let mut tcp = socket.connect(target.into()).await.expect("connect");
+    let mut hello = support::raw_h2::PREFACE.to_vec();
+    hello.extend(support::raw_h2::frame(support::raw_h2::SETTINGS, 0, 0, &[]));
+    tcp.write_all(&hello).await.expect("preface");
+    let mut header = [0u8; 9];
+    tokio::time::timeout(EVENT_TIMEOUT, tcp.read_exact(&mut header))
+        .await
+        .expect("the server speaks")
+        .expect("admitted");
+    tcp
+}
+
+/// Idle HTTP/2 connections (preface sent, no stream) from several addresses fill
+/// `--max-connections`: each new subscriber takes the place of an idle one, a connection with a
+/// stream is never closed to make room, and once every connection has a stream, new ones are
+/// refused.
+#[tokio::test]
+async fn idle_sync_connections_from_many_addresses_cannot_lock_out_subscribers() {
+    const OPEN: &str = "flagd_proxy_open_connections{port=\"sync\"}";
+    const LIMIT: usize = 12;
+    let mut scene = Scene::start_with(&[
+        "--max-connections",
+        &LIMIT.to_string(),
+        "--connection-idle-timeout",
+        "0",
+    ])
+    .await;
+    let free = LIMIT - scene.subscribers.len();
+    let mut idle = Vec::new();
+    for i in 0..free {
+        let address = IpAddr::from([127, 0, 0, 2 + (i % 3) as u8]);
+        idle.push(idle_http2(address, scene.proxy.port).await);
+    }
+    scene.proxy.wait_for_metric(OPEN, LIMIT as f64).await;
+    // Every idle connection gives way to a subscriber, and the first subscribers stay.
+    for _ in 0..free {
+        scene.subscribe().await;
+    }
+    for tcp in &mut idle {
+        wait_closed(tcp).await;
+    }
+    scene.change().await;
+    assert_eq!(scene.metric(OPEN).await, LIMIT as f64);
+    // Every connection serves a stream now: a new one is refused, and no subscriber is lost.
+    let mut refused = TcpStream::connect(("127.0.0.1", scene.proxy.port))
+        .await
+        .expect("connect");
+    wait_closed(&mut refused).await;
+    scene.change().await;
+}
+
+/// A sync connection with no stream is closed after `--connection-idle-timeout`; connections
+/// with a stream open stay however long they are quiet.
+#[tokio::test]
+async fn sync_connections_with_no_stream_are_closed_after_the_idle_timeout() {
+    let mut scene = Scene::start_with(&["--connection-idle-timeout", "1s"]).await;
+    let mut idle = idle_http2(IpAddr::from([127, 0, 0, 2]), scene.proxy.port).await;
+    wait_closed(&mut idle).await;
+    scene.change().await;
 }
 
 /// Connections that send one byte of the preface and close give their place in

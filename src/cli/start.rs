@@ -483,6 +483,12 @@ pub struct ServerArgs {
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_HANDSHAKE_TIMEOUT", default_value = duration_text(server::DEFAULT_HANDSHAKE_TIMEOUT), value_parser = humantime::parse_duration)]
     pub handshake_timeout: Duration,
 
+    /// How long a sync connection may stay open with no stream on it before it is closed
+    /// (clients connect again when they next call). At --max-connections, the connection idle
+    /// the longest is closed to make room for a new one. 0 means no idle limit.
+    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_CONNECTION_IDLE_TIMEOUT", default_value = duration_text(server::DEFAULT_CONNECTION_IDLE_TIMEOUT), value_parser = humantime::parse_duration)]
+    pub connection_idle_timeout: Duration,
+
     /// How long the request message of a sync call may take to arrive; then the call ends with
     /// DEADLINE_EXCEEDED.
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_REQUEST_TIMEOUT", default_value = duration_text(server::DEFAULT_REQUEST_TIMEOUT), value_parser = humantime::parse_duration)]
@@ -523,6 +529,8 @@ impl From<ServerArgs> for ServerOptions {
                 .map(|age| (age, args.max_connection_age_grace)),
             max_connections: args.max_connections,
             handshake_timeout: args.handshake_timeout,
+            connection_idle_timeout: (!args.connection_idle_timeout.is_zero())
+                .then_some(args.connection_idle_timeout),
             request_timeout: args.request_timeout,
             max_pending_requests_per_address: args.max_pending_requests_per_address,
         }

@@ -11,17 +11,22 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
-use crate::connection::ConnectionInfo;
-use crate::server::limits::{AddressSlot, PrefaceDeadline, TotalSlot, WriteStall};
+use crate::connection::{Activity, ConnectionInfo};
+use crate::server::limits::{AddressSlot, PrefaceDeadline, WriteStall};
+use crate::server::room::IdleClose;
 
 /// A client connection, plain or TLS.
 pub struct Connection {
     pub(super) stream: Stream,
     pub(super) preface: PrefaceDeadline,
     pub(super) write_stall: WriteStall,
+    /// The streams open on this connection, counted by its requests.
+    pub(super) activity: Arc<Activity>,
+    /// Ends the connection when it is idle too long or closed to make room; holds its place
+    /// among all connections.
+    pub(super) idle: IdleClose,
     /// This connection's place in its address's count, given back when the connection drops.
     pub(super) _slot: AddressSlot,
-    pub(super) _total: TotalSlot,
 }
 
 pub(super) enum Stream {
@@ -49,20 +54,24 @@ impl Connected for Connection {
     type ConnectInfo = ConnectionInfo;
 
     fn connect_info(&self) -> ConnectionInfo {
+        let activity = Some(self.activity.clone());
         match &self.stream {
             Stream::Plain(tcp) => ConnectionInfo {
                 remote_addr: tcp.peer_addr().ok(),
                 peer_certificates: None,
+                activity,
             },
             Stream::Unix(_) => ConnectionInfo {
                 remote_addr: None,
                 peer_certificates: None,
+                activity,
             },
             Stream::Tls(tls) => {
                 let (tcp, session) = tls.get_ref();
                 ConnectionInfo {
                     remote_addr: tcp.peer_addr().ok(),
                     peer_certificates: session.peer_certificates().map(|c| Arc::new(c.to_vec())),
+                    activity,
                 }
             }
         }
@@ -79,7 +88,8 @@ impl AsyncRead for Connection {
         let before = buf.filled().len();
         let result = this.stream.io().poll_read(cx, buf);
         let read = buf.filled().len() - before;
-        this.preface.check(cx, read, result)
+        let result = this.preface.check(cx, read, result);
+        this.idle.check(cx, result)
     }
 }
 

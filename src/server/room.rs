@@ -1,0 +1,283 @@
+//! Room on a port for whoever needs it now. When every place is taken, a new connection takes
+//! the place of the one that has been quiet the longest, which is closed. Idle or slow
+//! connections, from however many addresses, cannot keep a new client out; the number of open
+//! connections stays at the limit.
+//!
+//! What "quiet" means is the port's: on the management port, nothing read from the connection;
+//! on the sync port, no stream open on it (a connection with a stream is never closed to make
+//! room: it is serving someone).
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+
+use crate::connection::{Activity, clock_ms};
+use crate::server::limits::TotalSlot;
+
+/// The open connections of one port, by when they were last heard from.
+pub(crate) struct Room {
+    connections: Mutex<HashMap<u64, Entry>>,
+    next_id: AtomicU64,
+}
+
+struct Entry {
+    activity: Arc<Activity>,
+    close: CancellationToken,
+    place: TotalSlot,
+}
+
+impl Room {
+    pub(crate) fn new() -> Arc<Self> {
+        Arc::new(Self {
+            connections: Mutex::default(),
+            next_id: AtomicU64::new(0),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
+        // Entries are inserted and removed whole: a poisoned map is still consistent.
+        self.connections.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Enters a connection that holds `place`; it keeps the returned ticket while it runs.
+    pub(crate) fn enter(self: &Arc<Self>, place: TotalSlot) -> Ticket {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let activity = Arc::new(Activity::default());
+        let close = CancellationToken::new();
+        self.lock().insert(
+            id,
+            Entry {
+                activity: activity.clone(),
+                close: close.clone(),
+                place,
+            },
+        );
+        Ticket {
+            id,
+            room: self.clone(),
+            activity,
+            close,
+        }
+    }
+
+    /// Closes the connection quiet the longest (among those with no stream open) and hands
+    /// over its place; `None` when there is no such connection.
+    pub(crate) fn make_room(&self) -> Option<TotalSlot> {
+        let mut connections = self.lock();
+        let quietest = connections
+            .iter()
+            .filter(|(_, entry)| entry.activity.streams() == 0)
+            .min_by_key(|(_, entry)| entry.activity.last_heard())
+            .map(|(id, _)| *id)?;
+        let entry = connections.remove(&quietest)?;
+        entry.close.cancel();
+        Some(entry.place)
+    }
+}
+
+/// A connection's entry in the [`Room`]: leaves it when dropped.
+pub(crate) struct Ticket {
+    id: u64,
+    room: Arc<Room>,
+    activity: Arc<Activity>,
+    close: CancellationToken,
+}
+
+impl Ticket {
+    /// Completes when the connection has been closed to make room for another.
+    pub(crate) async fn closed(&self) {
+        self.close.cancelled().await;
+    }
+
+    /// `io`, noting in this ticket whenever something is read from it.
+    pub(crate) fn heard<IO>(&self, io: IO) -> Heard<IO> {
+        Heard {
+            io,
+            activity: self.activity.clone(),
+        }
+    }
+
+    /// The connection's streams, as requests count them.
+    pub(crate) fn activity(&self) -> &Arc<Activity> {
+        &self.activity
+    }
+
+    /// Ends the connection when it is closed to make room, or when it has had no stream open
+    /// for `idle_timeout` (if given).
+    pub(crate) fn until_idle(self, idle_timeout: Option<Duration>) -> IdleClose {
+        IdleClose {
+            closed: Box::pin(self.close.clone().cancelled_owned()),
+            idle_timeout,
+            timer: None,
+            _ticket: self,
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.room.lock().remove(&self.id);
+    }
+}
+
+/// Fails a connection's reads once it has been closed to make room or has been idle (no stream
+/// open) for too long. A connection with no stream serves no one: closing it loses nothing, and
+/// its client connects again when it has something to ask.
+pub(crate) struct IdleClose {
+    closed: Pin<Box<WaitForCancellationFutureOwned>>,
+    idle_timeout: Option<Duration>,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    _ticket: Ticket,
+}
+
+impl IdleClose {
+    /// Passes a read's `result` on, or the error that ends the connection.
+    pub(crate) fn check(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<std::io::Result<()>>,
+    ) -> Poll<std::io::Result<()>> {
+        if self.closed.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::other(
+                "closed to make room for a new connection (--max-connections)",
+            )));
+        }
+        let Some(limit) = self.idle_timeout else {
+            return result;
+        };
+        let activity = self._ticket.activity.clone();
+        activity.wake_when_idle(cx.waker());
+        if activity.streams() > 0 {
+            self.timer = None;
+            return result;
+        }
+        let timer = self.timer.get_or_insert_with(|| {
+            let idle_for = Duration::from_millis(clock_ms().saturating_sub(activity.last_heard()));
+            Box::pin(tokio::time::sleep(limit.saturating_sub(idle_for)))
+        });
+        if result.is_pending() && timer.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                "no stream open for too long (--connection-idle-timeout)",
+            )));
+        }
+        result
+    }
+}
+
+/// A connection's I/O that notes when it was last read from.
+pub(crate) struct Heard<IO> {
+    io: IO,
+    activity: Arc<Activity>,
+}
+
+impl<IO: AsyncRead + Unpin> AsyncRead for Heard<IO> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let this = self.get_mut();
+        let before = buf.filled().len();
+        let result = Pin::new(&mut this.io).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            this.activity.heard();
+        }
+        result
+    }
+}
+
+impl<IO: AsyncWrite + Unpin> AsyncWrite for Heard<IO> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().io).poll_shutdown(cx)
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.get_mut().io).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.io.is_write_vectored()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+    use crate::server::limits::TotalLimit;
+
+    #[tokio::test]
+    async fn the_connection_quiet_the_longest_makes_room() {
+        let metrics = Arc::new(Metrics::new());
+        let limit = TotalLimit::new(2, "management", "max_management_connections", metrics);
+        let room = Room::new();
+        let quiet = room.enter(limit.admit().expect("place"));
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let busy = room.enter(limit.admit().expect("place"));
+        assert!(limit.admit().is_none(), "full");
+        // The older one is heard from: the other is now the quietest.
+        let (mut client, server) = tokio::io::duplex(64);
+        let mut heard = quiet.heard(server);
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        tokio::io::AsyncWriteExt::write_all(&mut client, b"x")
+            .await
+            .expect("write");
+        let mut byte = [0u8; 1];
+        tokio::io::AsyncReadExt::read_exact(&mut heard, &mut byte)
+            .await
+            .expect("read");
+        let place = room.make_room().expect("room made");
+        busy.closed().await;
+        assert!(
+            !quiet.close.is_cancelled(),
+            "the connection heard from last stays"
+        );
+        drop(busy);
+        // The place handed over still counts: the limit is still reached.
+        assert!(limit.admit().is_none());
+        drop(place);
+        assert!(limit.admit().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_connection_with_a_stream_open_is_never_closed_to_make_room() {
+        let metrics = Arc::new(Metrics::new());
+        let limit = TotalLimit::new(2, "sync", "max_connections", metrics);
+        let room = Room::new();
+        let serving = room.enter(limit.admit().expect("place"));
+        let stream = serving.activity().open_stream();
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        let idle = room.enter(limit.admit().expect("place"));
+        // The serving connection is the older one, but it has a stream open.
+        let place = room.make_room().expect("room made");
+        idle.closed().await;
+        assert!(!serving.close.is_cancelled());
+        drop(place);
+        assert!(room.make_room().is_none(), "only a busy connection is left");
+        drop(stream);
+        assert!(room.make_room().is_some(), "idle once its stream ended");
+        assert!(serving.close.is_cancelled());
+    }
+}
