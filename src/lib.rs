@@ -12,6 +12,7 @@
 pub mod app;
 pub mod authz;
 pub mod backoff;
+pub mod budget;
 pub mod cli;
 pub mod connection;
 pub mod context;

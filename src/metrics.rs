@@ -29,6 +29,11 @@ pub struct PortLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
     pub reason: &'static str,
 }
@@ -57,6 +62,9 @@ pub struct Metrics {
     pub open_connections: Family<PortLabels, Gauge>,
     /// The serving certificate's notAfter, in seconds since the Unix epoch (0 without TLS).
     pub tls_certificate_expiry: Gauge,
+    /// The process's memory budget (`--memory-budget`; 0: none) and what is charged to it.
+    pub memory_budget: Gauge,
+    pub memory_charged: Family<KindLabels, Gauge>,
 }
 
 impl Default for Metrics {
@@ -142,8 +150,22 @@ impl Metrics {
             "When the serving certificate expires (notAfter), in seconds since the Unix epoch; 0 without TLS",
             Gauge::default(),
         );
+        let memory_budget = registered(
+            proxy,
+            "memory_budget_bytes",
+            "The memory budget (--memory-budget; 0: no limit): above it new connections and streams are refused (rejected_requests_total{reason=\"memory_budget\"})",
+            Gauge::default(),
+        );
+        let memory_charged = registered(
+            proxy,
+            "memory_charged_bytes",
+            "Memory charged to the budget, by kind: versions (documents and their encodings, once each, while any stream holds them), connections and streams (at their measured size)",
+            Family::default(),
+        );
         Self {
             registry,
+            memory_budget,
+            memory_charged,
             open_connections,
             tls_certificate_expiry,
             sync_active_streams,

@@ -16,6 +16,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::budget::{self, Charge, Kind, MemoryBudget};
 use crate::connection::{Activity, ConnectionInfo};
 use crate::listener::{SyncListener, UnixSocket, next_accepted};
 use crate::metrics::Metrics;
@@ -130,7 +131,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<(), ServerError> {
     let metrics = service.metrics().clone();
-    let incoming = accept_all(listeners, tls, &options, &metrics, &shutdown);
+    let budget = service.budget().clone();
+    let incoming = accept_all(listeners, tls, &options, &budget, &metrics, &shutdown);
     let max_request = options.max_request_bytes;
     http2_server(&options)
         .layer(RequestDeadline {
@@ -140,6 +142,7 @@ pub async fn run(
         })
         .layer(RequestLimits {
             max_header_bytes: options.max_header_list_size as usize,
+            budget,
             metrics,
         })
         .add_service(SyncRoutes::<FlagdSyncV1>::new(service.clone(), max_request))
@@ -156,6 +159,7 @@ fn accept_all(
     listeners: Vec<SyncListener>,
     tls: Option<Arc<ReloadingTls>>,
     options: &ServerOptions,
+    budget: &Arc<MemoryBudget>,
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
 ) -> ReceiverStream<io::Result<Connection>> {
@@ -169,6 +173,7 @@ fn accept_all(
             metrics.clone(),
         ),
         room: Room::new(),
+        budget: budget.clone(),
         handshake_timeout: options.handshake_timeout,
         idle_timeout: options.connection_idle_timeout,
         write_stall: options.keepalive_interval + options.keepalive_timeout,
@@ -225,7 +230,7 @@ async fn accept(
             continue;
         };
         let Some(total) = admission.place() else {
-            tracing::debug!(%peer, "connection closed: --max-connections reached");
+            tracing::debug!(%peer, "connection closed: --max-connections or --memory-budget reached");
             continue;
         };
         let _ = tcp.set_nodelay(true);
@@ -284,7 +289,9 @@ async fn accept_unix(
         next_accepted(&shutdown, &path, || socket.listener().accept()).await
     {
         let Some(total) = admission.place() else {
-            tracing::debug!("unix socket connection closed: --max-connections reached");
+            tracing::debug!(
+                "unix socket connection closed: --max-connections or --memory-budget reached"
+            );
             continue;
         };
         let connection = admission.connection(
@@ -305,6 +312,8 @@ struct Admission {
     total: TotalLimit,
     /// The open connections, so that at the total limit an idle one makes room.
     room: Arc<Room>,
+    /// Each connection is charged to it while it is open.
+    budget: Arc<MemoryBudget>,
     handshake_timeout: Duration,
     idle_timeout: Option<Duration>,
     /// How long writes may make no progress before the connection is closed.
@@ -313,9 +322,14 @@ struct Admission {
 
 impl Admission {
     /// A place among all connections: a free one, or else the one of the connection idle the
-    /// longest (no stream open), which is closed. `None` when every connection has a stream.
-    fn place(&self) -> Option<TotalSlot> {
-        self.total.admit().or_else(|| self.room.make_room())
+    /// longest (no stream open), which is closed. `None` when every connection has a stream,
+    /// or when the memory budget is spent.
+    fn place(&self) -> Option<(TotalSlot, Charge)> {
+        let memory = self
+            .budget
+            .try_charge(budget::CONNECTION_BYTES, Kind::Connections)?;
+        let place = self.total.admit().or_else(|| self.room.make_room())?;
+        Some((place, memory))
     }
 
     /// An admitted connection, entered in the room.
@@ -324,7 +338,7 @@ impl Admission {
         stream: Stream,
         preface: PrefaceDeadline,
         slot: AddressSlot,
-        total: TotalSlot,
+        (total, memory): (TotalSlot, Charge),
     ) -> Connection {
         let ticket = self.room.enter(total);
         Connection {
@@ -334,6 +348,7 @@ impl Admission {
             activity: ticket.activity().clone(),
             idle: ticket.until_idle(self.idle_timeout),
             _slot: slot,
+            _memory: memory,
         }
     }
 }
@@ -343,6 +358,8 @@ impl Admission {
 #[derive(Clone)]
 struct RequestLimits {
     max_header_bytes: usize,
+    /// Each stream is charged to it while it is open.
+    budget: Arc<MemoryBudget>,
     metrics: Arc<Metrics>,
 }
 
@@ -387,22 +404,30 @@ where
             ));
             return Box::pin(futures::future::ready(Ok(status.into_http())));
         }
+        let Some(memory) = self
+            .limits
+            .budget
+            .try_charge(budget::STREAM_BYTES, Kind::Streams)
+        else {
+            let status = tonic::Status::resource_exhausted(
+                "the proxy is at its memory budget (--memory-budget); try again later or another replica",
+            );
+            return Box::pin(futures::future::ready(Ok(status.into_http())));
+        };
         let metrics = self.limits.metrics.clone();
-        // The stream counts as open on its connection until its response body is dropped.
+        // The stream counts as open on its connection, and is charged to the budget, until its
+        // response body is dropped.
         let open = request
             .extensions()
             .get::<ConnectionInfo>()
             .and_then(|info| info.activity.as_ref())
             .map(Activity::open_stream);
+        let held = (open, memory);
         let response = self.inner.call(request);
         Box::pin(async move {
             let response = response.await?;
-            let response = match open {
-                Some(open) => {
-                    response.map(|body| tonic::body::Body::new(Holding { body, _held: open }))
-                }
-                None => response,
-            };
+            let response =
+                response.map(|body| tonic::body::Body::new(Holding { body, _held: held }));
             // tonic answers a request message over the decoding limit with OUT_OF_RANGE before
             // the service sees it; no service of this server returns that code otherwise.
             let out_of_range = (tonic::Code::OutOfRange as i32).to_string();

@@ -465,6 +465,23 @@ async fn connections_beyond_the_per_address_limit_are_closed() {
     scene.change().await;
 }
 
+/// Reads the server's frames until `streams` streams have ended (trailers or a reset).
+async fn all_streams_end(read: &mut tokio::net::tcp::OwnedReadHalf, streams: u32) {
+    use support::raw_h2::{self, END_STREAM, HEADERS, RST_STREAM};
+    let mut ended = std::collections::HashSet::new();
+    while ended.len() < streams as usize {
+        let frame = tokio::time::timeout(EVENT_TIMEOUT, raw_h2::read_frame(read))
+            .await
+            .unwrap_or_else(|_| panic!("only {} of {streams} streams ended", ended.len()))
+            .expect("the connection stays open");
+        let ends =
+            (frame.kind == HEADERS && frame.flags & END_STREAM != 0) || frame.kind == RST_STREAM;
+        if ends && frame.stream != 0 {
+            ended.insert(frame.stream);
+        }
+    }
+}
+
 /// HEADERS frames opening `streams` SyncFlags streams whose request never comes.
 fn unfinished_sync_streams(streams: u32) -> Vec<u8> {
     (0..streams)
@@ -483,7 +500,7 @@ fn unfinished_sync_streams(streams: u32) -> Vec<u8> {
 /// stay bounded meanwhile, and the probes and subscribers must be served.
 #[tokio::test]
 async fn streams_that_never_finish_their_request_end_at_the_deadline() {
-    use support::raw_h2::{self, END_STREAM, HEADERS, RST_STREAM};
+    use support::raw_h2;
     const CONNECTIONS: usize = 8;
     const STREAMS: u32 = 1_000;
     /// At most 1,000 unfinished streams from one address at a time (a few KiB each), on top of
@@ -500,18 +517,7 @@ async fn streams_that_never_finish_their_request_end_at_the_deadline() {
             tokio::io::AsyncWriteExt::write_all(&mut write, &bytes)
                 .await
                 .expect("open the streams");
-            let mut ended = std::collections::HashSet::new();
-            while ended.len() < STREAMS as usize {
-                let frame = tokio::time::timeout(EVENT_TIMEOUT, raw_h2::read_frame(&mut read))
-                    .await
-                    .unwrap_or_else(|_| panic!("only {} of {STREAMS} streams ended", ended.len()))
-                    .expect("the connection stays open");
-                let ends = (frame.kind == HEADERS && frame.flags & END_STREAM != 0)
-                    || frame.kind == RST_STREAM;
-                if ends && frame.stream != 0 {
-                    ended.insert(frame.stream);
-                }
-            }
+            all_streams_end(&mut read, STREAMS).await;
             drop(write);
         });
     }
@@ -535,6 +541,51 @@ async fn streams_that_never_finish_their_request_end_at_the_deadline() {
     assert!(peak < RSS_BOUND, "peak RSS {peak} bytes");
     // One address may hold at most 1,000 (the default) such streams at a time.
     assert!(scene.rejected("max_pending_requests_per_address").await > 0.0);
+    scene.change().await;
+}
+
+/// Streams whose request never comes, from many addresses at once (each under its own
+/// per-address limit): the memory budget bounds them all together. Streams beyond it are refused
+/// at once, every stream ends, and established subscribers keep being served.
+#[tokio::test]
+async fn unfinished_streams_from_many_addresses_are_bounded_by_the_memory_budget() {
+    use support::raw_h2;
+    const ADDRESSES: u8 = 8;
+    const STREAMS: u32 = 500;
+    const BUDGET: f64 = 4.0 * 1024.0 * 1024.0;
+    const STREAMS_HELD: &str = "flagd_proxy_memory_charged_bytes{kind=\"streams\"}";
+    let mut scene = Scene::start_with(&["--request-timeout", "2s", "--memory-budget", "4Mi"]).await;
+    let port = scene.proxy.port;
+    let mut attackers = tokio::task::JoinSet::new();
+    for host in 2..2 + ADDRESSES {
+        attackers.spawn(async move {
+            let from = std::net::Ipv4Addr::new(127, 0, 0, host);
+            let (mut read, mut write) = raw_h2::connect_from(from, port).await;
+            write
+                .write_all(&unfinished_sync_streams(STREAMS))
+                .await
+                .expect("open the streams");
+            all_streams_end(&mut read, STREAMS).await;
+        });
+    }
+    let mut peak: f64 = 0.0;
+    while !attackers.is_empty() {
+        peak = peak.max(scene.metric(STREAMS_HELD).await);
+        if let Ok(Some(done)) =
+            tokio::time::timeout(Duration::from_millis(100), attackers.join_next()).await
+        {
+            done.expect("attacker");
+        }
+    }
+    assert!(
+        scene.rejected("memory_budget").await > 0.0,
+        "nothing refused"
+    );
+    assert!(peak <= BUDGET, "streams held {peak} bytes");
+    assert!(
+        peak > BUDGET / 2.0,
+        "streams held {peak} bytes: not counted?"
+    );
     scene.change().await;
 }
 
@@ -1272,4 +1323,104 @@ async fn metadata_that_would_double_a_message_past_the_clients_limit_is_refused(
         "green",
         "the stream stays healthy and skips the refused version"
     );
+}
+
+/// One connection opens the connection's window but never a stream's, and opens a new
+/// SyncFlags stream for every version of a 1 MiB document: each stream pins the version it
+/// cannot send. The memory budget bounds them: once pinned versions fill it, new streams are
+/// refused, what is held stays near the budget, and reading subscribers keep being served.
+#[tokio::test]
+async fn streams_that_pin_versions_they_cannot_send_are_bounded_by_the_memory_budget() {
+    use support::raw_h2::{self, DATA, END_STREAM};
+    const MIB: f64 = 1024.0 * 1024.0;
+    const BUDGET_MIB: f64 = 16.0;
+    const VERSIONS: usize = 40;
+    const PINNED: &str = "flagd_proxy_memory_charged_bytes{kind=\"versions\"}";
+    const PUBLISHED: &str = "flagd_proxy_versions_published_total";
+    let mut scene = Scene::start_with(&["--memory-budget", "16Mi"]).await;
+    let (mut read, mut write) = raw_h2::connect(scene.proxy.port).await;
+    write
+        .write_all(&raw_h2::window_update(0, 0x7fff_ffff - 65_535))
+        .await
+        .expect("connection window");
+    // Whatever the proxy sends is read: only the streams' windows stay shut.
+    let drain = tokio::spawn(async move {
+        let mut buf = vec![0u8; 1 << 16];
+        while matches!(read.read(&mut buf).await, Ok(n) if n > 0) {}
+    });
+    let mut peak: f64 = 0.0;
+    for i in 0..VERSIONS {
+        let published = scene.metric(PUBLISHED).await;
+        let value = format!("{i}-{}", "x".repeat(1024 * 1024));
+        let flags = serde_json::json!({"big": {"state": "ENABLED", "variants": {"a": value}, "defaultVariant": "a"}});
+        write_manifest(scene.dir.path(), "default", "big", flags);
+        // The first stream starts the watch; later ones each take a version of their own.
+        if i > 0 {
+            published_after(&scene, published).await;
+        }
+        let stream = 2 * u32::try_from(i).expect("small") + 1;
+        let request = v1::SyncFlagsRequest {
+            provider_id: String::new(),
+            selector: "core.openfeature.dev/default/big".into(),
+        };
+        let message = prost::Message::encode_to_vec(&request);
+        let mut body = vec![0];
+        body.extend(u32::try_from(message.len()).expect("small").to_be_bytes());
+        body.extend(message);
+        let mut bytes =
+            raw_h2::grpc_headers(stream, "/flagd.sync.v1.FlagSyncService/SyncFlags", false);
+        bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
+        write.write_all(&bytes).await.expect("request");
+        if i == 0 {
+            published_after(&scene, published).await;
+        }
+        peak = peak.max(scene.metric(PINNED).await);
+    }
+    let refused = scene.rejected("memory_budget").await;
+    assert!(
+        refused > 0.0,
+        "no stream was refused; pinned peak {} MiB",
+        peak / MIB
+    );
+    // What is charged is what is held: the pinned versions were counted, and bounded (the
+    // budget, plus the newest version, which is always taken).
+    assert!(
+        peak > BUDGET_MIB / 2.0 * MIB,
+        "pinned peak {} MiB",
+        peak / MIB
+    );
+    assert!(
+        peak < (BUDGET_MIB + 4.0) * MIB,
+        "pinned peak {} MiB",
+        peak / MIB
+    );
+    // Established subscribers are served at the budget; new ones are let in once the attacker
+    // has gone and its pinned versions with it.
+    scene.change().await;
+    drop(write);
+    drain.abort();
+    support::eventually("the attacker's versions are let go", || async {
+        let pinned = scene.metric(PINNED).await;
+        if pinned < 4.0 * MIB {
+            Ok(())
+        } else {
+            Err(format!("{} MiB pinned", pinned / MIB))
+        }
+    })
+    .await;
+    scene.subscribe().await;
+    scene.change().await;
+}
+
+/// Waits until more versions than `before` have been published.
+async fn published_after(scene: &Scene, before: f64) {
+    support::eventually("a new version is published", || async {
+        let now = scene.metric("flagd_proxy_versions_published_total").await;
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!("{now} published"))
+        }
+    })
+    .await;
 }

@@ -13,6 +13,7 @@ use clap::{ArgAction, Args};
 use super::LogFormat;
 use crate::app::{self, ServeSettings, Settings, SourceSettings};
 use crate::authz::{self, AuthzSettings};
+use crate::budget;
 use crate::hub::{self, HubOptions};
 use crate::management::{self, ManagementOptions};
 use crate::server::{self, ServerOptions};
@@ -364,6 +365,14 @@ pub struct HubArgs {
         default_value_t = hub::DEFAULT_MAX_WAITING_RESOURCES
     )]
     pub max_waiting_resources: usize,
+
+    /// The memory budget for what clients can make the proxy hold: versions (once each, while
+    /// any stream holds them), connections and streams (at their measured size). Above it, new
+    /// connections are closed and new streams get RESOURCE_EXHAUSTED; established streams keep
+    /// being served. Bytes, or with a unit (512Mi, 2Gi). Default: half the container's memory
+    /// limit (cgroup), else half the machine's memory. 0 means no limit.
+    #[arg(long, value_name = "BYTES", env = "FLAGD_PROXY_MEMORY_BUDGET", value_parser = budget::parse_bytes)]
+    pub memory_budget: Option<usize>,
 }
 
 impl From<HubArgs> for HubOptions {
@@ -373,6 +382,7 @@ impl From<HubArgs> for HubOptions {
             max_watches: args.max_watches,
             max_document_bytes: args.max_document_bytes,
             max_waiting_resources: args.max_waiting_resources,
+            memory_budget: args.memory_budget.unwrap_or_else(budget::default_limit),
         }
     }
 }

@@ -28,6 +28,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::backoff::Backoff;
+use crate::budget::MemoryBudget;
 use crate::metrics::{Metrics, ResourceLabels};
 use crate::selector::ResourceKey;
 
@@ -40,6 +41,7 @@ mod tests;
 mod waiting;
 
 pub use ports::{EventSink, ResourceEventSink, Source};
+use publisher::Bounds;
 pub use publisher::Publisher;
 pub use snapshot::{Availability, EncodingName, ResourceState, Snapshot};
 pub use subscription::{INVALID_GRACE, Subscription, SubscriptionEnd};
@@ -66,6 +68,8 @@ pub struct HubOptions {
     pub max_document_bytes: usize,
     /// The most resources waited on that do not exist (absent, and never had a version).
     pub max_waiting_resources: usize,
+    /// The process's memory budget in bytes (0: no limit); see [`MemoryBudget`].
+    pub memory_budget: usize,
 }
 
 impl Default for HubOptions {
@@ -75,6 +79,7 @@ impl Default for HubOptions {
             max_watches: DEFAULT_MAX_WATCHES,
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             max_waiting_resources: DEFAULT_MAX_WAITING_RESOURCES,
+            memory_budget: crate::budget::default_limit(),
         }
     }
 }
@@ -97,6 +102,7 @@ pub struct Hub {
 struct Inner {
     source: Arc<dyn Source>,
     options: HubOptions,
+    budget: Arc<MemoryBudget>,
     metrics: Arc<Metrics>,
     upstreams: Mutex<HashMap<ResourceKey, StateSender>>,
     /// Resources waited on that do not exist yet, over all watches.
@@ -107,10 +113,12 @@ struct Inner {
 
 impl Hub {
     pub fn new(source: Arc<dyn Source>, options: HubOptions, metrics: Arc<Metrics>) -> Self {
+        let budget = MemoryBudget::new(options.memory_budget, metrics.clone());
         Self {
             inner: Arc::new(Inner {
                 source,
                 options,
+                budget,
                 metrics,
                 upstreams: Mutex::new(HashMap::new()),
                 waiting: Arc::new(AtomicUsize::new(0)),
@@ -127,6 +135,12 @@ impl Hub {
 
     pub fn metrics(&self) -> &Arc<Metrics> {
         &self.inner.metrics
+    }
+
+    /// The process's memory budget: versions are charged to it here; whoever accepts
+    /// connections and streams charges those.
+    pub fn budget(&self) -> &Arc<MemoryBudget> {
+        &self.inner.budget
     }
 
     /// Subscribes to a resource, starting its watch if nobody watches it yet.
@@ -206,7 +220,10 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
         key.clone(),
         tx.clone(),
         inner.metrics.clone(),
-        inner.options.max_document_bytes,
+        Bounds {
+            max_document_bytes: inner.options.max_document_bytes,
+            budget: inner.budget.clone(),
+        },
         waiting.clone(),
         events,
     );

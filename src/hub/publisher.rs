@@ -5,6 +5,7 @@ use std::time::Instant;
 
 use serde_json::Value;
 
+use crate::budget::MemoryBudget;
 use crate::document::{self, DocumentWarning};
 use crate::hub::StateSender;
 use crate::hub::ports::ResourceEventSink;
@@ -21,10 +22,17 @@ pub struct Publisher {
     key: ResourceKey,
     tx: StateSender,
     metrics: Arc<Metrics>,
-    max_document_bytes: usize,
+    bounds: Bounds,
     next_version: Arc<AtomicU64>,
     waiting: Arc<WaitingPlace>,
     events: Option<Arc<dyn ResourceEventSink>>,
+}
+
+/// What a version may be: its size, and the budget its memory is counted against.
+#[derive(Clone)]
+pub(super) struct Bounds {
+    pub(super) max_document_bytes: usize,
+    pub(super) budget: Arc<MemoryBudget>,
 }
 
 impl Publisher {
@@ -33,7 +41,7 @@ impl Publisher {
         key: ResourceKey,
         tx: StateSender,
         metrics: Arc<Metrics>,
-        max_document_bytes: usize,
+        bounds: Bounds,
         waiting: Arc<WaitingPlace>,
         events: Option<Arc<dyn ResourceEventSink>>,
     ) -> Self {
@@ -42,7 +50,7 @@ impl Publisher {
             key,
             tx,
             metrics,
-            max_document_bytes,
+            bounds,
             next_version: Arc::new(AtomicU64::new(1)),
             waiting,
             events,
@@ -115,12 +123,12 @@ impl Publisher {
         changed_at: Instant,
     ) {
         let message_bytes = document.len() + context_bytes;
-        if message_bytes > self.max_document_bytes {
+        if message_bytes > self.bounds.max_document_bytes {
             let reason = if context_bytes == 0 {
                 format!(
                     "the flag configuration is {} bytes, over the limit of {} bytes that clients accept",
                     document.len(),
-                    self.max_document_bytes
+                    self.bounds.max_document_bytes
                 )
             } else {
                 format!(
@@ -128,7 +136,7 @@ impl Publisher {
                      every message's sync_context, adds {context_bytes}: {message_bytes} bytes, \
                      over the limit of {} bytes that clients accept",
                     document.len(),
-                    self.max_document_bytes
+                    self.bounds.max_document_bytes
                 )
             };
             return self.invalid(reason);
@@ -156,6 +164,7 @@ impl Publisher {
                 document.into(),
                 changed_at,
                 tx.receiver_count(),
+                self.bounds.budget.clone(),
             ));
             published = Some(version);
             if let Some(previous) = state.snapshot.replace(snapshot) {

@@ -5,6 +5,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
+use crate::budget::{Charge, Kind, MemoryBudget};
+
 /// One version of a resource's flag configuration.
 #[derive(Debug)]
 pub struct Snapshot {
@@ -21,6 +23,11 @@ pub struct Snapshot {
     /// (0: not sent to anyone yet).
     last_sent: AtomicU64,
     encodings: Encodings,
+    /// The budget this version's document and encodings are charged to.
+    budget: Arc<MemoryBudget>,
+    /// The document's charge, given back when the version is dropped (each encoding carries
+    /// its own, given back when the last stream holding it lets go).
+    _document: Charge,
 }
 
 /// The name of one encoding of a snapshot. The hub knows no protocol: whoever sends snapshots
@@ -46,7 +53,9 @@ impl Snapshot {
         flag_configuration: Arc<str>,
         changed_at: Instant,
         pending: usize,
+        budget: Arc<MemoryBudget>,
     ) -> Self {
+        let document = budget.charge(flag_configuration.len(), Kind::Versions);
         Self {
             version,
             flag_configuration,
@@ -54,6 +63,8 @@ impl Snapshot {
             pending: AtomicUsize::new(pending),
             last_sent: AtomicU64::new(0),
             encodings: Encodings::default(),
+            budget,
+            _document: document,
         }
     }
 
@@ -114,7 +125,7 @@ impl Snapshot {
         if let Some(bytes) = Encodings::find(&write, name) {
             return bytes;
         }
-        let bytes = encode(self);
+        let bytes = self.budget.hold(encode(self));
         write.push((name, bytes.clone()));
         bytes
     }
@@ -122,7 +133,8 @@ impl Snapshot {
     /// A snapshot of `flag_configuration` as version 1, for tests of what is made from one.
     #[cfg(test)]
     pub(crate) fn for_test(flag_configuration: &str) -> Self {
-        Self::new(1, flag_configuration.into(), Instant::now(), 0)
+        let budget = MemoryBudget::unlimited(Arc::new(crate::metrics::Metrics::new()));
+        Self::new(1, flag_configuration.into(), Instant::now(), 0, budget)
     }
 }
 

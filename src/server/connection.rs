@@ -11,6 +11,7 @@ use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::server::TlsStream;
 use tonic::transport::server::Connected;
 
+use crate::budget::Charge;
 use crate::connection::{Activity, ConnectionInfo};
 use crate::server::limits::{AddressSlot, PrefaceDeadline, WriteStall};
 use crate::server::room::IdleClose;
@@ -27,6 +28,8 @@ pub struct Connection {
     pub(super) idle: IdleClose,
     /// This connection's place in its address's count, given back when the connection drops.
     pub(super) _slot: AddressSlot,
+    /// Its charge to the memory budget.
+    pub(super) _memory: Charge,
 }
 
 pub(super) enum Stream {

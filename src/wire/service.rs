@@ -90,6 +90,11 @@ impl SyncService {
         self.hub.metrics()
     }
 
+    /// The process's memory budget (the hub's).
+    pub fn budget(&self) -> &Arc<crate::budget::MemoryBudget> {
+        self.hub.budget()
+    }
+
     /// Opens a `SyncFlags` stream for a request whose body named `body_selector`.
     pub(crate) async fn open_sync<T>(
         &self,

@@ -1,7 +1,6 @@
 //! HTTP/2 frames written by hand, for clients that misbehave on purpose (streams that never
 //! finish their request, windows that overflow); the server's frames are read back by type.
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -61,7 +60,18 @@ pub fn ping(data: [u8; 8]) -> Vec<u8> {
 
 /// Connects and sends the preface and empty SETTINGS.
 pub async fn connect(port: u16) -> (OwnedReadHalf, OwnedWriteHalf) {
-    let tcp = TcpStream::connect(("127.0.0.1", port))
+    connect_from(std::net::Ipv4Addr::LOCALHOST, port).await
+}
+
+/// Connects from the loopback address `from` (127.0.0.x) and sends the preface and empty
+/// SETTINGS.
+pub async fn connect_from(from: std::net::Ipv4Addr, port: u16) -> (OwnedReadHalf, OwnedWriteHalf) {
+    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
+    socket
+        .bind((from, 0).into())
+        .expect("bind a loopback address");
+    let tcp = socket
+        .connect((std::net::Ipv4Addr::LOCALHOST, port).into())
         .await
         .expect("connect");
     let (read, mut write) = tcp.into_split();

@@ -1,0 +1,273 @@
+//! One memory budget for the whole process. What clients can make the proxy hold is counted
+//! against it: versions (each document and each encoding of it, counted once however many
+//! streams share it, until the last stream lets go of it), open connections and open streams
+//! (each at its measured size). Above the budget, new connections and new streams are refused;
+//! versions are always taken (the newest one is what every subscriber needs), and established
+//! streams keep being served.
+//!
+//! The budget is sized from the container's memory limit by default ([`default_limit`]), so a
+//! flood of clients is refused before the kernel kills the process.
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use prometheus_client::metrics::gauge::Gauge;
+
+use crate::metrics::{KindLabels, Metrics};
+
+/// What an open HTTP/2 connection holds (buffers, codec and connection state), as measured
+/// (`docs/security.md`, "Budgets against hostile clients").
+pub const CONNECTION_BYTES: usize = 16 * 1024;
+/// What an open stream holds before its response is written (HTTP/2 stream state, the request
+/// and the task serving it), as measured.
+pub const STREAM_BYTES: usize = 8 * 1024;
+
+/// What a charge is for, shown as the `kind` label of `flagd_proxy_memory_charged_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Versions,
+    Connections,
+    Streams,
+}
+
+impl Kind {
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Versions => "versions",
+            Kind::Connections => "connections",
+            Kind::Streams => "streams",
+        }
+    }
+}
+
+/// The process's memory budget; 0 bytes means no limit.
+pub struct MemoryBudget {
+    limit: usize,
+    used: AtomicUsize,
+    metrics: Arc<Metrics>,
+}
+
+impl MemoryBudget {
+    pub fn new(limit: usize, metrics: Arc<Metrics>) -> Arc<Self> {
+        metrics
+            .memory_budget
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
+        Arc::new(Self {
+            limit,
+            used: AtomicUsize::new(0),
+            metrics,
+        })
+    }
+
+    /// A budget with no limit (it still counts).
+    pub fn unlimited(metrics: Arc<Metrics>) -> Arc<Self> {
+        Self::new(0, metrics)
+    }
+
+    /// The limit in bytes (0: none).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// Bytes charged now.
+    pub fn used(&self) -> usize {
+        self.used.load(Ordering::SeqCst)
+    }
+
+    /// Charges `bytes` for new work if they fit in the budget; `None` (counted as a refusal
+    /// with reason `memory_budget`) if they do not.
+    pub fn try_charge(self: &Arc<Self>, bytes: usize, kind: Kind) -> Option<Charge> {
+        let fits = self
+            .used
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
+                let after = used.saturating_add(bytes);
+                (self.limit == 0 || after <= self.limit).then_some(after)
+            })
+            .is_ok();
+        if !fits {
+            self.metrics.reject("memory_budget");
+            return None;
+        }
+        Some(self.charged(bytes, kind))
+    }
+
+    /// Charges `bytes` whether or not they fit (for what must be held anyway).
+    pub fn charge(self: &Arc<Self>, bytes: usize, kind: Kind) -> Charge {
+        self.used.fetch_add(bytes, Ordering::SeqCst);
+        self.charged(bytes, kind)
+    }
+
+    fn charged(self: &Arc<Self>, bytes: usize, kind: Kind) -> Charge {
+        let gauge = self
+            .metrics
+            .memory_charged
+            .get_or_create(&KindLabels { kind: kind.label() })
+            .clone();
+        gauge.inc_by(i64::try_from(bytes).unwrap_or(i64::MAX));
+        Charge {
+            budget: self.clone(),
+            bytes,
+            gauge,
+        }
+    }
+
+    /// `bytes`, charged as a version for as long as any copy of the returned handle lives
+    /// (however many streams share it).
+    pub fn hold(self: &Arc<Self>, bytes: Bytes) -> Bytes {
+        let charge = self.charge(bytes.len(), Kind::Versions);
+        Bytes::from_owner(Held {
+            bytes,
+            _charge: charge,
+        })
+    }
+}
+
+impl std::fmt::Debug for MemoryBudget {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemoryBudget")
+            .field("limit", &self.limit)
+            .field("used", &self.used())
+            .finish()
+    }
+}
+
+/// Bytes counted against a [`MemoryBudget`] until dropped.
+#[derive(Debug)]
+pub struct Charge {
+    budget: Arc<MemoryBudget>,
+    bytes: usize,
+    gauge: Gauge,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::SeqCst);
+        self.gauge
+            .dec_by(i64::try_from(self.bytes).unwrap_or(i64::MAX));
+    }
+}
+
+/// The owner of bytes handed out by [`MemoryBudget::hold`].
+struct Held {
+    bytes: Bytes,
+    _charge: Charge,
+}
+
+impl AsRef<[u8]> for Held {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+/// The default budget: half the container's memory limit (cgroup v2 `memory.max`, or v1
+/// `memory.limit_in_bytes`), else half the machine's memory; 0 (no limit) when neither can be
+/// read. The other half is for what is not counted: the allocator's slack, the runtime, the
+/// sources' caches.
+pub fn default_limit() -> usize {
+    let cgroup = [
+        "/sys/fs/cgroup/memory.max",
+        "/sys/fs/cgroup/memory/memory.limit_in_bytes",
+    ]
+    .iter()
+    .find_map(|path| cgroup_limit(Path::new(path)));
+    cgroup.or_else(machine_memory).map_or(0, |bytes| bytes / 2)
+}
+
+/// A cgroup memory limit file's value, if it sets one ("max", or v1's huge "no limit", do not).
+fn cgroup_limit(path: &Path) -> Option<usize> {
+    parse_cgroup_limit(&std::fs::read_to_string(path).ok()?)
+}
+
+fn parse_cgroup_limit(text: &str) -> Option<usize> {
+    let bytes: u64 = text.trim().parse().ok()?;
+    // cgroup v1 writes a page-rounded i64::MAX when no limit is set.
+    (bytes < 1 << 60).then(|| usize::try_from(bytes).ok())?
+}
+
+/// `MemTotal` from /proc/meminfo, in bytes.
+fn machine_memory() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Parses a byte count: digits with an optional binary suffix (`Ki`, `Mi`, `Gi`, `Ti`), as in
+/// Kubernetes quantities.
+pub fn parse_bytes(text: &str) -> Result<usize, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (digits, suffix) = text.split_at(split);
+    let number: usize = digits
+        .parse()
+        .map_err(|_| format!("`{text}` is not a byte count (for example 536870912 or 512Mi)"))?;
+    let shift = match suffix {
+        "" => 0,
+        "Ki" => 10,
+        "Mi" => 20,
+        "Gi" => 30,
+        "Ti" => 40,
+        other => return Err(format!("unknown unit `{other}`; use Ki, Mi, Gi or Ti")),
+    };
+    number
+        .checked_mul(1 << shift)
+        .ok_or_else(|| format!("`{text}` is too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn used(metrics: &Metrics, kind: &'static str) -> i64 {
+        metrics
+            .memory_charged
+            .get_or_create(&KindLabels { kind })
+            .get()
+    }
+
+    #[test]
+    fn new_work_is_refused_above_the_budget_and_given_back() {
+        let metrics = Arc::new(Metrics::new());
+        let budget = MemoryBudget::new(100, metrics.clone());
+        let first = budget.try_charge(60, Kind::Streams).expect("fits");
+        assert!(budget.try_charge(60, Kind::Streams).is_none(), "over");
+        // What must be held is taken even over the limit; new work is then refused.
+        let version = budget.charge(60, Kind::Versions);
+        assert_eq!(budget.used(), 120);
+        assert!(budget.try_charge(1, Kind::Connections).is_none());
+        drop(first);
+        drop(version);
+        assert_eq!(budget.used(), 0);
+        assert_eq!(used(&metrics, "streams"), 0);
+        assert!(budget.try_charge(100, Kind::Connections).is_some());
+        assert!(metrics.encode().contains("reason=\"memory_budget\"} 2"));
+    }
+
+    #[test]
+    fn held_bytes_are_charged_once_until_the_last_copy_goes() {
+        let metrics = Arc::new(Metrics::new());
+        let budget = MemoryBudget::unlimited(metrics.clone());
+        let held = budget.hold(Bytes::from(vec![7u8; 1000]));
+        let copies: Vec<Bytes> = (0..10).map(|_| held.clone()).collect();
+        assert_eq!(budget.used(), 1000);
+        assert_eq!(&copies[3][..3], &[7, 7, 7]);
+        drop(held);
+        assert_eq!(used(&metrics, "versions"), 1000);
+        drop(copies);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn byte_counts_and_cgroup_limits_are_read() {
+        assert_eq!(parse_bytes("512Mi"), Ok(512 << 20));
+        assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
+        assert!(parse_bytes("12MB").is_err());
+        assert!(parse_bytes("lots").is_err());
+        assert_eq!(parse_cgroup_limit("536870912\n"), Some(512 << 20));
+        assert_eq!(parse_cgroup_limit("max\n"), None);
+        assert_eq!(parse_cgroup_limit("9223372036854771712\n"), None);
+    }
+}
