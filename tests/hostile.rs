@@ -1097,7 +1097,7 @@ async fn sighup_leaves_the_proxy_serving_and_sigquit_drains() {
 #[tokio::test]
 #[ignore = "a measurement, not a check"]
 async fn measure_budgets() {
-    use support::raw_h2::{self, ACK, PING};
+    use support::raw_h2;
     const CONNECTIONS: usize = 8;
     const STREAMS: u32 = 1_000;
     let scene = Scene::start_with(&[
@@ -1110,15 +1110,6 @@ async fn measure_budgets() {
     ])
     .await;
     let port = scene.proxy.port;
-    // Every frame before the PING has been read once its ACK is back.
-    async fn settled(read: &mut tokio::net::tcp::OwnedReadHalf) {
-        while let Some(frame) = raw_h2::read_frame(read).await {
-            if frame.kind == PING && frame.flags & ACK != 0 {
-                return;
-            }
-        }
-        panic!("the connection closed");
-    }
     let settle = || tokio::time::sleep(Duration::from_secs(2));
     settle().await;
     let base = scene.proxy.rss_bytes();
@@ -1158,8 +1149,75 @@ async fn measure_budgets() {
         base >> 20,
         with_streams >> 20
     );
+    // What is given back to the system once the clients have gone.
     drop(held);
     drop(idle);
+    scene
+        .proxy
+        .wait_for_metric("flagd_proxy_open_connections{port=\"sync\"}", 3.0)
+        .await;
+    // Allocators give memory back after a decay time (jemalloc: 10 s by default).
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    eprintln!(
+        "after the clients left: RSS {} MiB ({} MiB kept of {} MiB taken)",
+        scene.proxy.rss_bytes() >> 20,
+        scene.proxy.rss_bytes().saturating_sub(base) >> 20,
+        with_streams.saturating_sub(base) >> 20
+    );
+}
+
+/// Reads a connection's frames until the ACK of a PING sent after everything else: the server
+/// has read what came before it.
+async fn settled(read: &mut tokio::net::tcp::OwnedReadHalf) {
+    use support::raw_h2::{self, ACK, PING};
+    while let Some(frame) = raw_h2::read_frame(read).await {
+        if frame.kind == PING && frame.flags & ACK != 0 {
+            return;
+        }
+    }
+    panic!("the connection closed");
+}
+
+/// After a burst of clients has gone, the memory it took goes back to the system (the
+/// allocator's background thread returns freed pages within its decay time; the system
+/// allocator kept nearly all of it).
+#[tokio::test]
+async fn memory_taken_by_a_burst_of_clients_goes_back_once_they_leave() {
+    use support::raw_h2;
+    const CONNECTIONS: usize = 8;
+    const STREAMS: u32 = 1_000;
+    const OPEN: &str = "flagd_proxy_open_connections{port=\"sync\"}";
+    let scene = Scene::start_with(&[
+        "--request-timeout",
+        "10m",
+        "--max-pending-requests-per-address",
+        "0",
+    ])
+    .await;
+    let open = scene.metric(OPEN).await;
+    let base = scene.proxy.rss_bytes();
+    let mut held = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let (mut read, mut write) = raw_h2::connect(scene.proxy.port).await;
+        let mut bytes = unfinished_sync_streams(STREAMS);
+        bytes.extend(raw_h2::ping(*b"settled!"));
+        write.write_all(&bytes).await.expect("streams");
+        settled(&mut read).await;
+        held.push((read, write));
+    }
+    let taken = scene.proxy.rss_bytes().saturating_sub(base);
+    assert!(taken > 32 << 20, "the burst took only {} MiB", taken >> 20);
+    drop(held);
+    scene.proxy.wait_for_metric(OPEN, open).await;
+    support::eventually("the memory goes back", || async {
+        let kept = scene.proxy.rss_bytes().saturating_sub(base);
+        if kept < taken / 4 {
+            Ok(())
+        } else {
+            Err(format!("{} of {} MiB kept", kept >> 20, taken >> 20))
+        }
+    })
+    .await;
 }
 
 /// A client that stops reading (and so cannot answer pings either) while the proxy has megabytes
