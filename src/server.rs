@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::listener::{SyncListener, UnixSocket, next_accepted};
 use crate::metrics::Metrics;
-use crate::server::connection::{Connection, Stream};
+use crate::server::connection::{Closed, Connection, Stream};
 use crate::server::limits::{
     AddressLimit, AddressSlot, PrefaceDeadline, RequestDeadline, TotalLimit, WriteStall,
 };
@@ -111,7 +111,9 @@ pub enum ServerError {
 
 /// Serves the sync protocols on `listeners` until `shutdown` is cancelled and every stream has
 /// ended. Streams end with `UNAVAILABLE` as soon as `shutdown` is cancelled (the services see
-/// the same token).
+/// the same token); connections whose streams have not ended by the time `closed` is cancelled
+/// (the end of the drain) are closed then.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     listeners: Vec<SyncListener>,
     tls: Option<Arc<ReloadingTls>>,
@@ -121,9 +123,10 @@ pub async fn run(
     >,
     options: ServerOptions,
     shutdown: CancellationToken,
+    closed: CancellationToken,
 ) -> Result<(), ServerError> {
     let metrics = service.metrics().clone();
-    let incoming = accept_all(listeners, tls, &options, &metrics, &shutdown);
+    let incoming = accept_all(listeners, tls, &options, &metrics, &shutdown, closed);
     let max_request = options.max_request_bytes;
     http2_server(&options)
         .layer(RequestDeadline {
@@ -151,6 +154,7 @@ fn accept_all(
     options: &ServerOptions,
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
+    closed: CancellationToken,
 ) -> ReceiverStream<io::Result<Connection>> {
     let (tx, rx) = mpsc::channel(128);
     let admission = Arc::new(Admission {
@@ -163,6 +167,7 @@ fn accept_all(
         ),
         handshake_timeout: options.handshake_timeout,
         write_stall: options.keepalive_interval + options.keepalive_timeout,
+        closed,
     });
     for listener in listeners {
         let (tx, admission) = (tx.clone(), admission.clone());
@@ -222,6 +227,7 @@ async fn accept(
         let _ = tcp.set_nodelay(true);
         let deadline = admission.handshake_timeout;
         let write_stall = WriteStall::new(admission.write_stall);
+        let closed = Closed::new(&admission.closed);
         match &tls {
             None => {
                 let tx = tx.clone();
@@ -232,6 +238,7 @@ async fn accept(
                         stream: Stream::Plain(tcp),
                         preface: PrefaceDeadline::new(deadline),
                         write_stall,
+                        closed,
                         _slot: slot,
                         _total: total,
                     };
@@ -250,6 +257,7 @@ async fn accept(
                                 stream: Stream::Tls(Box::new(stream)),
                                 preface: PrefaceDeadline::until(deadline),
                                 write_stall,
+                                closed,
                                 _slot: slot,
                                 _total: total,
                             };
@@ -285,6 +293,7 @@ async fn accept_unix(
             stream: Stream::Unix(stream),
             preface: PrefaceDeadline::new(admission.handshake_timeout),
             write_stall: WriteStall::new(admission.write_stall),
+            closed: Closed::new(&admission.closed),
             _slot: AddressSlot::none(),
             _total: total,
         };
@@ -301,6 +310,8 @@ struct Admission {
     handshake_timeout: Duration,
     /// How long writes may make no progress before the connection is closed.
     write_stall: Duration,
+    /// Cancelled at the end of the drain: every connection still open is closed.
+    closed: CancellationToken,
 }
 
 /// Refuses requests whose header block is over the limit with `RESOURCE_EXHAUSTED`, and counts
