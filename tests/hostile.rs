@@ -821,23 +821,42 @@ async fn hostile_files_in_the_manifests_directory_do_not_stop_other_files() {
     std::fs::write(dir.join("deep.json"), nested("[", "]", "1")).expect("write");
     std::fs::write(dir.join("deep.yaml"), nested("[", "]", "1")).expect("write");
     scene.change().await;
-    let (_, body) = support::http_get(scene.proxy.management_port, "/status")
-        .await
-        .expect("status");
-    let problems = source_problems(&body);
-    for name in [
-        "fifo.yaml",
-        "zero.yaml",
-        "flow.yaml",
-        "deep.json",
-        "deep.yaml",
-    ] {
-        assert!(
-            problems.iter().any(|p| p.ends_with(name)),
-            "{name} is not reported: {problems:?}"
-        );
-    }
+    // Each file is reported once its parse is done (other files' edits do not wait for it).
+    wait_for_problems(
+        &scene,
+        &[
+            "fifo.yaml",
+            "zero.yaml",
+            "flow.yaml",
+            "deep.json",
+            "deep.yaml",
+        ],
+    )
+    .await;
     scene.assert_healthy().await;
+}
+
+/// Waits until `/status` reports a problem for each of the files `names`.
+async fn wait_for_problems(scene: &Scene, names: &[&str]) {
+    let deadline = std::time::Instant::now() + support::EVENT_TIMEOUT;
+    loop {
+        let (_, body) = support::http_get(scene.proxy.management_port, "/status")
+            .await
+            .expect("status");
+        let problems = source_problems(&body);
+        let missing: Vec<&&str> = names
+            .iter()
+            .filter(|name| !problems.iter().any(|p| p.ends_with(**name)))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{missing:?} not reported: {problems:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The paths of the files `/status` reports problems for.
@@ -889,22 +908,7 @@ async fn yaml_aliases_and_brackets_in_quoted_scalars_cost_nothing_out_of_proport
     let quoted = format!("{}1{}", level.repeat(levels), "}".repeat(levels));
     std::fs::write(dir.join("quoted.yaml"), quoted).expect("write");
     scene.change().await;
-    let deadline = std::time::Instant::now() + support::EVENT_TIMEOUT;
-    loop {
-        let (_, body) = support::http_get(scene.proxy.management_port, "/status")
-            .await
-            .expect("status");
-        let problems = source_problems(&body);
-        let reported = |name: &str| problems.iter().any(|p| p.ends_with(name));
-        if reported("aliases.yaml") && reported("quoted.yaml") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not both reported: {problems:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_problems(&scene, &["aliases.yaml", "quoted.yaml"]).await;
     scene.change().await;
     // Expanded, the aliases alone are 2 GB; parsed, the nesting took tens of CPU seconds.
     let peak_mib = proc_status_kib(pid, "VmHWM:") / 1024;
