@@ -93,6 +93,17 @@ pub struct ManifestSource {
 impl ManifestSource {
     /// Reads the directories and starts watching them.
     pub fn start(dirs: Vec<PathBuf>, metrics: Arc<Metrics>) -> Result<Self, ManifestError> {
+        let parser: Parser = Arc::new(parse_objects);
+        Self::start_with(dirs, metrics, parser, Parses::default_limit())
+    }
+
+    /// [`ManifestSource::start`] with `parser` for the files, at most `parses` at once.
+    fn start_with(
+        dirs: Vec<PathBuf>,
+        metrics: Arc<Metrics>,
+        parser: Parser,
+        parses: usize,
+    ) -> Result<Self, ManifestError> {
         for dir in &dirs {
             let meta = std::fs::metadata(dir).map_err(|source| ManifestError::Directory {
                 path: dir.clone(),
@@ -153,13 +164,12 @@ impl ManifestSource {
         }
         let watcher: SharedWatcher = Arc::new(Mutex::new(watcher));
         let (parsed_tx, parsed_rx) = mpsc::unbounded_channel();
-        let parser: Parser = Arc::new(parse_objects);
         let mut scanner = Scanner {
             roots,
             files: BTreeMap::new(),
             metrics,
             watcher: watcher.clone(),
-            parses: Parses::new(Parses::default_limit(), parser, parsed_tx),
+            parses: Parses::new(parses, parser, parsed_tx),
             missing: Vec::new(),
         };
         let (tx, rx) = watch::channel(Arc::new(scanner.first_catalog()));
@@ -500,3 +510,6 @@ type ParseResult = Result<Vec<(ResourceKey, Arc<Value>)>, String>;
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod tests;
