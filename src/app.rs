@@ -392,6 +392,7 @@ impl Bound {
             management_done.clone(),
         ));
         let streams_end = CancellationToken::new();
+        let drain_end = CancellationToken::new();
         let service = SyncService::new(hub, streams_end.clone())
             .with_authorizer(authz)
             .with_context_values(&context_values);
@@ -406,11 +407,13 @@ impl Bound {
             health_service,
             server_options,
             streams_end.clone(),
+            drain_end.clone(),
         ));
         Running {
             readiness,
             health,
             streams_end,
+            drain_end,
             sync_task,
             management_task,
             management_done,
@@ -460,6 +463,8 @@ struct Running {
     health: HealthReporter,
     /// Ends every sync stream with `UNAVAILABLE`.
     streams_end: CancellationToken,
+    /// Closes every sync connection still open (the shutdown timeout has passed).
+    drain_end: CancellationToken,
     sync_task: JoinHandle<Result<(), server::ServerError>>,
     management_task: JoinHandle<std::io::Result<()>>,
     management_done: CancellationToken,
@@ -545,8 +550,15 @@ impl Running {
                     Ok(result) => flatten(result),
                     Err(_) => {
                         tracing::warn!("shutdown timeout reached; closing remaining connections");
-                        self.sync_task.abort();
-                        Ok(())
+                        self.drain_end.cancel();
+                        // The connections end as they are next polled, which is at once.
+                        match tokio::time::timeout(CLOSE_GRACE, &mut self.sync_task).await {
+                            Ok(result) => flatten(result),
+                            Err(_) => {
+                                self.sync_task.abort();
+                                Ok(())
+                            }
+                        }
                     }
                 }
             }
@@ -559,6 +571,9 @@ impl Running {
         result
     }
 }
+
+/// How long the closed connections are given to end after the shutdown timeout.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
 
 fn flatten(
     result: Result<Result<(), server::ServerError>, tokio::task::JoinError>,

@@ -20,7 +20,7 @@ use crate::budget::{self, Charge, Kind, MemoryBudget};
 use crate::connection::{Activity, ConnectionInfo};
 use crate::listener::{SyncListener, UnixSocket, next_accepted};
 use crate::metrics::Metrics;
-use crate::server::connection::{Connection, Stream};
+use crate::server::connection::{Closed, Connection, Stream};
 use crate::server::limits::{
     AddressLimit, AddressSlot, PrefaceDeadline, RequestDeadline, TotalLimit, TotalSlot, WriteStall,
 };
@@ -119,7 +119,9 @@ pub enum ServerError {
 
 /// Serves the sync protocols on `listeners` until `shutdown` is cancelled and every stream has
 /// ended. Streams end with `UNAVAILABLE` as soon as `shutdown` is cancelled (the services see
-/// the same token).
+/// the same token); connections whose streams have not ended by the time `closed` is cancelled
+/// (the end of the drain) are closed then.
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     listeners: Vec<SyncListener>,
     tls: Option<Arc<ReloadingTls>>,
@@ -129,10 +131,13 @@ pub async fn run(
     >,
     options: ServerOptions,
     shutdown: CancellationToken,
+    closed: CancellationToken,
 ) -> Result<(), ServerError> {
     let metrics = service.metrics().clone();
     let budget = service.budget().clone();
-    let incoming = accept_all(listeners, tls, &options, &budget, &metrics, &shutdown);
+    let incoming = accept_all(
+        listeners, tls, &options, &budget, &metrics, &shutdown, closed,
+    );
     let max_request = options.max_request_bytes;
     http2_server(&options)
         .layer(RequestDeadline {
@@ -162,6 +167,7 @@ fn accept_all(
     budget: &Arc<MemoryBudget>,
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
+    closed: CancellationToken,
 ) -> ReceiverStream<io::Result<Connection>> {
     let (tx, rx) = mpsc::channel(128);
     let admission = Arc::new(Admission {
@@ -177,6 +183,7 @@ fn accept_all(
         handshake_timeout: options.handshake_timeout,
         idle_timeout: options.connection_idle_timeout,
         write_stall: options.keepalive_interval + options.keepalive_timeout,
+        closed,
     });
     for listener in listeners {
         let (tx, admission) = (tx.clone(), admission.clone());
@@ -318,6 +325,8 @@ struct Admission {
     idle_timeout: Option<Duration>,
     /// How long writes may make no progress before the connection is closed.
     write_stall: Duration,
+    /// Cancelled at the end of the drain: every connection still open is closed.
+    closed: CancellationToken,
 }
 
 impl Admission {
@@ -347,6 +356,7 @@ impl Admission {
             write_stall: WriteStall::new(self.write_stall),
             activity: ticket.activity().clone(),
             idle: ticket.until_idle(self.idle_timeout),
+            closed: Closed::new(&self.closed),
             _slot: slot,
             _memory: memory,
         }

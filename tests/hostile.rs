@@ -924,23 +924,42 @@ async fn hostile_files_in_the_manifests_directory_do_not_stop_other_files() {
     std::fs::write(dir.join("deep.json"), nested("[", "]", "1")).expect("write");
     std::fs::write(dir.join("deep.yaml"), nested("[", "]", "1")).expect("write");
     scene.change().await;
-    let (_, body) = support::http_get(scene.proxy.management_port, "/status")
-        .await
-        .expect("status");
-    let problems = source_problems(&body);
-    for name in [
-        "fifo.yaml",
-        "zero.yaml",
-        "flow.yaml",
-        "deep.json",
-        "deep.yaml",
-    ] {
-        assert!(
-            problems.iter().any(|p| p.ends_with(name)),
-            "{name} is not reported: {problems:?}"
-        );
-    }
+    // Each file is reported once its parse is done (other files' edits do not wait for it).
+    wait_for_problems(
+        &scene,
+        &[
+            "fifo.yaml",
+            "zero.yaml",
+            "flow.yaml",
+            "deep.json",
+            "deep.yaml",
+        ],
+    )
+    .await;
     scene.assert_healthy().await;
+}
+
+/// Waits until `/status` reports a problem for each of the files `names`.
+async fn wait_for_problems(scene: &Scene, names: &[&str]) {
+    let deadline = std::time::Instant::now() + support::EVENT_TIMEOUT;
+    loop {
+        let (_, body) = support::http_get(scene.proxy.management_port, "/status")
+            .await
+            .expect("status");
+        let problems = source_problems(&body);
+        let missing: Vec<&&str> = names
+            .iter()
+            .filter(|name| !problems.iter().any(|p| p.ends_with(**name)))
+            .collect();
+        if missing.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{missing:?} not reported: {problems:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The paths of the files `/status` reports problems for.
@@ -992,22 +1011,7 @@ async fn yaml_aliases_and_brackets_in_quoted_scalars_cost_nothing_out_of_proport
     let quoted = format!("{}1{}", level.repeat(levels), "}".repeat(levels));
     std::fs::write(dir.join("quoted.yaml"), quoted).expect("write");
     scene.change().await;
-    let deadline = std::time::Instant::now() + support::EVENT_TIMEOUT;
-    loop {
-        let (_, body) = support::http_get(scene.proxy.management_port, "/status")
-            .await
-            .expect("status");
-        let problems = source_problems(&body);
-        let reported = |name: &str| problems.iter().any(|p| p.ends_with(name));
-        if reported("aliases.yaml") && reported("quoted.yaml") {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "not both reported: {problems:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for_problems(&scene, &["aliases.yaml", "quoted.yaml"]).await;
     scene.change().await;
     // Expanded, the aliases alone are 2 GB; parsed, the nesting took tens of CPU seconds.
     let peak_mib = proc_status_kib(pid, "VmHWM:") / 1024;
@@ -1481,4 +1485,175 @@ async fn published_after(scene: &Scene, before: f64) {
         }
     })
     .await;
+}
+
+/// An HTTP/2 connection whose streams' windows open only as the test reads (the connection's
+/// window is as large as HTTP/2 allows, so one stream that is behind holds no other back).
+async fn held_connection(port: u16) -> h2::client::SendRequest<bytes::Bytes> {
+    let tcp = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connect");
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(65_535)
+        .initial_connection_window_size(0x7fff_ffff)
+        .handshake(tcp)
+        .await
+        .expect("HTTP/2 handshake");
+    tokio::spawn(connection);
+    send
+}
+
+/// Opens a `flagd.sync.v1` stream of `selector` and reads its data until its window is full:
+/// the proxy has more to send that the client has not taken.
+async fn stream_behind(
+    send: &mut h2::client::SendRequest<bytes::Bytes>,
+    selector: &str,
+) -> (h2::RecvStream, Vec<u8>) {
+    let request = http::Request::post("http://127.0.0.1/flagd.sync.v1.FlagSyncService/SyncFlags")
+        .header("content-type", "application/grpc")
+        .header("te", "trailers")
+        .body(())
+        .expect("request");
+    let message = prost::Message::encode_to_vec(&v1::SyncFlagsRequest {
+        provider_id: String::new(),
+        selector: selector.to_owned(),
+    });
+    let mut body = vec![0];
+    body.extend(u32::try_from(message.len()).expect("small").to_be_bytes());
+    body.extend(message);
+    *send = send.clone().ready().await.expect("ready");
+    let (response, mut request_body) = send.send_request(request, false).expect("send request");
+    request_body
+        .send_data(body.into(), true)
+        .expect("request message");
+    let response = tokio::time::timeout(EVENT_TIMEOUT, response)
+        .await
+        .expect("response headers")
+        .expect("response");
+    assert_eq!(response.status(), 200);
+    let mut data = response.into_body();
+    let mut received = Vec::new();
+    while received.len() < 65_535 {
+        let chunk = tokio::time::timeout(EVENT_TIMEOUT, data.data())
+            .await
+            .expect("the first window of data")
+            .expect("more data")
+            .expect("data");
+        received.extend_from_slice(&chunk);
+    }
+    (data, received)
+}
+
+/// How a stream ended: the whole messages it carried and its `grpc-status` (if its trailers
+/// came).
+#[derive(Debug, PartialEq)]
+struct Ended {
+    messages: usize,
+    status: Option<String>,
+}
+
+/// Reads the rest of a stream (`taken` is what was read of it without opening its window again),
+/// opening its window as it goes.
+async fn read_to_end((mut data, mut taken): (h2::RecvStream, Vec<u8>)) -> Ended {
+    let _ = data.flow_control().release_capacity(taken.len());
+    while let Some(Ok(chunk)) = data.data().await {
+        let _ = data.flow_control().release_capacity(chunk.len());
+        taken.extend_from_slice(&chunk);
+    }
+    let mut messages = 0;
+    let mut rest = taken.as_slice();
+    while rest.len() >= 5 {
+        let length = u32::from_be_bytes([rest[1], rest[2], rest[3], rest[4]]) as usize;
+        if rest.len() < 5 + length {
+            break;
+        }
+        messages += 1;
+        rest = &rest[5 + length..];
+    }
+    let status = match data.trailers().await {
+        Ok(Some(trailers)) => trailers
+            .get("grpc-status")
+            .and_then(|s| s.to_str().ok())
+            .map(str::to_owned),
+        _ => None,
+    };
+    Ended { messages, status }
+}
+
+/// Subscribers that are behind when the proxy is told to stop (it has written data that they
+/// have not taken: their flow-control windows are full), some of a resource with a newer version
+/// since: once they read again, every stream ends with UNAVAILABLE right after the message it
+/// was receiving (a newer version is not queued behind a message the client has not taken, so
+/// it does not stand between the client and the status; the client gets it as it reconnects).
+#[tokio::test]
+async fn streams_behind_at_shutdown_end_with_unavailable_once_read() {
+    const CONNECTIONS: usize = 4;
+    const STREAMS: usize = 50;
+    let dir = tempfile::tempdir().expect("tempdir");
+    // Each version is larger than a stream's initial window (64 KiB).
+    let big = |version: &str| format!("{version}{}", "x".repeat(200 * 1024));
+    for name in ["steady", "changing"] {
+        write_manifest(
+            dir.path(),
+            "default",
+            name,
+            string_flag("color", &big("v1"), &[&big("v1")]),
+        );
+    }
+    let dir_arg = dir.path().display().to_string();
+    // A drain bound the test never reaches: it counts statuses, it does not time them.
+    let mut proxy = Proxy::start(&[
+        "--manifests",
+        &dir_arg,
+        "--shutdown-timeout",
+        "10m",
+        "--max-connections-per-address",
+        "64",
+    ])
+    .await;
+    let mut streams = Vec::new();
+    for _ in 0..CONNECTIONS {
+        let mut send = held_connection(proxy.port).await;
+        for i in 0..STREAMS {
+            let name = if i % 2 == 0 { "steady" } else { "changing" };
+            let selector = format!("core.openfeature.dev/default/{name}");
+            streams.push(stream_behind(&mut send, &selector).await);
+        }
+    }
+    // A subscriber that keeps up sees the newer version: the streams that are behind could
+    // take it now.
+    let channel = Endpoint::from_shared(proxy.endpoint())
+        .expect("endpoint")
+        .connect()
+        .await
+        .expect("connect");
+    let mut client = Client::new(channel);
+    let mut current = open(&mut client, "core.openfeature.dev/default/changing")
+        .await
+        .expect("stream");
+    next(&mut current).await;
+    write_manifest(
+        dir.path(),
+        "default",
+        "changing",
+        string_flag("color", &big("v2"), &[&big("v2")]),
+    );
+    assert!(color(&next(&mut current).await).starts_with("v2"));
+
+    proxy.signal("TERM");
+    proxy.wait_for_log("shutting down: ending streams").await;
+    let ended = futures::future::join_all(streams.into_iter().map(read_to_end)).await;
+    let want = Ended {
+        messages: 1,
+        status: Some("14".to_owned()),
+    };
+    let others: Vec<&Ended> = ended.iter().filter(|e| **e != want).collect();
+    assert!(
+        others.is_empty(),
+        "{} of {} streams ended otherwise than with their one message and UNAVAILABLE: {others:?}",
+        others.len(),
+        ended.len()
+    );
+    let exit = proxy.wait_exit().await;
+    assert!(exit.success(), "{exit:?}");
 }

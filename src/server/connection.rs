@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::server::TlsStream;
+use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
 use crate::budget::Charge;
@@ -26,6 +27,7 @@ pub struct Connection {
     /// Ends the connection when it is idle too long or closed to make room; holds its place
     /// among all connections.
     pub(super) idle: IdleClose,
+    pub(super) closed: Closed,
     /// This connection's place in its address's count, given back when the connection drops.
     pub(super) _slot: AddressSlot,
     /// Its charge to the memory budget.
@@ -50,6 +52,33 @@ impl Stream {
             Stream::Tls(s) => Pin::new(s.as_mut()),
             Stream::Unix(s) => Pin::new(s),
         }
+    }
+}
+
+/// Fails a connection's reads and writes once the drain has ended, so that the connection is
+/// closed even when its client never reads again (its streams cannot end otherwise).
+pub(crate) struct Closed(Pin<Box<WaitForCancellationFutureOwned>>);
+
+impl Closed {
+    /// Closes the connection when `drain_end` is cancelled (through a child token: connections
+    /// do not share one list of waiters).
+    pub(crate) fn new(drain_end: &CancellationToken) -> Self {
+        Self(Box::pin(drain_end.child_token().cancelled_owned()))
+    }
+
+    /// `result`, unless the drain has ended.
+    fn check<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        result: Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        if self.0.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "the shutdown timeout has passed",
+            )));
+        }
+        result
     }
 }
 
@@ -92,6 +121,7 @@ impl AsyncRead for Connection {
         let result = this.stream.io().poll_read(cx, buf);
         let read = buf.filled().len() - before;
         let result = this.preface.check(cx, read, result);
+        let result = this.closed.check(cx, result);
         this.idle.check(cx, result)
     }
 }
@@ -104,7 +134,8 @@ impl AsyncWrite for Connection {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let result = this.stream.io().poll_write(cx, buf);
-        this.write_stall.check(cx, result)
+        let result = this.write_stall.check(cx, result);
+        this.closed.check(cx, result)
     }
 
     fn poll_write_vectored(
@@ -114,7 +145,8 @@ impl AsyncWrite for Connection {
     ) -> Poll<io::Result<usize>> {
         let this = self.get_mut();
         let result = this.stream.io().poll_write_vectored(cx, bufs);
-        this.write_stall.check(cx, result)
+        let result = this.write_stall.check(cx, result);
+        this.closed.check(cx, result)
     }
 
     fn is_write_vectored(&self) -> bool {
@@ -128,7 +160,8 @@ impl AsyncWrite for Connection {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let result = this.stream.io().poll_flush(cx);
-        this.write_stall.check(cx, result)
+        let result = this.write_stall.check(cx, result);
+        this.closed.check(cx, result)
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {

@@ -11,6 +11,10 @@
 //! last good objects stay). Only regular files are read, at most 16 MiB each, and YAML's
 //! nesting ([`crate::document::MAX_DEPTH`]) and alias expansion are bounded by a tokenizer before
 //! it is deserialized, which keeps parsing linear in the file's size. Symlink loops, FIFOs and devices are skipped.
+//!
+//! A changed file is parsed off the scanner (see [`parsing`]): a few parses at once, the newest
+//! content of each file superseding older content, small files never waiting for large ones.
+//! The scan publishes what it found at once; each parse's result is published when it is done.
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
@@ -28,15 +32,18 @@ use crate::selector::ResourceKey;
 use crate::source::Source;
 
 mod files;
+mod parsing;
 
 use files::{collect_files, parse_objects, read_limited};
+use parsing::{Parser, Parses};
 
 /// Events within this time of the previous scan are coalesced into one rescan.
 const SETTLE: Duration = Duration::from_millis(50);
 /// Every directory is read again this often even without a notification (a backstop for
 /// changes notifications miss).
 const RESCAN: Duration = Duration::from_secs(30);
-/// How long a scan waits for one file to parse before it goes on without it.
+/// At start, how long the first catalog waits for parses to make progress (one more finished)
+/// before it is published without the files still being parsed.
 const PARSE_BUDGET: Duration = Duration::from_millis(500);
 
 type SharedWatcher = Arc<Mutex<Box<dyn Watcher + Send + Sync>>>;
@@ -86,6 +93,17 @@ pub struct ManifestSource {
 impl ManifestSource {
     /// Reads the directories and starts watching them.
     pub fn start(dirs: Vec<PathBuf>, metrics: Arc<Metrics>) -> Result<Self, ManifestError> {
+        let parser: Parser = Arc::new(parse_objects);
+        Self::start_with(dirs, metrics, parser, Parses::default_limit())
+    }
+
+    /// [`ManifestSource::start`] with `parser` for the files, at most `parses` at once.
+    fn start_with(
+        dirs: Vec<PathBuf>,
+        metrics: Arc<Metrics>,
+        parser: Parser,
+        parses: usize,
+    ) -> Result<Self, ManifestError> {
         for dir in &dirs {
             let meta = std::fs::metadata(dir).map_err(|source| ManifestError::Directory {
                 path: dir.clone(),
@@ -145,16 +163,17 @@ impl ManifestSource {
             });
         }
         let watcher: SharedWatcher = Arc::new(Mutex::new(watcher));
+        let (parsed_tx, parsed_rx) = mpsc::unbounded_channel();
         let mut scanner = Scanner {
             roots,
             files: BTreeMap::new(),
             metrics,
             watcher: watcher.clone(),
-            finished: Arc::default(),
-            rescan: events_tx,
+            parses: Parses::new(parses, parser, parsed_tx),
+            missing: Vec::new(),
         };
-        let (tx, rx) = watch::channel(Arc::new(scanner.scan(None)));
-        tokio::spawn(scanner.run(events_rx, tx));
+        let (tx, rx) = watch::channel(Arc::new(scanner.first_catalog()));
+        tokio::spawn(scanner.run(events_rx, parsed_rx, tx));
         Ok(Self {
             catalog: rx,
             _watcher: watcher,
@@ -217,7 +236,7 @@ struct FileState {
     content: Vec<u8>,
     objects: Vec<(ResourceKey, Arc<Value>)>,
     error: Option<String>,
-    /// `content` is still being parsed (it took longer than [`PARSE_BUDGET`]).
+    /// `content` is being parsed; `objects` and `error` are still those of the last parse.
     parsing: bool,
 }
 
@@ -237,51 +256,94 @@ struct Scanner {
     files: BTreeMap<PathBuf, FileState>,
     metrics: Arc<Metrics>,
     watcher: SharedWatcher,
-    /// Parses that outlasted their budget, with the content they parsed.
-    finished: Arc<Mutex<HashMap<PathBuf, Parsed>>>,
-    /// Asks for a scan (when such a parse is done).
-    rescan: mpsc::UnboundedSender<Instant>,
+    /// The parses of files whose content changed.
+    parses: Parses,
+    /// Configured directories that could not be read at the last scan.
+    missing: Vec<PathBuf>,
+}
+
+/// What the scanner is woken by.
+enum Wake {
+    /// Files may have changed (a notification noticed then, or the periodic rescan).
+    Files(Instant),
+    /// A parse finished (of a change noticed then).
+    Parsed(Instant),
 }
 
 impl Scanner {
     async fn run(
         mut self,
         mut events: mpsc::UnboundedReceiver<Instant>,
+        mut parsed: mpsc::UnboundedReceiver<Instant>,
         tx: watch::Sender<Arc<Catalog>>,
     ) {
         let mut last_scan: Option<Instant> = None;
         loop {
-            let first = tokio::select! {
+            let wake = tokio::select! {
                 event = events.recv() => match event {
-                    Some(at) => at,
+                    Some(at) => Wake::Files(at),
                     None => return,
                 },
-                () = tokio::time::sleep(RESCAN) => Instant::now(),
+                Some(at) = parsed.recv() => Wake::Parsed(at),
+                () = tokio::time::sleep(RESCAN) => Wake::Files(Instant::now()),
             };
-            // The first event after a quiet spell is handled at once; events that follow within
-            // SETTLE of a scan (an editor's save, a directory copy) are coalesced into one rescan.
-            if let Some(last) = last_scan {
-                tokio::time::sleep_until((last + SETTLE).into()).await;
-            }
-            while events.try_recv().is_ok() {}
-            let scanner = self;
-            let (back, catalog) = tokio::task::spawn_blocking(move || {
-                let mut scanner = scanner;
-                let catalog = scanner.scan(Some(first));
-                (scanner, catalog)
-            })
-            .await
-            .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
-            self = back;
-            last_scan = Some(Instant::now());
+            let catalog = match wake {
+                Wake::Files(first) => {
+                    // The first event after a quiet spell is handled at once; events that follow
+                    // within SETTLE of a scan (an editor's save, a directory copy) are coalesced
+                    // into one rescan.
+                    if let Some(last) = last_scan {
+                        tokio::time::sleep_until((last + SETTLE).into()).await;
+                    }
+                    while events.try_recv().is_ok() {}
+                    let scanner = self;
+                    let (back, catalog) = tokio::task::spawn_blocking(move || {
+                        let mut scanner = scanner;
+                        scanner.scan(first);
+                        let catalog = scanner.catalog(Some(first));
+                        (scanner, catalog)
+                    })
+                    .await
+                    .unwrap_or_else(|e| std::panic::resume_unwind(e.into_panic()));
+                    self = back;
+                    last_scan = Some(Instant::now());
+                    catalog
+                }
+                Wake::Parsed(noticed) => {
+                    // Results only: nothing is read again.
+                    let mut earliest = noticed;
+                    while let Ok(noticed) = parsed.try_recv() {
+                        earliest = earliest.min(noticed);
+                    }
+                    self.apply_parsed();
+                    self.catalog(Some(earliest))
+                }
+            };
             if tx.send(Arc::new(catalog)).is_err() {
                 return;
             }
         }
     }
 
-    /// Reads every file again (unchanged files are not parsed again) and builds a catalog.
-    fn scan(&mut self, changed_at: Option<Instant>) -> Catalog {
+    /// The catalog at start: every file read, and every parse waited for while parses keep
+    /// finishing (a parse that makes the wait stall for [`PARSE_BUDGET`] follows when done).
+    fn first_catalog(&mut self) -> Catalog {
+        self.scan(Instant::now());
+        while self.parses.busy() && self.parses.wait_for_one(PARSE_BUDGET) {
+            self.apply_parsed();
+        }
+        self.apply_parsed();
+        for (path, state) in &self.files {
+            if state.parsing {
+                tracing::warn!(path = %path.display(), budget = ?PARSE_BUDGET, "manifest file takes long to parse; the proxy starts without it, and its resources follow when it is done");
+            }
+        }
+        self.catalog(None)
+    }
+
+    /// Reads every file again; files whose content changed (noticed at `noticed`) are parsed
+    /// anew, off this thread (see [`Scanner::apply_parsed`]).
+    fn scan(&mut self, noticed: Instant) {
         self.follow_roots();
         let mut paths = Vec::new();
         let mut missing = Vec::new();
@@ -296,7 +358,7 @@ impl Scanner {
         let mut next = BTreeMap::new();
         for path in paths {
             let previous = self.files.remove(&path);
-            let state = self.read(&path, previous);
+            let state = self.read(&path, previous, noticed);
             next.insert(path, state);
         }
         // A directory that cannot be read right now (deleted, about to be created again) keeps
@@ -306,16 +368,49 @@ impl Scanner {
             .partition(|(path, _)| missing.iter().any(|dir| path.starts_with(dir)));
         for gone in gone.keys() {
             tracing::info!(path = %gone.display(), "manifest file removed");
+            self.parses.forget(gone);
         }
         next.extend(kept);
         self.files = next;
+        for dir in &missing {
+            tracing::error!(dir = %dir.display(), "cannot read the manifests directory; keeping its last good resources");
+        }
+        self.missing = missing;
+        self.apply_parsed();
+    }
 
+    /// Takes the results of finished parses of the files' current content.
+    fn apply_parsed(&mut self) {
+        for (path, state) in &mut self.files {
+            if !state.parsing {
+                continue;
+            }
+            let Some(parsed) = self.parses.take(path, &state.content) else {
+                continue;
+            };
+            state.parsing = false;
+            match parsed.result {
+                Ok(objects) => {
+                    tracing::debug!(path = %path.display(), resources = objects.len(), "manifest file read");
+                    state.objects = objects;
+                    state.error = None;
+                }
+                Err(error) => {
+                    self.metrics.source_error("manifests", "parse");
+                    tracing::error!(path = %path.display(), %error, "invalid manifest file; keeping its last good resources");
+                    state.error = Some(error);
+                }
+            }
+        }
+    }
+
+    /// The catalog of what the files hold now; `changed_at` is when the change was noticed.
+    fn catalog(&self, changed_at: Option<Instant>) -> Catalog {
         let mut catalog = Catalog {
             changed_at,
             ..Catalog::default()
         };
-        for dir in &missing {
-            tracing::error!(dir = %dir.display(), "cannot read the manifests directory; keeping its last good resources");
+        for dir in &self.missing {
             catalog.problems.push(FileProblem {
                 path: dir.clone(),
                 error: "the directory cannot be read; its last good resources are served"
@@ -371,11 +466,14 @@ impl Scanner {
         }
     }
 
-    fn read(&self, path: &Path, previous: Option<FileState>) -> FileState {
+    /// The state of `path` now: unchanged, unreadable (its last good objects kept), or changed
+    /// and being parsed (its last good objects kept until the parse is done).
+    fn read(&self, path: &Path, previous: Option<FileState>, noticed: Instant) -> FileState {
         let content = match read_limited(path) {
             Ok(content) => content,
             Err(error) => {
                 self.metrics.source_error("manifests", "read");
+                self.parses.forget(path);
                 let repeated = previous
                     .as_ref()
                     .is_some_and(|p| p.error.as_ref() == Some(&error));
@@ -391,102 +489,27 @@ impl Scanner {
                 };
             }
         };
-        let (last_good, parsing) = match previous {
-            Some(previous) if previous.content == content && !previous.parsing => return previous,
-            Some(previous) if previous.parsing && previous.content == content => {
-                (previous.objects.clone(), Some(previous))
-            }
-            Some(previous) => (previous.objects, None),
-            None => (Vec::new(), None),
+        // Unchanged: parsed already, or its parse is under way.
+        let previous = match previous {
+            Some(previous) if previous.content == content => return previous,
+            previous => previous,
         };
-        let finished = lock(&self.finished).remove(path);
-        let result = match (finished, parsing) {
-            (Some((parsed, result)), _) if parsed == content => result,
-            // Still being parsed: the last good objects stay until it is done.
-            (_, Some(still)) => return still,
-            _ => match self.parse_within_budget(path, &content) {
-                Some(result) => result,
-                None => {
-                    tracing::warn!(path = %path.display(), budget = ?PARSE_BUDGET, "manifest file takes long to parse; other files go ahead, and its last good resources stay until it is done");
-                    return FileState {
-                        content,
-                        objects: last_good,
-                        error: Some("still being parsed".to_owned()),
-                        parsing: true,
-                    };
-                }
-            },
-        };
-        match result {
-            Ok(objects) => {
-                tracing::debug!(path = %path.display(), resources = objects.len(), "manifest file read");
-                FileState {
-                    content,
-                    objects,
-                    error: None,
-                    parsing: false,
-                }
-            }
-            Err(error) => {
-                self.metrics.source_error("manifests", "parse");
-                tracing::error!(path = %path.display(), %error, "invalid manifest file; keeping its last good resources");
-                FileState {
-                    content,
-                    objects: last_good,
-                    error: Some(error),
-                    parsing: false,
-                }
-            }
+        self.parses.request(path, &content, noticed);
+        let (objects, error) = previous.map_or_else(Default::default, |p| (p.objects, p.error));
+        FileState {
+            content,
+            objects,
+            error,
+            parsing: true,
         }
-    }
-
-    /// Parses `content` on a thread of its own and waits at most [`PARSE_BUDGET`]. A parse
-    /// that takes longer goes on; its result is kept for the scan it triggers when done.
-    fn parse_within_budget(&self, path: &Path, content: &[u8]) -> Option<ParseResult> {
-        #[derive(Default)]
-        struct Handoff {
-            result: Option<ParseResult>,
-            abandoned: bool,
-        }
-        let handoff = Arc::new((Mutex::new(Handoff::default()), std::sync::Condvar::new()));
-        let theirs = handoff.clone();
-        let finished = self.finished.clone();
-        let rescan = self.rescan.clone();
-        let path = path.to_owned();
-        let content = content.to_vec();
-        let spawned = std::thread::Builder::new()
-            .name("manifest-parse".to_owned())
-            .spawn(move || {
-                let result = parse_objects(&path, &content);
-                let (slot, ready) = &*theirs;
-                let mut slot = lock(slot);
-                if slot.abandoned {
-                    lock(&finished).insert(path, (content, result));
-                    let _ = rescan.send(Instant::now());
-                } else {
-                    slot.result = Some(result);
-                    ready.notify_one();
-                }
-            });
-        if let Err(error) = spawned {
-            return Some(Err(format!("cannot start a parser thread: {error}")));
-        }
-        let (slot, ready) = &*handoff;
-        let (mut slot, _) = ready
-            .wait_timeout_while(lock(slot), PARSE_BUDGET, |h| h.result.is_none())
-            .unwrap_or_else(|p| p.into_inner());
-        let result = slot.result.take();
-        if result.is_none() {
-            slot.abandoned = true;
-        }
-        result
     }
 }
 
 type ParseResult = Result<Vec<(ResourceKey, Arc<Value>)>, String>;
-/// A parse that outlasted its budget: the content it parsed, and the result.
-type Parsed = (Vec<u8>, ParseResult);
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
 }
+
+#[cfg(test)]
+mod tests;

@@ -7,10 +7,13 @@
 //! goes to the HTTP/2 stream as one DATA frame of the version's shared `Bytes`, gRPC prefix
 //! included: a stream holds no copy of the flags.
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
+use futures::task::AtomicWaker;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use tonic::Status;
@@ -83,10 +86,19 @@ const ONE_FRAME: usize = 16 * 1024;
 
 /// The response body: each frame's shared bytes (in one piece, or the prefix and then the
 /// message for large ones); the status that ends the stream as trailers.
+///
+/// The next frame is taken from the stream only once the last message handed to HTTP/2 has been
+/// written out. HTTP/2 queues whatever it is handed until the client's window lets it out, so
+/// otherwise a client that is behind would have a second version queued behind the one it is
+/// still receiving: it then gets the newest version when it can take it, not an older one
+/// committed early, and at shutdown the status follows the message under way instead of waiting
+/// for a version the client would receive only to drop it as it reconnects.
 pub(crate) struct FrameBody {
     stream: FrameStream,
     /// The message to send after the prefix just sent.
     pending: Option<Bytes>,
+    /// Whether the last message handed to HTTP/2 is out.
+    written: Arc<Written>,
     done: bool,
 }
 
@@ -95,8 +107,61 @@ impl FrameBody {
         Self {
             stream,
             pending: None,
+            written: Arc::new(Written {
+                done: AtomicBool::new(true),
+                waker: AtomicWaker::new(),
+            }),
             done: false,
         }
+    }
+
+    /// `message`, tracked: the body learns when HTTP/2 has written it out (or dropped it with
+    /// the stream), which is when the bytes are released.
+    fn tracked(&self, message: Bytes) -> Bytes {
+        self.written.done.store(false, Ordering::Release);
+        Bytes::from_owner(InFlight {
+            bytes: message,
+            written: self.written.clone(),
+        })
+    }
+}
+
+/// Set (and the body woken) once a message handed to HTTP/2 is released.
+struct Written {
+    done: AtomicBool,
+    waker: AtomicWaker,
+}
+
+impl Written {
+    fn poll(&self, cx: &mut Context<'_>) -> Poll<()> {
+        if self.done.load(Ordering::Acquire) {
+            return Poll::Ready(());
+        }
+        self.waker.register(cx.waker());
+        if self.done.load(Ordering::Acquire) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+/// A message's shared bytes while HTTP/2 holds them.
+struct InFlight {
+    bytes: Bytes,
+    written: Arc<Written>,
+}
+
+impl AsRef<[u8]> for InFlight {
+    fn as_ref(&self) -> &[u8] {
+        &self.bytes
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.written.done.store(true, Ordering::Release);
+        self.written.waker.wake();
     }
 }
 
@@ -109,15 +174,18 @@ impl http_body::Body for FrameBody {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
         if let Some(message) = self.pending.take() {
-            return Poll::Ready(Some(Ok(Frame::data(message))));
+            return Poll::Ready(Some(Ok(Frame::data(self.tracked(message)))));
         }
         if self.done {
             return Poll::Ready(None);
         }
+        if self.written.poll(cx).is_pending() {
+            return Poll::Pending;
+        }
         let status = match self.stream.poll_next_unpin(cx) {
             Poll::Pending => return Poll::Pending,
             Poll::Ready(Some(Ok(frame))) if frame.0.len() <= ONE_FRAME => {
-                return Poll::Ready(Some(Ok(Frame::data(frame.0))));
+                return Poll::Ready(Some(Ok(Frame::data(self.tracked(frame.0)))));
             }
             Poll::Ready(Some(Ok(frame))) if !frame.0.is_empty() => {
                 // Larger than one HTTP/2 frame: the prefix first, then the message, both
@@ -147,4 +215,72 @@ fn trailers(status: &Status) -> Frame<Bytes> {
         headers.insert("grpc-status", http::HeaderValue::from_static("13"));
     }
     Frame::trailers(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::frame::Frame as WireFrame;
+    use http_body::Body as _;
+
+    fn poll(body: &mut FrameBody) -> Poll<Option<Result<Frame<Bytes>, Status>>> {
+        let waker = futures::task::noop_waker();
+        Pin::new(body).poll_frame(&mut Context::from_waker(&waker))
+    }
+
+    fn data(polled: Poll<Option<Result<Frame<Bytes>, Status>>>) -> Bytes {
+        match polled {
+            Poll::Ready(Some(Ok(frame))) => frame.into_data().expect("data"),
+            other => panic!("not data: {other:?}"),
+        }
+    }
+
+    /// A frame of `length` bytes, gRPC prefix included.
+    fn frame(length: usize) -> Result<WireFrame, Status> {
+        Ok(WireFrame(Bytes::from(vec![0u8; length])))
+    }
+
+    /// The next frame is taken only once HTTP/2 has released the message before it, small or
+    /// large; a status that ends the stream follows the message under way.
+    #[test]
+    fn the_next_frame_waits_until_the_last_message_is_out() {
+        let frames = vec![
+            frame(100),
+            frame(ONE_FRAME * 4),
+            frame(100),
+            Err(Status::unavailable("shutting down")),
+        ];
+        let mut body = FrameBody::new(Box::pin(futures::stream::iter(frames)));
+        let small = data(poll(&mut body));
+        assert_eq!(small.len(), 100);
+        assert!(
+            poll(&mut body).is_pending(),
+            "taken while the last message is held"
+        );
+        drop(small);
+        let prefix = data(poll(&mut body));
+        assert_eq!(prefix.len(), PREFIX);
+        let message = data(poll(&mut body));
+        assert_eq!(message.len(), ONE_FRAME * 4 - PREFIX);
+        // A slice of the message (HTTP/2 sends it a frame at a time) holds it too.
+        let rest = message.slice(ONE_FRAME..);
+        drop(message);
+        drop(prefix);
+        assert!(
+            poll(&mut body).is_pending(),
+            "taken while part of the message is held"
+        );
+        drop(rest);
+        let small = data(poll(&mut body));
+        assert!(poll(&mut body).is_pending());
+        drop(small);
+        match poll(&mut body) {
+            Poll::Ready(Some(Ok(frame))) => {
+                let trailers = frame.into_trailers().expect("trailers");
+                assert_eq!(trailers["grpc-status"], "14");
+            }
+            other => panic!("not trailers: {other:?}"),
+        }
+        assert!(matches!(poll(&mut body), Poll::Ready(None)));
+    }
 }

@@ -9,6 +9,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::identity;
+use super::parsing::Cancel;
 use crate::document;
 use crate::selector::{self, GROUP, ResourceKey};
 
@@ -96,16 +97,19 @@ const MAX_EXPANDED_BYTES: u64 = MAX_FILE_BYTES;
 /// most [`document::MAX_DEPTH`] levels (a deserializer's time can grow with the square of the
 /// nesting; quoted scalars are read as scalars, so brackets inside them count for nothing), and
 /// the text expanded through its aliases stays under [`MAX_EXPANDED_BYTES`] (one anchor
-/// referenced many times is a "billion laughs"). Stops at the first problem, so the time it
-/// takes is linear in the part of the text it reads.
-fn check_yaml(text: &str) -> Result<(), String> {
+/// referenced many times is a "billion laughs"). Stops at the first problem, or once `cancel` is
+/// set, so the time it takes is linear in the part of the text it reads.
+fn check_yaml(text: &str, cancel: &Cancel) -> Result<(), String> {
     use saphyr_parser::{Event, Parser};
     // Open collections: their anchor (0 for none) and the expanded size when they began.
     let mut open: Vec<(usize, u64)> = Vec::new();
     // The expanded size of each anchored node, once it is complete.
     let mut anchored: std::collections::HashMap<usize, u64> = std::collections::HashMap::new();
     let mut expanded: u64 = 0;
-    for event in Parser::new_from_str(text) {
+    for (count, event) in Parser::new_from_str(text).enumerate() {
+        if count % CANCEL_CHECK_EVENTS == 0 && cancel.is_cancelled() {
+            return Err(CANCELLED.to_owned());
+        }
         let (event, span) = event.map_err(|e| format!("invalid YAML: {e}"))?;
         match event {
             Event::SequenceStart(anchor, _) | Event::MappingStart(anchor, _) => {
@@ -148,10 +152,16 @@ fn check_yaml(text: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The `FeatureFlag` objects in one file.
+/// How often (in YAML events) a parse checks whether it was cancelled.
+const CANCEL_CHECK_EVENTS: usize = 4096;
+/// The error of a cancelled parse (its result is dropped, never shown).
+const CANCELLED: &str = "cancelled";
+
+/// The `FeatureFlag` objects in one file; stops early, with an error, once `cancel` is set.
 pub(super) fn parse_objects(
     path: &Path,
     content: &[u8],
+    cancel: &Cancel,
 ) -> Result<Vec<(ResourceKey, Arc<Value>)>, String> {
     let text = std::str::from_utf8(content).map_err(|e| format!("not UTF-8: {e}"))?;
     let mut documents = Vec::new();
@@ -160,8 +170,11 @@ pub(super) fn parse_objects(
         documents
             .push(serde_json::from_str::<Value>(text).map_err(|e| format!("invalid JSON: {e}"))?);
     } else {
-        check_yaml(text)?;
+        check_yaml(text, cancel)?;
         for (index, document) in serde_norway::Deserializer::from_str(text).enumerate() {
+            if cancel.is_cancelled() {
+                return Err(CANCELLED.to_owned());
+            }
             let value = Value::deserialize(document)
                 .map_err(|e| format!("invalid YAML in document {}: {e}", index + 1))?;
             documents.push(value);
@@ -231,7 +244,7 @@ mod tests {
     use super::*;
 
     fn parse(text: &str) -> Result<Vec<ResourceKey>, String> {
-        parse_objects(Path::new("x.yaml"), text.as_bytes())
+        parse_objects(Path::new("x.yaml"), text.as_bytes(), &Cancel::default())
             .map(|v| v.into_iter().map(|(k, _)| k).collect())
     }
 
@@ -257,6 +270,7 @@ mod tests {
         let keys = parse_objects(
             Path::new("x.json"),
             br#"{"kind":"List","items":[{"apiVersion":"core.openfeature.dev/v1beta1","kind":"FeatureFlag","metadata":{"name":"j"}}]}"#,
+            &Cancel::default(),
         )
         .expect("parses");
         assert_eq!(keys[0].0, ResourceKey::new("default", "j"));
@@ -280,30 +294,33 @@ mod tests {
     #[test]
     fn deep_nesting_is_refused_before_parsing() {
         let levels = |n: usize| format!("{}1{}", "[".repeat(n), "]".repeat(n));
-        assert_eq!(check_yaml(&levels(document::MAX_DEPTH)), Ok(()));
+        assert_eq!(
+            check_yaml(&levels(document::MAX_DEPTH), &Cancel::default()),
+            Ok(())
+        );
         let err = parse(&format!("a: {}", levels(document::MAX_DEPTH))).expect_err("too deep");
         assert!(err.contains("nest more than"), "{err}");
         // Closing brackets inside quoted scalars do not hide the nesting around them.
         let hidden = format!("{}1{}", "{a: \"}}}}\", b: ".repeat(100), "}".repeat(100));
-        let err = check_yaml(&hidden).expect_err("too deep");
+        let err = check_yaml(&hidden, &Cancel::default()).expect_err("too deep");
         assert!(err.contains("nest more than"), "{err}");
         // Brackets inside quoted scalars are text, not nesting.
         let quoted = format!("a: \"{}\"\nb: '{}'\n", "[".repeat(1000), "{".repeat(1000));
-        assert_eq!(check_yaml(&quoted), Ok(()));
+        assert_eq!(check_yaml(&quoted, &Cancel::default()), Ok(()));
     }
 
     #[test]
     fn aliases_are_bounded_by_what_they_expand_to() {
         // A few aliases of a small anchor, as real manifests use them, are fine.
         let shared = "rule: &r {if: [{var: x}, on, off]}\na: *r\nb: *r\nc: *r\n";
-        assert_eq!(check_yaml(shared), Ok(()));
+        assert_eq!(check_yaml(shared, &Cancel::default()), Ok(()));
         // One 100 KB anchor referenced 200 times expands to 20 MB: refused.
         let big = "x".repeat(100 * 1024);
         let mut text = format!("anchor: &big \"{big}\"\nrefs:\n");
         for _ in 0..200 {
             text.push_str("  - *big\n");
         }
-        let err = check_yaml(&text).expect_err("expands too far");
+        let err = check_yaml(&text, &Cancel::default()).expect_err("expands too far");
         assert!(err.contains("aliases expand the YAML past 16 MiB"), "{err}");
         // Nested aliases ("billion laughs") are counted at their expanded size.
         let mut laughs = String::from("a: &a [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]\n");
@@ -314,8 +331,20 @@ mod tests {
             laughs.push_str(&format!("{name}: &{name} [{refs}]\n"));
             previous = name;
         }
-        let err = check_yaml(&laughs).expect_err("billion laughs");
+        let err = check_yaml(&laughs, &Cancel::default()).expect_err("billion laughs");
         assert!(err.contains("aliases expand"), "{err}");
+    }
+
+    #[test]
+    fn a_cancelled_parse_stops() {
+        let cancel = Cancel::default();
+        let text =
+            "apiVersion: core.openfeature.dev/v1beta1\nkind: FeatureFlag\nmetadata: {name: a}\n";
+        assert!(parse_objects(Path::new("x.yaml"), text.as_bytes(), &cancel).is_ok());
+        cancel.cancel();
+        let err =
+            parse_objects(Path::new("x.yaml"), text.as_bytes(), &cancel).expect_err("cancelled");
+        assert_eq!(err, CANCELLED);
     }
 
     #[test]
