@@ -88,6 +88,28 @@ fn chart_and_deploy_carry_the_same_rules_and_dashboard() {
         read(DASHBOARD) == read(DEPLOY_DASHBOARD),
         "{DEPLOY_DASHBOARD} is a copy of {DASHBOARD}"
     );
+    // deploy/'s ServiceMonitor selects the metrics Service, by a port it has.
+    let monitor = yaml("deploy/components/monitoring/servicemonitor.yaml");
+    let service = yaml("deploy/service-metrics.yaml");
+    let selector = monitor["spec"]["selector"]["matchLabels"]
+        .as_object()
+        .expect("matchLabels");
+    assert!(
+        selector
+            .iter()
+            .all(|(k, v)| service["metadata"]["labels"][k] == *v),
+        "the ServiceMonitor's {selector:?} selects {}",
+        service["metadata"]
+    );
+    let port = &monitor["spec"]["endpoints"][0]["port"];
+    assert!(
+        service["spec"]["ports"]
+            .as_array()
+            .expect("ports")
+            .iter()
+            .any(|p| p["name"] == *port),
+        "the metrics Service has the port {port}"
+    );
     let kustomization = yaml("deploy/components/monitoring/kustomization.yaml");
     let generator = &kustomization["configMapGenerator"][0];
     assert_eq!(generator["options"]["labels"]["grafana_dashboard"], "1");
