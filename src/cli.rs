@@ -12,7 +12,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 use clap::error::ErrorKind;
-use clap::{ArgMatches, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
+use clap::{ArgMatches, Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 
 mod config_file;
 mod docs;
@@ -51,9 +51,42 @@ pub struct Cli {
 pub enum Command {
     /// Start the proxy.
     Start(Box<StartArgs>),
+    /// Print a running proxy's state, read from its management port: watched resources (state,
+    /// version and its age, subscribers, last error), watches, connections and the limits that
+    /// refused requests.
+    Status(StatusArgs),
     /// Print the command-line reference as Markdown (the source of docs/cli.md).
     #[command(hide = true)]
     GenerateCliDocs,
+}
+
+/// The flags of `status`.
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    /// The management port to read, as HOST:PORT (with `kubectl port-forward`, the local end).
+    #[arg(
+        short = 'a',
+        long,
+        value_name = "HOST:PORT",
+        env = "FLAGD_PROXY_STATUS_ADDRESS",
+        default_value = "127.0.0.1:8016"
+    )]
+    pub address: String,
+    /// How to print the state: `table` for people, `json` for scripts.
+    #[arg(
+        short = 'o',
+        long,
+        value_enum,
+        env = "FLAGD_PROXY_STATUS_OUTPUT",
+        default_value = "table"
+    )]
+    pub output: StatusOutput,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum StatusOutput {
+    Table,
+    Json,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

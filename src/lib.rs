@@ -24,6 +24,7 @@ pub mod metrics;
 pub mod selector;
 pub mod server;
 pub mod source;
+pub mod status;
 pub mod tls;
 pub mod wire;
 

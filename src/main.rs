@@ -7,7 +7,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use flagd_proxy::app;
-use flagd_proxy::cli::{CliError, Command, LogFormat, StartArgs};
+use flagd_proxy::cli::{CliError, Command, LogFormat, StartArgs, StatusArgs, StatusOutput};
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
@@ -44,6 +44,34 @@ fn main() -> ExitCode {
             ExitCode::SUCCESS
         }
         Command::Start(args) => start(*args),
+        Command::Status(args) => status(&args),
+    }
+}
+
+/// Prints a running proxy's state; exits with status 1 when it cannot be read.
+fn status(args: &StatusArgs) -> ExitCode {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("flagd-proxy: cannot start the async runtime: {error}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(flagd_proxy::status::fetch(&args.address)) {
+        Ok(report) => {
+            match args.output {
+                StatusOutput::Table => print!("{}", report.to_table(std::time::SystemTime::now())),
+                StatusOutput::Json => print!("{}", report.to_json()),
+            }
+            ExitCode::SUCCESS
+        }
+        Err(error) => {
+            eprintln!("flagd-proxy: {error}");
+            ExitCode::FAILURE
+        }
     }
 }
 

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use crate::hub::Source;
 use crate::hub::{Availability, Hub};
 use crate::listener::next_accepted;
-use crate::metrics::Metrics;
+use crate::metrics::{Metrics, STATE_INVALID, WatchedResource};
 use crate::server::limits::AddressLimit;
 use crate::server::limits::{self, GuardedTcp, TotalLimit};
 use crate::server::room::Room;
@@ -185,13 +185,58 @@ async fn readyz(State(state): State<AppState>) -> impl IntoResponse {
     }
 }
 
+/// The states of a watched resource, as `/status` and the metrics name them.
+const STATES: [&str; 7] = [
+    "pending",
+    "present",
+    "absent",
+    STATE_INVALID,
+    "forbidden",
+    "unreachable",
+    "refused",
+];
+
+/// A resource's state as `/status` and the metrics name it (one of [`STATES`]), and why it is
+/// not served as it is.
+fn state_of(availability: &Availability) -> (&'static str, Option<String>) {
+    match availability {
+        Availability::Pending => (STATES[0], None),
+        Availability::Present => (STATES[1], None),
+        Availability::Absent => (STATES[2], None),
+        Availability::Invalid(r) => (STATES[3], Some(r.to_string())),
+        Availability::Forbidden(r) => (STATES[4], Some(r.to_string())),
+        Availability::Unreachable(r) => (STATES[5], Some(r.to_string())),
+        Availability::TooManyWaiting { limit } => (
+            STATES[6],
+            Some(format!(
+                "does not exist, and {limit} resources that do not exist are already waited on"
+            )),
+        ),
+    }
+}
+
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let text = state.hub.metrics().encode_observed(|metrics| {
+        metrics.ready.set(i64::from(state.readiness.get()));
+        let resources = state.hub.resources();
+        metrics.observe_resources(
+            &STATES,
+            resources
+                .iter()
+                .map(|(key, resource, subscribers)| WatchedResource {
+                    namespace: &key.namespace,
+                    name: &key.name,
+                    state: state_of(&resource.availability).0,
+                    subscribers: *subscribers,
+                }),
+        );
+    });
     (
         [(
             header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        state.hub.metrics().encode(),
+        text,
     )
 }
 
@@ -202,26 +247,14 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
         .resources()
         .into_iter()
         .map(|(key, resource, subscribers)| {
-            let (availability, reason) = match &resource.availability {
-                Availability::Pending => ("pending", None),
-                Availability::Present => ("present", None),
-                Availability::Absent => ("absent", None),
-                Availability::Invalid(r) => ("invalid", Some(r.to_string())),
-                Availability::Forbidden(r) => ("forbidden", Some(r.to_string())),
-                Availability::Unreachable(r) => ("unreachable", Some(r.to_string())),
-                Availability::TooManyWaiting { limit } => (
-                    "refused",
-                    Some(format!(
-                        "does not exist, and {limit} resources that do not exist are already waited on"
-                    )),
-                ),
-            };
+            let (availability, reason) = state_of(&resource.availability);
             json!({
                 "selector": key.to_string(),
                 "availability": availability,
                 "reason": reason,
                 "version": resource.snapshot.as_ref().map(|s| s.version),
                 "bytes": resource.snapshot.as_ref().map(|s| s.flag_configuration.len()),
+                "versionAgeSeconds": resource.snapshot.as_ref().map(|s| s.changed_at.elapsed().as_secs_f64()),
                 "subscribers": subscribers,
             })
         })

@@ -44,6 +44,10 @@ impl TotalLimit {
             .open_connections
             .get_or_create(&PortLabels { port })
             .clone();
+        metrics
+            .connection_limit
+            .get_or_create(&PortLabels { port })
+            .set(i64::try_from(limit).unwrap_or(i64::MAX));
         Self {
             limit,
             open: Arc::default(),
@@ -496,6 +500,10 @@ mod tests {
         let encoded = metrics.encode();
         assert!(
             encoded.contains("flagd_proxy_open_connections{port=\"sync\"} 2"),
+            "{encoded}"
+        );
+        assert!(
+            encoded.contains("flagd_proxy_connection_limit{port=\"sync\"} 2"),
             "{encoded}"
         );
         assert!(

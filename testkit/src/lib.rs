@@ -1,7 +1,7 @@
 //! Helpers for flagd-proxy's integration tests and benchmark: run the proxy binary, write
 //! manifests, make certificates, talk to the proxy with a gRPC sync client, and run a
-//! Kubernetes control plane ([`control_plane`]) or a cluster ([`cluster`]), and break the path
-//! to a server ([`relay`]).
+//! Kubernetes control plane ([`control_plane`]) or a cluster ([`cluster`]), run a real Prometheus
+//! ([`prometheus`]), and break the path to a server ([`relay`]).
 //!
 //! Integration tests take it in as `use flagd_proxy_testkit as support;`.
 
@@ -9,6 +9,7 @@ pub mod client;
 pub mod cluster;
 pub mod control_plane;
 pub mod helm;
+pub mod prometheus;
 pub mod raw_h2;
 pub mod relay;
 
@@ -178,14 +179,7 @@ impl Proxy {
             command.env(k, v);
         }
         let mut child = command.spawn().expect("spawn flagd-proxy");
-        let log = Arc::new(Mutex::new(Vec::new()));
-        let stderr = child.stderr.take().expect("stderr");
-        let sink = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                sink.lock().expect("log").push(line);
-            }
-        });
+        let log = collect_lines(child.stderr.take().expect("stderr"));
         let mut proxy = Proxy {
             port,
             management_port,
@@ -197,28 +191,15 @@ impl Proxy {
     }
 
     async fn wait_ready(&mut self) {
-        let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
-        loop {
-            if let Some(status) = self
-                .child
-                .as_mut()
-                .and_then(|c| c.try_wait().expect("try_wait"))
-            {
-                panic!(
-                    "flagd-proxy exited with {status} before it was ready:\n{}",
-                    self.log_text()
-                );
-            }
-            if let Ok((200, _)) = http_get(self.management_port, "/readyz").await {
-                return;
-            }
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "flagd-proxy not ready:\n{}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        let child = self.child.as_mut().expect("running");
+        wait_answering(
+            child,
+            "flagd-proxy",
+            &self.log,
+            self.management_port,
+            "/readyz",
+        )
+        .await;
     }
 
     pub fn endpoint(&self) -> String {
@@ -347,15 +328,66 @@ impl Drop for Proxy {
     }
 }
 
+/// Collects the lines a child process writes to `stream` (its stderr), in a thread of their own.
+pub(crate) fn collect_lines(
+    stream: impl std::io::Read + Send + 'static,
+) -> Arc<Mutex<Vec<String>>> {
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let sink = log.clone();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            sink.lock().expect("log").push(line);
+        }
+    });
+    log
+}
+
+/// Waits until the server `child` (called `what`) answers GET `path` on `port` with 200; panics
+/// with its `log` when it exits first, or after [`EVENT_TIMEOUT`].
+pub(crate) async fn wait_answering(
+    child: &mut Child,
+    what: &str,
+    log: &Mutex<Vec<String>>,
+    port: u16,
+    path: &str,
+) {
+    let log_text = || log.lock().expect("log").join("\n");
+    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            panic!(
+                "{what} exited with {status} before it was ready:\n{}",
+                log_text()
+            );
+        }
+        if let Ok((200, _)) = http_get_whole(port, path).await {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what} not ready:\n{}",
+            log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A minimal HTTP/1.1 GET against 127.0.0.1:`port`: (status, body).
 pub async fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    http_request(port, &format!("GET {path} HTTP/1.1\r\nConnection: close")).await
+}
+
+/// An HTTP/1.0 GET against 127.0.0.1:`port`, whose answer is never chunked: (status, body).
+pub async fn http_get_whole(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    http_request(port, &format!("GET {path} HTTP/1.0")).await
+}
+
+/// Sends `head` (the request line and any headers but Host) with an empty body: (status, body).
+async fn http_request(port: u16, head: &str) -> std::io::Result<(u16, String)> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
     stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
+        .write_all(format!("{head}\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
         .await?;
     let mut response = Vec::new();
     stream.read_to_end(&mut response).await?;

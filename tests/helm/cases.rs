@@ -118,6 +118,9 @@ pub(crate) fn cases() -> Vec<Case> {
                 ("tls.certManager.issuerRef.kind", "ClusterIssuer"),
                 ("serviceMonitor.enabled", "true"),
                 ("serviceMonitor.labels.release", "prometheus"),
+                ("prometheusRule.enabled", "true"),
+                ("prometheusRule.labels.release", "prometheus"),
+                ("dashboard.enabled", "true"),
             ],
         ),
         Case::new(

@@ -400,6 +400,7 @@ pub(crate) fn check_extras(case: &Case, objects: &[Value]) {
     } else {
         assert!(monitors.is_empty(), "{what}: no ServiceMonitor");
     }
+    check_alerts_and_dashboard(case, objects);
     if let Some(metrics) = objects
         .iter()
         .find(|o| kind(o) == "Service" && name(o) == "flagd-proxy-metrics")
@@ -463,5 +464,44 @@ pub(crate) fn check_extras(case: &Case, objects: &[Value]) {
                 .unwrap_or_else(|| panic!("{what}: a rule for the node tier"));
             assert_eq!(ports_of(node_rule), vec![json!("grpc")], "{what}");
         }
+    }
+}
+
+/// The PrometheusRule carries the rules of `files/alerts.yaml` as they are, and the dashboard
+/// ConfigMap `files/dashboard.json` byte for byte, under the sidecar's label.
+fn check_alerts_and_dashboard(case: &Case, objects: &[Value]) {
+    let what = case.name;
+    let chart = support::repo_root().join("charts/flagd-proxy/files");
+    let rules = all_of(objects, "PrometheusRule");
+    if case.flag("prometheusRule.enabled") {
+        assert_eq!(rules.len(), 1, "{what}: PrometheusRule");
+        let text = std::fs::read_to_string(chart.join("alerts.yaml")).expect("alerts.yaml");
+        let file: Value = serde_norway::from_str(&text).expect("alerts.yaml parses");
+        assert_eq!(rules[0]["apiVersion"], json!("monitoring.coreos.com/v1"));
+        assert_eq!(
+            rules[0]["spec"],
+            json!({"groups": file["groups"]}),
+            "{what}: the rules of files/alerts.yaml"
+        );
+        if let Some(release) = case.value("prometheusRule.labels.release") {
+            assert_eq!(rules[0]["metadata"]["labels"]["release"], json!(release));
+        }
+    } else {
+        assert!(rules.is_empty(), "{what}: no PrometheusRule");
+    }
+    let dashboards: Vec<&Value> = all_of(objects, "ConfigMap")
+        .into_iter()
+        .filter(|c| c["metadata"]["labels"]["grafana_dashboard"] == json!("1"))
+        .collect();
+    if case.flag("dashboard.enabled") {
+        assert_eq!(dashboards.len(), 1, "{what}: dashboard ConfigMap");
+        let json_text = std::fs::read_to_string(chart.join("dashboard.json")).expect("dashboard");
+        assert_eq!(
+            dashboards[0]["data"]["flagd-proxy.json"].as_str(),
+            Some(json_text.trim_end()),
+            "{what}: the dashboard is files/dashboard.json"
+        );
+    } else {
+        assert!(dashboards.is_empty(), "{what}: no dashboard");
     }
 }

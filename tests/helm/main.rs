@@ -34,7 +34,7 @@ use driver::*;
 use objects::*;
 
 /// Kinds that need CRDs the test control plane does not have: rendered and checked, not applied.
-const CRD_KINDS: [&str; 2] = ["ServiceMonitor", "Certificate"];
+const CRD_KINDS: [&str; 3] = ["ServiceMonitor", "PrometheusRule", "Certificate"];
 
 const FIELD_MANAGER: &str = "flagd-proxy-helm-test";
 
