@@ -89,10 +89,40 @@ pub struct Report {
     pub connections: BTreeMap<String, u64>,
     /// Requests refused since start, by the limit that refused them (only limits that did).
     pub limits_hit: BTreeMap<String, u64>,
+    /// What is charged to the memory budget now.
+    pub memory: Memory,
     /// Versions refused as invalid since start, by resource (`namespace/name`).
     pub invalid_versions: BTreeMap<String, u64>,
     /// The serving certificate's notAfter, in seconds since the Unix epoch (none without TLS).
     pub certificate_expires_at: Option<u64>,
+}
+
+/// The memory budget (`--memory-budget`) and what is charged to it, in bytes.
+#[derive(Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Memory {
+    /// The budget; 0: no limit.
+    pub budget: u64,
+    /// Charged now, by kind (`versions`, `connections`, `streams`).
+    pub charged: BTreeMap<String, u64>,
+}
+
+impl Memory {
+    /// "12.0 MiB of 384.0 MiB budget (versions 4.0 MiB, ...)".
+    fn summary(&self) -> String {
+        let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1_048_576.0);
+        let used: u64 = self.charged.values().sum();
+        let budget = match self.budget {
+            0 => "no budget".to_owned(),
+            budget => format!("of {} budget", mib(budget)),
+        };
+        let parts: Vec<String> = self
+            .charged
+            .iter()
+            .map(|(kind, bytes)| format!("{kind} {}", mib(*bytes)))
+            .collect();
+        format!("{} charged {budget} ({})", mib(used), parts.join(", "))
+    }
 }
 
 #[derive(Debug, PartialEq, Serialize)]
@@ -265,6 +295,10 @@ impl Report {
             },
             connections: samples.by("flagd_proxy_open_connections", &["port"], true),
             limits_hit: samples.by("flagd_proxy_rejected_requests_total", &["reason"], false),
+            memory: Memory {
+                budget: count("flagd_proxy_memory_budget_bytes"),
+                charged: samples.by("flagd_proxy_memory_charged_bytes", &["kind"], true),
+            },
             invalid_versions: samples.by(
                 "flagd_proxy_invalid_documents_total",
                 &["namespace", "name"],
@@ -333,6 +367,7 @@ impl Report {
         );
         let _ = writeln!(out, "Connections:  {}", listing(&self.connections));
         let _ = writeln!(out, "Limits hit:   {}", listing(&self.limits_hit));
+        let _ = writeln!(out, "Memory:       {}", self.memory.summary());
         let _ = writeln!(out, "Refused versions: {}", listing(&self.invalid_versions));
         if let Some(at) = self.certificate_expires_at {
             let at_time = UNIX_EPOCH + Duration::from_secs(at);
@@ -448,6 +483,9 @@ mod tests {
         flagd_proxy_open_connections{port=\"sync\"} 5\n\
         flagd_proxy_open_connections{port=\"management\"} 1\n\
         flagd_proxy_tls_certificate_expiry_timestamp_seconds 864000\n\
+        flagd_proxy_memory_budget_bytes 8388608\n\
+        flagd_proxy_memory_charged_bytes{kind=\"versions\"} 1048576\n\
+        flagd_proxy_memory_charged_bytes{kind=\"streams\"} 1048576\n\
         # EOF\n";
 
     fn report() -> Report {
@@ -468,6 +506,16 @@ mod tests {
         }))
         .expect("a status page");
         Report::new("127.0.0.1:8016", page, &Samples::parse(METRICS))
+    }
+
+    #[test]
+    fn the_memory_budget_and_its_charges_are_summed_up() {
+        let memory = report().memory;
+        assert_eq!(memory.budget, 8 << 20);
+        assert_eq!(
+            memory.summary(),
+            "2.0 MiB charged of 8.0 MiB budget (streams 1.0 MiB, versions 1.0 MiB)"
+        );
     }
 
     #[test]
