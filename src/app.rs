@@ -15,15 +15,15 @@ use tonic_health::server::HealthReporter;
 
 use crate::authz::{Authorizer, AuthzConfigError, AuthzSettings};
 use crate::hub::{Hub, HubOptions, Source};
-use crate::listener::{SocketError, SyncListener, UnixSocket};
 use crate::management::{self, ManagementOptions, Readiness};
 use crate::metrics::Metrics;
+use crate::net::listener::{SocketError, SyncListener, UnixSocket};
+use crate::net::tls::{ReloadingTls, TlsError, TlsFiles};
 use crate::server::{self, ServerOptions};
 use crate::source::events::EventRecorder;
 use crate::source::kubernetes::{KubeError, KubeSettings, KubernetesSource};
 use crate::source::manifests::{ManifestError, ManifestSource};
 use crate::source::upstream::{UpstreamError, UpstreamSettings, UpstreamSource};
-use crate::tls::{ReloadingTls, TlsError, TlsFiles};
 use crate::wire::SyncService;
 
 /// A configuration that cannot work; reported before anything listens (exit status 64).

@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use tonic::metadata::MetadataMap;
 
-use crate::connection::ConnectionInfo;
+use crate::net::info::ConnectionInfo;
 use crate::selector::{GROUP, ResourceKey};
 
 /// Cached entries beyond this are dropped wholesale (the cache only saves API calls).

@@ -4,7 +4,7 @@
 //! A core with ports. The [`hub`] is the core: subscriptions, fan-out and shared snapshots. It
 //! owns its ports ([`hub::Source`], [`hub::EventSink`]) and imports no adapter. The [`source`]s
 //! are the outbound adapters: each watches a resource on demand and reports through a
-//! [`hub::Publisher`]. The [`wire`], with the [`server`] and [`listener`] that accept
+//! [`hub::Publisher`]. The [`wire`], with the [`server`] on the transport in [`net`] that accepts
 //! connections, is the inbound adapter that streams snapshots to clients. Data flows one way:
 //! source → hub → wire. `tests/architecture.rs` checks the imports.
 #![forbid(unsafe_code)]
@@ -14,18 +14,16 @@ pub mod authz;
 pub mod backoff;
 pub mod budget;
 pub mod cli;
-pub mod connection;
 pub mod context;
 pub mod document;
 pub mod hub;
-pub mod listener;
 pub mod management;
 pub mod metrics;
+pub mod net;
 pub mod selector;
 pub mod server;
 pub mod source;
 pub mod status;
-pub mod tls;
 pub mod wire;
 
 #[cfg(test)]

@@ -19,11 +19,12 @@ use tokio_util::sync::CancellationToken;
 
 use crate::hub::Source;
 use crate::hub::{Availability, Hub};
-use crate::listener::next_accepted;
 use crate::metrics::{Metrics, STATE_INVALID, WatchedResource};
-use crate::server::limits::AddressLimit;
-use crate::server::limits::{self, GuardedTcp, TotalLimit};
-use crate::server::room::Room;
+use crate::net::connection::{Connection, Stream};
+use crate::net::deadlines::first_bytes;
+use crate::net::limits::{AddressLimit, TotalLimit};
+use crate::net::listener::next_accepted;
+use crate::net::room::Room;
 
 /// Whether the proxy is serving: true once listening, false from the moment shutdown begins.
 #[derive(Clone, Default)]
@@ -94,9 +95,9 @@ impl Default for ManagementOptions {
         Self {
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
-            header_timeout: crate::server::DEFAULT_HANDSHAKE_TIMEOUT,
-            keepalive_interval: crate::server::DEFAULT_KEEPALIVE_INTERVAL,
-            keepalive_timeout: crate::server::DEFAULT_KEEPALIVE_TIMEOUT,
+            header_timeout: crate::net::DEFAULT_HANDSHAKE_TIMEOUT,
+            keepalive_interval: crate::net::DEFAULT_KEEPALIVE_INTERVAL,
+            keepalive_timeout: crate::net::DEFAULT_KEEPALIVE_TIMEOUT,
         }
     }
 }
@@ -154,10 +155,14 @@ pub async fn run(
         let header_timeout = options.header_timeout;
         tokio::spawn(async move {
             let serve = async {
-                if !limits::first_bytes(&tcp, true, header_timeout).await {
+                if !first_bytes(&tcp, true, header_timeout).await {
                     return;
                 }
-                let io = ticket.heard(GuardedTcp::new(tcp, write_stall, address_place));
+                let io = ticket.heard(Connection::new(
+                    Stream::Plain(tcp),
+                    write_stall,
+                    address_place,
+                ));
                 let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
                 if let Err(error) = watcher.watch(connection.into_owned()).await {
                     tracing::debug!(%peer, %error, "management connection ended");

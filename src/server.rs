@@ -17,20 +17,19 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::{self, Charge, Kind, MemoryBudget};
-use crate::connection::{Activity, ConnectionInfo};
-use crate::listener::{SyncListener, UnixSocket, next_accepted};
 use crate::metrics::Metrics;
-use crate::server::connection::{Closed, Connection, Stream};
-use crate::server::limits::{
-    AddressLimit, AddressSlot, PrefaceDeadline, RequestDeadline, TotalLimit, TotalSlot, WriteStall,
-};
-use crate::server::room::Room;
-use crate::tls::ReloadingTls;
+use crate::net::connection::{Connection, Stream};
+use crate::net::deadlines::{PrefaceDeadline, RequestDeadline};
+use crate::net::info::{Activity, ConnectionInfo};
+use crate::net::limits::{AddressLimit, AddressSlot, TotalLimit, TotalSlot};
+use crate::net::listener::{SyncListener, UnixSocket, next_accepted};
+use crate::net::room::Room;
+use crate::net::tls::ReloadingTls;
 use crate::wire::{FlagdSyncV1, LegacySyncV1, SyncRoutes, SyncService};
 
-mod connection;
-pub(crate) mod limits;
-pub(crate) mod room;
+pub use crate::net::{
+    DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT,
+};
 
 /// Streams a connection may make the server reset (flow-control and protocol errors the client
 /// causes, the "MadeYouReset" pattern) before it is sent GOAWAY. tonic leaves hyper's limit off.
@@ -44,14 +43,11 @@ const STREAM_WINDOW: u32 = 64 * 1024;
 const CONNECTION_WINDOW: u32 = 128 * 1024;
 
 /// Defaults of [`ServerOptions`] (and of the command line's flags for them).
-pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
-pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1_000;
 pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
 pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024;
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
-pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_PENDING_REQUESTS_PER_ADDRESS: usize = 1_000;
@@ -349,17 +345,11 @@ impl Admission {
         slot: AddressSlot,
         (total, memory): (TotalSlot, Charge),
     ) -> Connection {
-        let ticket = self.room.enter(total);
-        Connection {
-            stream,
-            preface,
-            write_stall: WriteStall::new(self.write_stall),
-            activity: ticket.activity().clone(),
-            idle: ticket.until_idle(self.idle_timeout),
-            closed: Closed::new(&self.closed),
-            _slot: slot,
-            _memory: memory,
-        }
+        Connection::new(stream, self.write_stall, slot)
+            .with_preface(preface)
+            .in_room(self.room.enter(total), self.idle_timeout)
+            .closed_by(&self.closed)
+            .charged(memory)
     }
 }
 

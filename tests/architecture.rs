@@ -23,6 +23,18 @@ fn the_hub_imports_no_adapter() {
     assert!(extra.is_empty(), "the hub imports {extra:?}");
 }
 
+/// Both ports build on the transport (`net`); the management port does not reach into the sync
+/// server.
+#[test]
+fn the_management_port_imports_nothing_from_the_sync_server() {
+    let graph = module_graph();
+    let management = graph.get("management").expect("a management module");
+    assert!(
+        !management.contains("server"),
+        "management imports {management:?}"
+    );
+}
+
 #[test]
 fn no_import_circle_among_modules() {
     let graph = module_graph();

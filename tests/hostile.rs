@@ -1612,6 +1612,9 @@ async fn streams_behind_at_shutdown_end_with_unavailable_once_read() {
     ])
     .await;
     let mut streams = Vec::new();
+    // The clients' connections stay open for as long as the test runs (an HTTP/2 client whose
+    // last handle is dropped starts closing its connection).
+    let mut connections = Vec::new();
     for _ in 0..CONNECTIONS {
         let mut send = held_connection(proxy.port).await;
         for i in 0..STREAMS {
@@ -1619,6 +1622,7 @@ async fn streams_behind_at_shutdown_end_with_unavailable_once_read() {
             let selector = format!("core.openfeature.dev/default/{name}");
             streams.push(stream_behind(&mut send, &selector).await);
         }
+        connections.push(send);
     }
     // A subscriber that keeps up sees the newer version: the streams that are behind could
     // take it now.
@@ -1650,10 +1654,12 @@ async fn streams_behind_at_shutdown_end_with_unavailable_once_read() {
     let others: Vec<&Ended> = ended.iter().filter(|e| **e != want).collect();
     assert!(
         others.is_empty(),
-        "{} of {} streams ended otherwise than with their one message and UNAVAILABLE: {others:?}",
+        "{} of {} streams ended otherwise than with their one message and UNAVAILABLE: {others:?}\nthe proxy's last lines:\n{}",
         others.len(),
-        ended.len()
+        ended.len(),
+        proxy.last_log_lines(40)
     );
+    drop(connections);
     let exit = proxy.wait_exit().await;
     assert!(exit.success(), "{exit:?}");
 }

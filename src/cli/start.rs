@@ -16,10 +16,10 @@ use crate::authz::{self, AuthzSettings};
 use crate::budget;
 use crate::hub::{self, HubOptions};
 use crate::management::{self, ManagementOptions};
+use crate::net::tls::TlsFiles;
 use crate::server::{self, ServerOptions};
 use crate::source::kubernetes::KubeSettings;
 use crate::source::upstream::UpstreamSettings;
-use crate::tls::TlsFiles;
 
 /// A default duration as the command line spells it (`30s`).
 fn duration_text(duration: Duration) -> String {
@@ -94,7 +94,7 @@ pub struct ServeArgs {
     pub sync_socket_path: Option<PathBuf>,
 
     /// Permission bits of the unix socket file, in octal (who may connect).
-    #[arg(long, value_name = "MODE", env = "FLAGD_PROXY_SYNC_SOCKET_MODE", default_value = format!("{:04o}", app::DEFAULT_SYNC_SOCKET_MODE), value_parser = crate::listener::parse_mode, requires = "sync_socket_path")]
+    #[arg(long, value_name = "MODE", env = "FLAGD_PROXY_SYNC_SOCKET_MODE", default_value = format!("{:04o}", app::DEFAULT_SYNC_SOCKET_MODE), value_parser = crate::net::listener::parse_mode, requires = "sync_socket_path")]
     pub sync_socket_mode: u32,
 
     /// Serve the sync protocols on the unix socket only, not on --port (the management port

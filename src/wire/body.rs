@@ -24,7 +24,7 @@ use crate::wire::stream::FrameStream;
 
 /// Reads the one length-prefixed request message of a server-streaming call, and nothing more:
 /// the stream is served as soon as the message is complete, whether or not the client has ended
-/// its side (the request body's deadline, see `server::limits`, bounds the wait).
+/// its side (the request body's deadline, see `net::deadlines`, bounds the wait).
 pub(crate) async fn read_message(mut body: Body, limit: usize) -> Result<Bytes, Status> {
     let too_large = |size: String| {
         Status::out_of_range(format!(

@@ -8,9 +8,9 @@ use tokio_util::sync::CancellationToken;
 use tonic::Request;
 
 use crate::authz::{Authorizer, AuthzError};
-use crate::connection::ConnectionInfo;
 use crate::hub::{Availability, Hub};
 use crate::metrics::Metrics;
+use crate::net::info::ConnectionInfo;
 use crate::selector::{self, ResourceKey};
 use crate::wire::error::RequestError;
 use crate::wire::frame::{Protocol, proxy_identity};

@@ -212,6 +212,12 @@ impl Proxy {
     }
 
     /// Waits until the proxy has logged a line containing `needle`.
+    /// The last `n` lines the proxy has logged, for a failure message.
+    pub fn last_log_lines(&self, n: usize) -> String {
+        let log = self.log.lock().expect("log");
+        log[log.len().saturating_sub(n)..].join("\n")
+    }
+
     pub async fn wait_for_log(&self, needle: &str) {
         let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
         while !self

@@ -16,8 +16,8 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
-use crate::connection::{Activity, clock_ms};
-use crate::server::limits::TotalSlot;
+use crate::net::info::{Activity, clock_ms};
+use crate::net::limits::TotalSlot;
 
 /// The open connections of one port, by when they were last heard from.
 pub(crate) struct Room {
@@ -226,7 +226,7 @@ impl<IO: AsyncWrite + Unpin> AsyncWrite for Heard<IO> {
 mod tests {
     use super::*;
     use crate::metrics::Metrics;
-    use crate::server::limits::TotalLimit;
+    use crate::net::limits::TotalLimit;
 
     #[tokio::test]
     async fn the_connection_quiet_the_longest_makes_room() {

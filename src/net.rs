@@ -1,0 +1,18 @@
+//! The transport under both ports: listeners (TCP with a backlog, the unix socket), TLS, the
+//! accepted connection and the checks on its bytes, connection limits, deadlines, and the room
+//! that lets a new connection in at the limit. The sync server (`server`) and the management
+//! port (`management`) both build on it; neither reaches into the other.
+use std::time::Duration;
+
+pub(crate) mod connection;
+pub(crate) mod deadlines;
+pub mod info;
+pub(crate) mod limits;
+pub mod listener;
+pub(crate) mod room;
+pub mod tls;
+
+/// Defaults shared by both ports (and the command line's flags for them).
+pub const DEFAULT_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
+pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
