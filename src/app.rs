@@ -24,7 +24,7 @@ use crate::source::events::EventRecorder;
 use crate::source::kubernetes::{KubeError, KubeSettings, KubernetesSource};
 use crate::source::manifests::{ManifestError, ManifestSource};
 use crate::source::upstream::{UpstreamError, UpstreamSettings, UpstreamSource};
-use crate::wire::SyncService;
+use crate::wire::{CompressionSettings, SyncService};
 
 /// A configuration that cannot work; reported before anything listens (exit status 64).
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +79,8 @@ pub struct Settings {
     pub management: ManagementOptions,
     /// Entries of every message's sync context (`--context-value`).
     pub context_values: Vec<(String, String)>,
+    /// gzip for clients that accept it (`--compression`).
+    pub compression: CompressionSettings,
 }
 
 /// Default of [`ServeSettings::port`] (and of `--port`).
@@ -156,6 +158,7 @@ pub struct Prepared {
     server: ServerOptions,
     management: ManagementOptions,
     context_values: Vec<(String, String)>,
+    compression: CompressionSettings,
     metrics: Arc<Metrics>,
     source: Arc<dyn Source>,
     tls: Option<Arc<ReloadingTls>>,
@@ -175,6 +178,7 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
         server,
         management,
         context_values,
+        compression,
     } = settings;
     let metrics = Arc::new(Metrics::new());
     let tls = load_tls(tls, &metrics)?;
@@ -186,6 +190,7 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
         server,
         management,
         context_values,
+        compression,
         metrics,
         source: started.source,
         tls,
@@ -365,6 +370,7 @@ impl Bound {
             server: server_options,
             management: management_options,
             context_values,
+            compression,
             metrics,
             source,
             tls,
@@ -395,7 +401,8 @@ impl Bound {
         let drain_end = CancellationToken::new();
         let service = SyncService::new(hub, streams_end.clone())
             .with_authorizer(authz)
-            .with_context_values(&context_values);
+            .with_context_values(&context_values)
+            .with_compression(compression);
         if let Some(tls) = &tls {
             tls.spawn_reloader(streams_end.clone());
         }

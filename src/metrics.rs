@@ -1,4 +1,6 @@
 //! Prometheus metrics, registered once and shared by every part of the proxy.
+use std::sync::atomic::AtomicU64;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -9,6 +11,17 @@ use prometheus_client::registry::{Metric, Registry};
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ProtocolLabels {
     pub protocol: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct EncodingLabels {
+    pub encoding: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AcceptLabels {
+    /// `yes` when the client listed gzip in `grpc-accept-encoding`, `no` otherwise.
+    pub accepts_gzip: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -58,6 +71,15 @@ pub struct Metrics {
     pub versions_published: Counter,
     pub versions_skipped: Counter,
     pub updates_sent: Family<ProtocolLabels, Counter>,
+    /// `SyncFlags` and `FetchAllFlags` requests, by whether the client accepts gzip.
+    pub sync_requests: Family<AcceptLabels, Counter>,
+    /// Bytes of sync messages written to streams, by the encoding they went out in.
+    pub sent_bytes: Family<EncodingLabels, Counter>,
+    /// Messages compressed: at most one per version, protocol and encoding.
+    pub messages_compressed: Family<EncodingLabels, Counter>,
+    /// How many times smaller gzip made the newest compressed version of each watched resource.
+    /// Removed when the resource's watch stops.
+    pub compression_ratio: Family<ResourceLabels, Gauge<f64, AtomicU64>>,
     pub invalid_documents: Family<ResourceLabels, Counter>,
     /// Warnings in the version of each watched resource that clients get now (problems clients
     /// report per flag; the version is served). Removed when the resource's watch stops.
@@ -128,6 +150,13 @@ impl Metrics {
             proxy,
             "updates_sent",
             "Snapshots written to sync streams",
+            Family::default(),
+        );
+        let (sent_bytes, messages_compressed, compression_ratio) = Self::compression_metrics(proxy);
+        let sync_requests = registered(
+            proxy,
+            "sync_requests",
+            "SyncFlags and FetchAllFlags requests, by whether the client listed gzip in grpc-accept-encoding (whether or not --compression lets it have gzip)",
             Family::default(),
         );
         let invalid_documents = registered(
@@ -231,6 +260,10 @@ impl Metrics {
             versions_published,
             versions_skipped,
             updates_sent,
+            sync_requests,
+            sent_bytes,
+            messages_compressed,
+            compression_ratio,
             invalid_documents,
             document_warnings,
             source_errors,
@@ -272,6 +305,36 @@ impl Metrics {
                 .get_or_create(&StateLabels { state })
                 .set(count);
         }
+    }
+
+    /// What compression sends and saves.
+    #[allow(clippy::type_complexity)]
+    fn compression_metrics(
+        proxy: &mut Registry,
+    ) -> (
+        Family<EncodingLabels, Counter>,
+        Family<EncodingLabels, Counter>,
+        Family<ResourceLabels, Gauge<f64, AtomicU64>>,
+    ) {
+        let sent_bytes = registered(
+            proxy,
+            "sent_bytes",
+            "Bytes of sync messages written to streams (gRPC message prefix included), by the encoding they went out in: gzip for compressed messages, identity for the others",
+            Family::default(),
+        );
+        let messages_compressed = registered(
+            proxy,
+            "messages_compressed",
+            "Messages compressed, by encoding (the message and its compression): at most once per version and encoding, however many streams are sent it",
+            Family::default(),
+        );
+        let compression_ratio = registered(
+            proxy,
+            "compression_ratio",
+            "Uncompressed size over gzip size of the newest compressed version of each watched resource (1 when gzip did not make it smaller; absent until a version is compressed)",
+            Family::default(),
+        );
+        (sent_bytes, messages_compressed, compression_ratio)
     }
 
     /// Source errors and refused requests.

@@ -137,3 +137,39 @@ async fn a_refused_first_version_is_passed_on_by_the_node_tier() {
     }
     assert_eq!(last.expect("served once fixed"), "blue");
 }
+
+/// The node tier asks its central proxy for gzip, and compresses again (once per version) for
+/// its own clients that accept it; both tiers serve the exact document.
+#[tokio::test]
+async fn the_node_tier_takes_gzip_from_its_central_proxy() {
+    use support::flag_sets::realistic_flags;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut flags = realistic_flags(1, 200 * 1024);
+    flags.extend(colors("red").as_object().cloned().unwrap_or_default());
+    let flags = serde_json::Value::Object(flags);
+    write_manifest(dir.path(), "default", "demo", flags.clone());
+    let manifests = dir.path().to_str().expect("utf-8").to_owned();
+    let central = Proxy::start(&["--manifests", &manifests]).await;
+    let upstream = format!("127.0.0.1:{}", central.port);
+    let node = Proxy::start(&["--upstream", &upstream]).await;
+
+    let client = Client::new(channel(node.port).await)
+        .accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    let mut stream = open(&mut client.clone(), SELECTOR).await.expect("stream");
+    let message = next_message(&mut stream).await.expect("the first version");
+    let document: serde_json::Value =
+        serde_json::from_str(&message.flag_configuration).expect("JSON");
+    assert_eq!(document["flags"], flags);
+
+    let gzip = "flagd_proxy_sent_bytes_total{encoding=\"gzip\"}";
+    let identity = "flagd_proxy_sent_bytes_total{encoding=\"identity\"}";
+    for tier in [&central, &node] {
+        assert!(tier.metric(gzip).await > 0.0, "gzip sent");
+        assert_eq!(tier.metric(identity).await, 0.0, "nothing uncompressed");
+        assert_eq!(
+            tier.metric("flagd_proxy_messages_compressed_total{encoding=\"flagd.sync.v1+gzip\"}")
+                .await,
+            1.0
+        );
+    }
+}

@@ -41,6 +41,20 @@ pub(crate) struct Args {
     #[arg(long, default_value = "100ms", value_parser = humantime::parse_duration)]
     pub(crate) update_gap: Duration,
 
+    /// What the documents hold: `filler` (one flag repeated) or `realistic` (generated flags
+    /// with targeting rules, which gzip shrinks as much as real ones).
+    #[arg(long, value_enum, default_value = "filler")]
+    pub(crate) documents: Documents,
+
+    /// The subscribers list gzip in grpc-accept-encoding (as grpc-java, grpc-js and gRPC
+    /// C-core clients do) and decompress what comes gzipped.
+    #[arg(long)]
+    pub(crate) accept_gzip: bool,
+
+    /// An argument for this proxy (repeatable), such as `--proxy-arg=--compression=off`.
+    #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+    pub(crate) proxy_arg: Vec<String>,
+
     /// How long one paced update may take to reach every subscriber before it is given up.
     #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
     pub(crate) update_timeout: Duration,

@@ -129,12 +129,20 @@ pub(crate) async fn open_channel(dial: &Dial, source: Option<Ipv4Addr>) -> anyho
     Ok(channel)
 }
 
+/// Whether every stream lists gzip in `grpc-accept-encoding` (`--accept-gzip`); set once, as
+/// the run starts, for all the streams of every phase.
+pub(crate) static ACCEPT_GZIP: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
 /// Opens a `SyncFlags` stream for `selector` (in the request body, which both proxies read).
 pub(crate) async fn open_stream(
     channel: Channel,
     selector: &str,
 ) -> Result<tonic::Streaming<u64>, Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
+    if ACCEPT_GZIP.load(std::sync::atomic::Ordering::Relaxed) {
+        grpc = grpc.accept_compressed(tonic::codec::CompressionEncoding::Gzip);
+    }
     grpc.ready()
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?;

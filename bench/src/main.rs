@@ -102,6 +102,7 @@ fn main() -> anyhow::Result<ExitCode> {
         bail!("--resources must be positive");
     }
     raise_fd_limit(args.subscribers + args.first_snapshot_samples + 1024)?;
+    load::ACCEPT_GZIP.store(args.accept_gzip, std::sync::atomic::Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.max(1))
         .enable_all()

@@ -279,6 +279,7 @@ impl Live<'_> {
         let messages_before = tracker.messages.load(Ordering::Relaxed);
         let cpu_before = proc_sample(pid).cpu_seconds;
         let own_cpu_before = proc_sample(std::process::id()).cpu_seconds;
+        let written_before = written_bytes(pid);
         let mut propagation = Vec::new();
         let mut first_receiver = Vec::new();
         let mut peak_rss = 0u64;
@@ -317,6 +318,8 @@ impl Live<'_> {
         result.first_receiver = Stats::of(first_receiver);
         if applied > 0 {
             result.cpu_seconds_per_update = (after.cpu_seconds - cpu_before) / applied as f64;
+            result.bytes_written_per_update =
+                written_bytes(pid).saturating_sub(written_before) as f64 / applied as f64;
             result.load_generator_cpu_seconds_per_update =
                 (proc_sample(std::process::id()).cpu_seconds - own_cpu_before) / applied as f64;
             if result.subscribers_connected > 0 {

@@ -163,6 +163,11 @@ fn cost_rows() -> Vec<Row> {
             2,
         ),
         ("CPU per update (s)", |r| Some(r.cpu_seconds_per_update), 3),
+        (
+            "bytes written per update (MiB)",
+            |r| Some(r.bytes_written_per_update / (1024.0 * 1024.0)),
+            1,
+        ),
         ("CPU total (s)", |r| Some(r.cpu_seconds_total), 2),
         (
             "load generator CPU per update (s)",

@@ -42,6 +42,19 @@ pub(crate) fn proc_sample(pid: u32) -> ProcSample {
     sample
 }
 
+/// Bytes a process has written through write(2) and its kin, sockets included (`wchar` of
+/// /proc/PID/io); 0 when it cannot be read.
+pub(crate) fn written_bytes(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/io"))
+        .ok()
+        .and_then(|io| {
+            io.lines()
+                .find_map(|l| l.strip_prefix("wchar:"))
+                .and_then(|v| v.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 pub(crate) fn clock_ticks() -> f64 {
     let ticks = rustix::param::clock_ticks_per_second();
     if ticks > 0 { ticks as f64 } else { 100.0 }

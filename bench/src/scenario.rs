@@ -90,6 +90,8 @@ pub(crate) struct RunResult {
     pub(crate) cpu_seconds_total: f64,
     /// CPU time of this load generator per paced update (it shares the machine).
     pub(crate) load_generator_cpu_seconds_per_update: f64,
+    /// Bytes the proxy wrote (`wchar` of /proc/PID/io: sockets, logs) per paced update.
+    pub(crate) bytes_written_per_update: f64,
     pub(crate) stream_errors: u64,
     pub(crate) unparsed_messages: u64,
     pub(crate) last_error: Option<String>,
@@ -209,7 +211,7 @@ pub(crate) async fn run_one(
         kind,
         &dir,
         scenario.resources,
-        scenario.payload,
+        (scenario.payload, args.documents),
         cluster.as_ref(),
     )?;
     sources.write(0, || {}).await?;
@@ -230,7 +232,7 @@ pub(crate) async fn run_one(
         tls.as_ref(),
         scenario.payload,
         scenario.resources + cold.len() + 16,
-        &[],
+        &args.proxy_arg,
     )?;
     sources.attach(proxy.control.take());
     let dial = Dial {

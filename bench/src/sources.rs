@@ -3,18 +3,47 @@
 
 use super::*;
 
+/// What the documents hold besides the flag that carries the version.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Documents {
+    /// One filler flag repeated with another number: gzip shrinks it far more than real flags.
+    Filler,
+    /// Generated flags with targeting rules, the same in every version
+    /// (`flagd_proxy_testkit::flag_sets`): gzip shrinks them about as much as real flag sets.
+    Realistic,
+}
+
+/// The flag that carries version `seq` (found by [`SEQ_MARKER`]).
+fn seq_flag(seq: u64) -> Value {
+    json!({
+        "state": "ENABLED",
+        "variants": {"on": true, "off": false},
+        "defaultVariant": "on",
+        "metadata": {"benchSeq": seq}
+    })
+}
+
+/// The flags of version `seq`, about `payload` bytes, of the kind `documents` says.
+pub(crate) fn flags_of(
+    documents: Documents,
+    seq: u64,
+    payload: usize,
+) -> serde_json::Map<String, Value> {
+    match documents {
+        Documents::Filler => flags(seq, payload),
+        Documents::Realistic => {
+            let mut flags = flagd_proxy_testkit::flag_sets::realistic_flags(1, payload);
+            flags.insert(SEQ_FLAG.to_owned(), seq_flag(seq));
+            flags
+        }
+    }
+}
+
 /// The flags of version `seq`, padded with filler flags to about `payload` bytes.
 pub(crate) fn flags(seq: u64, payload: usize) -> serde_json::Map<String, Value> {
     let mut flags = serde_json::Map::new();
-    flags.insert(
-        SEQ_FLAG.to_owned(),
-        json!({
-            "state": "ENABLED",
-            "variants": {"on": true, "off": false},
-            "defaultVariant": "on",
-            "metadata": {"benchSeq": seq}
-        }),
-    );
+    flags.insert(SEQ_FLAG.to_owned(), seq_flag(seq));
     let base = json!({"flags": flags}).to_string().len();
     let filler = |i: usize| {
         json!({
@@ -40,6 +69,7 @@ pub(crate) struct Sources {
     pub(crate) kind: Kind,
     pub(crate) selectors: Vec<Arc<str>>,
     pub(crate) payload: usize,
+    pub(crate) documents: Documents,
     pub(crate) backend: Backend,
 }
 
@@ -67,7 +97,7 @@ impl Sources {
         kind: Kind,
         dir: &Path,
         resources: usize,
-        payload: usize,
+        (payload, documents): (usize, Documents),
         cluster: Option<&ControlPlane>,
     ) -> anyhow::Result<Self> {
         let resource_selector =
@@ -125,6 +155,7 @@ impl Sources {
             kind,
             selectors,
             payload,
+            documents,
             backend,
         })
     }
@@ -134,14 +165,14 @@ impl Sources {
         flagd_proxy_testkit::feature_flag(
             NAMESPACE,
             &format!("r{resource}"),
-            Value::Object(flags(seq, self.payload)),
+            Value::Object(flags_of(self.documents, seq, self.payload)),
         )
     }
 
     pub(crate) fn file_content(&self, resource: usize, seq: u64) -> anyhow::Result<String> {
         Ok(if self.kind.go_like() {
             // The flagd flag configuration the Go proxy's file sync reads.
-            document(seq, self.payload)
+            json!({"flags": flags_of(self.documents, seq, self.payload)}).to_string()
         } else {
             serde_norway::to_string(&self.feature_flag(resource, seq))?
         })
@@ -214,7 +245,9 @@ impl Sources {
 
     /// The size of the flag configuration a subscriber receives, approximately.
     pub(crate) fn document_bytes(&self) -> usize {
-        document(0, self.payload).len()
+        json!({"flags": flags_of(self.documents, 0, self.payload)})
+            .to_string()
+            .len()
     }
 
     /// Creates `count` resources nobody subscribes to yet (Kubernetes only) and returns their

@@ -20,6 +20,7 @@ use crate::net::tls::TlsFiles;
 use crate::server::{self, ServerOptions};
 use crate::source::kubernetes::KubeSettings;
 use crate::source::upstream::UpstreamSettings;
+use crate::wire::compression::{self, CompressionMode, CompressionSettings};
 
 /// A default duration as the command line spells it (`30s`).
 fn duration_text(duration: Duration) -> String {
@@ -59,6 +60,7 @@ impl From<StartArgs> for Settings {
             hub: args.hub.into(),
             management: args.management.into_settings(&server),
             server,
+            compression: args.sync.compression_settings(),
             context_values: args.sync.context_values,
         }
     }
@@ -397,6 +399,41 @@ pub struct SyncArgs {
     /// of key=value or a mapping. The keys proxy, proxyVersion and selector are the proxy's own.
     #[arg(long = "context-value", value_name = "KEY=VALUE", env = "FLAGD_PROXY_CONTEXT_VALUES", value_delimiter = ',', value_parser = crate::context::parse_entry)]
     pub context_values: Vec<(String, String)>,
+
+    /// gzip for sync messages: `auto` sends the messages of at least --compression-min-bytes
+    /// gzipped to every client that lists gzip in grpc-accept-encoding (each version is
+    /// compressed once, for all of them); other clients, and smaller messages, go uncompressed.
+    /// `off` never compresses.
+    #[arg(long, value_name = "MODE", env = "FLAGD_PROXY_COMPRESSION", value_enum, default_value_t = Compression::Auto)]
+    pub compression: Compression,
+
+    /// Sync messages smaller than this many bytes are sent uncompressed.
+    #[arg(long, value_name = "BYTES", env = "FLAGD_PROXY_COMPRESSION_MIN_BYTES", default_value_t = compression::DEFAULT_MIN_BYTES)]
+    pub compression_min_bytes: usize,
+
+    /// gzip level, 1 (fastest) to 9 (smallest).
+    #[arg(long, value_name = "LEVEL", env = "FLAGD_PROXY_COMPRESSION_LEVEL", default_value_t = compression::DEFAULT_LEVEL, value_parser = clap::value_parser!(u32).range(1..=9))]
+    pub compression_level: u32,
+}
+
+/// `--compression`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Compression {
+    Auto,
+    Off,
+}
+
+impl SyncArgs {
+    pub fn compression_settings(&self) -> CompressionSettings {
+        CompressionSettings {
+            mode: match self.compression {
+                Compression::Auto => CompressionMode::Auto,
+                Compression::Off => CompressionMode::Off,
+            },
+            min_bytes: self.compression_min_bytes,
+            level: self.compression_level,
+        }
+    }
 }
 
 /// Connections to the sync port ([`ServerOptions`]); the keepalive and handshake settings apply

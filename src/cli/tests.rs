@@ -137,10 +137,21 @@ fn config_file_values_apply() {
          keepalive-interval: 10s\n\
          max-watches: 5\n\
          keep-alive-min-time: 1m\n\
-         keep-alive-permit-without-stream: false\n",
+         keep-alive-permit-without-stream: false\n\
+         compression: off\n\
+         compression-min-bytes: 1000\n",
         &[],
     )
     .expect("parses");
+    // `off` is the word, not YAML 1.1's boolean.
+    assert_eq!(
+        args.sync.compression_settings(),
+        crate::wire::CompressionSettings {
+            mode: crate::wire::CompressionMode::Off,
+            min_bytes: 1000,
+            level: crate::wire::compression::DEFAULT_LEVEL,
+        }
+    );
     assert_eq!(
         (
             args.serve.port,
@@ -520,6 +531,10 @@ fn empty_command_line_gives_every_components_default() {
     assert!(args.tls.into_settings().is_none());
     assert_eq!(AuthzSettings::from(args.authz), AuthzSettings::default());
     assert_eq!(HubOptions::from(args.hub), HubOptions::default());
+    assert_eq!(
+        args.sync.compression_settings(),
+        crate::wire::CompressionSettings::default()
+    );
     assert!(args.sync.context_values.is_empty());
     let server = ServerOptions::from(args.server);
     assert_eq!(server, ServerOptions::default());
@@ -562,7 +577,18 @@ fn flags_become_component_settings() {
         "--context-value=region=eu",
         "--sync-socket-path=/run/flagd.sock",
         "--sync-socket-mode=0600",
+        "--compression=off",
+        "--compression-min-bytes=1000",
+        "--compression-level=1",
     ]);
+    assert_eq!(
+        given.compression,
+        crate::wire::CompressionSettings {
+            mode: crate::wire::CompressionMode::Off,
+            min_bytes: 1000,
+            level: 1,
+        }
+    );
     assert_eq!(
         settings_summary(&given),
         "3s 7s 7s Some((300s, 10s)) 9 100 Namespace [\"a\", \"b\"] cert.pem \

@@ -187,10 +187,12 @@ impl Inner {
     /// locked, as the watch is removed from it: a new watch of the resource, which only starts
     /// under that lock, reports afresh.
     fn forget(&self, key: &ResourceKey) {
-        self.metrics.document_warnings.remove(&ResourceLabels {
+        let labels = ResourceLabels {
             namespace: key.namespace.clone(),
             name: key.name.clone(),
-        });
+        };
+        self.metrics.document_warnings.remove(&labels);
+        self.metrics.compression_ratio.remove(&labels);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ResourceKey, StateSender>> {

@@ -1,16 +1,16 @@
 //! Pre-encoded stream messages.
 //!
-//! A [`Frame`] is a `SyncFlagsResponse` already encoded as a whole gRPC message (the 5-byte
-//! prefix, then the protobuf), made once per version and protocol (the snapshot's encoding
-//! named after the protocol) and shared by every stream, which hands it to HTTP/2 as one DATA
+//! A [`Frame`] is a response message ([`Message`]: a `SyncFlagsResponse`, or the
+//! `FetchAllFlagsResponse`) already encoded as a whole gRPC message (the 5-byte prefix, then the
+//! protobuf), made once per version and message (the snapshot's encoding named after the
+//! message; gzip ones in [`crate::wire::compression`]) and shared by every stream, which hands it to HTTP/2 as one DATA
 //! frame without copying it (see [`crate::wire::body`]).
 use bytes::{BufMut, Bytes, BytesMut};
-use prost::Message;
 use prost_types::value::Kind;
 use prost_types::{Struct, Value as ProtoValue};
 use serde_json::Value;
 
-use crate::hub::Snapshot;
+use crate::hub::{EncodingName, Snapshot};
 use crate::selector::ResourceKey;
 use crate::wire::proto::client::{flagd_sync_v1, sync_v1};
 
@@ -30,7 +30,7 @@ impl Frame {
 }
 
 /// `message` as a whole gRPC message (uncompressed); empty if its length does not fit.
-fn grpc_message(message: &impl Message) -> Bytes {
+fn grpc_message(message: &impl prost::Message) -> Bytes {
     let length = message.encoded_len();
     let Ok(prefix) = u32::try_from(length) else {
         return Bytes::new();
@@ -65,23 +65,54 @@ impl Protocol {
     /// This protocol's frame for `snapshot`, encoded on first use and shared afterwards;
     /// `identity` is the proxy's part of `sync_context` ([`proxy_identity`]).
     pub fn frame(self, snapshot: &Snapshot, key: &ResourceKey, identity: &Struct) -> Frame {
-        let bytes = match self {
-            Protocol::FlagdSyncV1 => snapshot.encoded(self.label(), |s| {
-                let message = flagd_sync_v1::SyncFlagsResponse {
+        Message::Sync(self).frame(snapshot, key, identity)
+    }
+}
+
+/// The messages made from a snapshot: each protocol's `SyncFlagsResponse`, and the
+/// `FetchAllFlagsResponse` (the same message in both protocols).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Message {
+    Sync(Protocol),
+    FetchAll,
+}
+
+impl Message {
+    /// The snapshot encoding of this message, uncompressed.
+    fn encoding(self) -> EncodingName {
+        match self {
+            Message::Sync(protocol) => protocol.label(),
+            Message::FetchAll => "FetchAllFlags",
+        }
+    }
+
+    /// The snapshot encoding of this message, gzipped (see [`crate::wire::compression`]).
+    pub fn gzip_encoding(self) -> EncodingName {
+        match self {
+            Message::Sync(Protocol::FlagdSyncV1) => "flagd.sync.v1+gzip",
+            Message::Sync(Protocol::LegacySyncV1) => "sync.v1+gzip",
+            Message::FetchAll => "FetchAllFlags+gzip",
+        }
+    }
+
+    /// This message for `snapshot`, uncompressed, encoded on first use and shared afterwards;
+    /// `identity` is the proxy's part of `sync_context` ([`proxy_identity`]).
+    pub fn frame(self, snapshot: &Snapshot, key: &ResourceKey, identity: &Struct) -> Frame {
+        Frame(snapshot.encoded(self.encoding(), |s| match self {
+            Message::Sync(Protocol::FlagdSyncV1) => {
+                grpc_message(&flagd_sync_v1::SyncFlagsResponse {
                     flag_configuration: s.flag_configuration.to_string(),
                     sync_context: Some(sync_context(&s.flag_configuration, key, identity)),
-                };
-                grpc_message(&message)
+                })
+            }
+            Message::Sync(Protocol::LegacySyncV1) => grpc_message(&sync_v1::SyncFlagsResponse {
+                flag_configuration: s.flag_configuration.to_string(),
+                state: sync_v1::SyncState::All as i32,
             }),
-            Protocol::LegacySyncV1 => snapshot.encoded(self.label(), |s| {
-                let message = sync_v1::SyncFlagsResponse {
-                    flag_configuration: s.flag_configuration.to_string(),
-                    state: sync_v1::SyncState::All as i32,
-                };
-                grpc_message(&message)
+            Message::FetchAll => grpc_message(&flagd_sync_v1::FetchAllFlagsResponse {
+                flag_configuration: s.flag_configuration.to_string(),
             }),
-        };
-        Frame(bytes)
+        }))
     }
 }
 
@@ -133,6 +164,8 @@ fn string(s: &str) -> ProtoValue {
 
 #[cfg(test)]
 mod tests {
+    use prost::Message as _;
+
     use super::*;
 
     #[test]

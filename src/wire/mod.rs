@@ -2,9 +2,11 @@
 //!
 //! [`routes`] routes each protocol's methods to the [`SyncService`] (what every method does,
 //! whatever the protocol); [`stream`] is one open `SyncFlags` stream; [`body`] the bytes of a
-//! streaming call on the wire; [`frame`] the snapshot encodings; [`error`] the one mapping from
+//! streaming call on the wire; [`frame`] the snapshot encodings; [`compression`] the
+//! gzip ones; [`error`] the one mapping from
 //! errors to gRPC statuses.
 pub mod body;
+pub mod compression;
 pub mod error;
 pub mod frame;
 pub mod proto;
@@ -12,5 +14,6 @@ pub mod routes;
 pub mod service;
 pub mod stream;
 
+pub use compression::{CompressionMode, CompressionSettings};
 pub use routes::{FlagdSyncV1, LegacySyncV1, SyncRoutes};
 pub use service::{SELECTOR_HEADER, SyncService};

@@ -1,6 +1,6 @@
-//! The gRPC methods of one sync protocol, routed by path: `SyncFlags` written straight from the
-//! shared frames (see [`crate::wire::body`]), the unary methods through tonic's codec, anything
-//! else `UNIMPLEMENTED`. This is the only way requests reach the [`SyncService`].
+//! The gRPC methods of one sync protocol, routed by path: `SyncFlags` and `FetchAllFlags`
+//! written straight from the shared frames (see [`crate::wire::body`]), `GetMetadata` through
+//! tonic's codec, anything else `UNIMPLEMENTED`. This is the only way requests reach the [`SyncService`].
 //!
 //! Both protocols' messages have the same fields with the same numbers (`provider_id = 1,
 //! selector = 2` in requests, `flag_configuration = 1` in `FetchAllFlagsResponse`), so the
@@ -10,6 +10,7 @@ use std::marker::PhantomData;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
+use http_body_util::StreamBody;
 use prost::Message;
 use tonic::body::Body;
 use tonic::server::{Grpc, NamedService, UnaryService};
@@ -17,7 +18,8 @@ use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
 use crate::wire::body::{FrameBody, read_message};
-use crate::wire::frame::Protocol;
+use crate::wire::compression::{ENCODING, GZIP};
+use crate::wire::frame::{Frame, Protocol};
 use crate::wire::proto::client::flagd_sync_v1 as v1;
 use crate::wire::service::SyncService;
 use crate::wire::stream::FrameStream;
@@ -110,14 +112,18 @@ impl<P: SyncProtocol> tower::Service<http::Request<Body>> for SyncRoutes<P> {
         let this = self.clone();
         match method {
             "SyncFlags" => Box::pin(async move {
-                Ok(match this.sync_flags(request).await {
-                    Ok(stream) => grpc_response(Body::new(FrameBody::new(stream))),
+                let gzip = this.service.negotiate_gzip(request.headers());
+                Ok(match this.sync_flags(request, gzip).await {
+                    Ok(stream) => grpc_response(Body::new(FrameBody::new(stream)), gzip),
                     Err(status) => status.into_http(),
                 })
             }),
             "FetchAllFlags" => Box::pin(async move {
-                let service = FetchAllFlags(this.service.clone());
-                Ok(this.grpc().unary(service, request).await)
+                let gzip = this.service.negotiate_gzip(request.headers());
+                Ok(match this.fetch_all_flags(request, gzip).await {
+                    Ok(frame) => grpc_response(unary_body(frame), gzip),
+                    Err(status) => status.into_http(),
+                })
             }),
             "GetMetadata" if P::HAS_METADATA => Box::pin(async move {
                 let service = GetMetadata(this.service.clone());
@@ -129,50 +135,85 @@ impl<P: SyncProtocol> tower::Service<http::Request<Body>> for SyncRoutes<P> {
 }
 
 impl<P: SyncProtocol> SyncRoutes<P> {
-    async fn sync_flags(&self, request: http::Request<Body>) -> Result<FrameStream, Status> {
+    /// `SyncFlags`: a stream of the resource's versions, gzip messages when `gzip`.
+    async fn sync_flags(
+        &self,
+        request: http::Request<Body>,
+        gzip: bool,
+    ) -> Result<FrameStream, Status> {
+        let (request, decoded) = self
+            .read::<v1::SyncFlagsRequest>(request, "SyncFlags")
+            .await?;
+        Ok(self
+            .service
+            .open_sync(&request, &decoded.selector, P::PROTOCOL, gzip)
+            .await?)
+    }
+
+    /// `FetchAllFlags`: the resource's current flag configuration, as the version's shared
+    /// message (gzip when `gzip`), like the streams' messages.
+    async fn fetch_all_flags(
+        &self,
+        request: http::Request<Body>,
+        gzip: bool,
+    ) -> Result<Frame, Status> {
+        let (request, decoded) = self
+            .read::<v1::FetchAllFlagsRequest>(request, "FetchAllFlags")
+            .await?;
+        Ok(self
+            .service
+            .fetch_all_flags(&request, &decoded.selector, gzip)
+            .await?)
+    }
+
+    /// The one request message of a call to `method`, decoded, and its metadata.
+    async fn read<M: Message + Default>(
+        &self,
+        request: http::Request<Body>,
+        method: &str,
+    ) -> Result<(Request<()>, M), Status> {
         let (parts, body) = request.into_parts();
         let message = read_message(body, self.max_request_bytes).await?;
-        let decoded = v1::SyncFlagsRequest::decode(message).map_err(|e| {
-            Status::invalid_argument(format!("the SyncFlags request does not decode: {e}"))
+        let decoded = M::decode(message).map_err(|e| {
+            Status::invalid_argument(format!("the {method} request does not decode: {e}"))
         })?;
         let request = Request::from_parts(
             tonic::metadata::MetadataMap::from_headers(parts.headers),
             parts.extensions,
             (),
         );
-        Ok(self
-            .service
-            .open_sync(&request, &decoded.selector, P::PROTOCOL)
-            .await?)
+        Ok((request, decoded))
     }
 }
 
-fn grpc_response(body: Body) -> http::Response<Body> {
+/// A gRPC response's headers, with `grpc-encoding: gzip` when its messages may be compressed.
+fn grpc_response(body: Body, gzip: bool) -> http::Response<Body> {
     let mut response = http::Response::new(body);
     response.headers_mut().insert(
         http::header::CONTENT_TYPE,
         tonic::metadata::GRPC_CONTENT_TYPE,
     );
+    if gzip {
+        response
+            .headers_mut()
+            .insert(ENCODING, http::HeaderValue::from_static(GZIP));
+    }
     response
 }
 
-/// `FetchAllFlags`: the resource's current flag configuration.
-struct FetchAllFlags(SyncService);
-
-impl UnaryService<v1::FetchAllFlagsRequest> for FetchAllFlags {
-    type Response = v1::FetchAllFlagsResponse;
-    type Future = BoxFuture<'static, Result<Response<Self::Response>, Status>>;
-
-    fn call(&mut self, request: Request<v1::FetchAllFlagsRequest>) -> Self::Future {
-        let service = self.0.clone();
-        Box::pin(async move {
-            let selector = request.get_ref().selector.clone();
-            let flag_configuration = service.fetch_all_flags(&request, &selector).await?;
-            Ok(Response::new(v1::FetchAllFlagsResponse {
-                flag_configuration,
-            }))
-        })
-    }
+/// The body of a unary response: the one message, then the OK status.
+fn unary_body(frame: Frame) -> Body {
+    let ok = http::HeaderMap::from_iter([(
+        http::HeaderName::from_static("grpc-status"),
+        http::HeaderValue::from_static("0"),
+    )]);
+    let frames = [
+        http_body::Frame::data(frame.0),
+        http_body::Frame::trailers(ok),
+    ];
+    Body::new(StreamBody::new(futures::stream::iter(
+        frames.map(Ok::<_, Infallible>),
+    )))
 }
 
 /// `GetMetadata`: the proxy's identity and context values.

@@ -8,12 +8,13 @@ use tokio_util::sync::CancellationToken;
 use tonic::Request;
 
 use crate::authz::{Authorizer, AuthzError};
-use crate::hub::{Availability, Hub};
+use crate::hub::{Availability, Hub, Snapshot};
 use crate::metrics::Metrics;
 use crate::net::info::ConnectionInfo;
 use crate::selector::{self, ResourceKey};
+use crate::wire::compression::{CompressionSettings, Compressor};
 use crate::wire::error::RequestError;
-use crate::wire::frame::{Protocol, proxy_identity};
+use crate::wire::frame::{Frame, Message, Protocol, proxy_identity};
 use crate::wire::stream::{self, FrameStream, Grant};
 
 /// The metadata header flagd providers send the selector in.
@@ -28,18 +29,34 @@ pub struct SyncService {
     fetch_timeout: Duration,
     /// The proxy's part of every `sync_context` and of `GetMetadata`.
     identity: Arc<Struct>,
+    compressor: Arc<Compressor>,
 }
 
 impl SyncService {
     /// `shutdown` ends every open stream with `UNAVAILABLE` when cancelled.
     pub fn new(hub: Hub, shutdown: CancellationToken) -> Self {
         Self {
-            hub,
             authz: None,
             shutdown,
             fetch_timeout: Duration::from_secs(10),
             identity: Arc::new(proxy_identity(&[])),
+            compressor: Arc::new(Compressor::new(
+                CompressionSettings::default(),
+                hub.metrics().clone(),
+            )),
+            hub,
         }
+    }
+
+    /// Compresses messages as `settings` say (by default, [`CompressionSettings::default`]).
+    pub fn with_compression(mut self, settings: CompressionSettings) -> Self {
+        self.compressor = Arc::new(Compressor::new(settings, self.metrics().clone()));
+        self
+    }
+
+    /// Whether a call with these request headers is answered with gzip.
+    pub(crate) fn negotiate_gzip(&self, headers: &http::HeaderMap) -> bool {
+        self.compressor.negotiate(headers)
     }
 
     /// Adds `--context-value` entries to every `sync_context` and to `GetMetadata`.
@@ -95,16 +112,18 @@ impl SyncService {
         self.hub.budget()
     }
 
-    /// Opens a `SyncFlags` stream for a request whose body named `body_selector`.
+    /// Opens a `SyncFlags` stream for a request whose body named `body_selector`, with gzip
+    /// messages when `gzip` ([`Self::negotiate_gzip`]).
     pub(crate) async fn open_sync<T>(
         &self,
         request: &Request<T>,
         body_selector: &str,
         protocol: Protocol,
+        gzip: bool,
     ) -> Result<FrameStream, RequestError> {
         let key = self.resource(request, body_selector)?;
         let grant = self.authorize(request, &key).await?;
-        self.stream(key, protocol, grant)
+        self.stream(key, protocol, grant, gzip)
     }
 
     /// The resource a request names: the `flagd-selector` header first, then the body field.
@@ -130,6 +149,7 @@ impl SyncService {
         key: ResourceKey,
         protocol: Protocol,
         grant: Option<Grant>,
+        gzip: bool,
     ) -> Result<FrameStream, RequestError> {
         if self.shutdown.is_cancelled() {
             return Err(RequestError::ShuttingDown);
@@ -142,19 +162,28 @@ impl SyncService {
             grant,
             self.metrics(),
             self.shutdown.clone(),
+            self.compressor.for_stream(gzip),
         ))
     }
 
     /// Answers a `FetchAllFlags` request that named `body_selector`: the resource's current
-    /// flag configuration, once the source has answered.
+    /// flag configuration, once the source has answered, as the version's shared
+    /// `FetchAllFlagsResponse` message (gzip when `gzip`, see [`Self::negotiate_gzip`]).
     pub(crate) async fn fetch_all_flags<T>(
         &self,
         request: &Request<T>,
         body_selector: &str,
-    ) -> Result<String, RequestError> {
+        gzip: bool,
+    ) -> Result<Frame, RequestError> {
         let key = self.resource(request, body_selector)?;
         self.authorize(request, &key).await?;
-        self.fetch(key).await
+        let snapshot = self.fetch(&key).await?;
+        Ok(self.compressor.for_stream(gzip).message(
+            Message::FetchAll,
+            &snapshot,
+            &key,
+            &self.identity,
+        ))
     }
 
     /// The proxy's identity and context values, as `GetMetadata` reports them.
@@ -162,7 +191,8 @@ impl SyncService {
         Struct::clone(&self.identity)
     }
 
-    async fn fetch(&self, key: ResourceKey) -> Result<String, RequestError> {
+    async fn fetch(&self, key: &ResourceKey) -> Result<Arc<Snapshot>, RequestError> {
+        let key = key.clone();
         let mut subscription = self.hub.subscribe(key.clone())?;
         let state = tokio::time::timeout(self.fetch_timeout, subscription.settled())
             .await
@@ -172,7 +202,7 @@ impl SyncService {
                 key,
                 reason: reason.to_string(),
             }),
-            (Some(snapshot), _) => Ok(snapshot.flag_configuration.to_string()),
+            (Some(snapshot), _) => Ok(snapshot),
             (None, Availability::Absent | Availability::TooManyWaiting { .. }) => {
                 Err(RequestError::NotFound(key))
             }

@@ -12,8 +12,9 @@ use crate::authz::{Authorizer, AuthzError, Identity};
 use crate::hub::{Subscription, SubscriptionEnd};
 use crate::metrics::{Metrics, ProtocolLabels};
 use crate::selector::ResourceKey;
+use crate::wire::compression::StreamEncoder;
 use crate::wire::error::RequestError;
-use crate::wire::frame::{Frame, Protocol};
+use crate::wire::frame::{Frame, Message, Protocol};
 
 /// A stream of frames, ending with the status that ends the stream.
 pub type FrameStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send + 'static>>;
@@ -26,6 +27,7 @@ pub(crate) fn open(
     grant: Option<Grant>,
     metrics: &Arc<Metrics>,
     shutdown: CancellationToken,
+    encoder: StreamEncoder,
 ) -> FrameStream {
     tracing::debug!(resource = %subscription.key(), protocol = protocol.label(), "stream opened");
     // Boxed, so a stream without authorization does not carry the size of a recheck.
@@ -36,6 +38,7 @@ pub(crate) fn open(
         shutdown,
         protocol,
         identity,
+        encoder,
         _open: OpenStream::new(metrics.clone(), protocol),
         updates_sent: metrics
             .updates_sent
@@ -112,6 +115,7 @@ struct StreamState {
     shutdown: CancellationToken,
     protocol: Protocol,
     identity: Arc<Struct>,
+    encoder: StreamEncoder,
     /// This protocol's `updates_sent` counter, looked up once per stream.
     updates_sent: prometheus_client::metrics::counter::Counter,
     _open: OpenStream,
@@ -140,9 +144,12 @@ impl StreamState {
             error = revoked => Err(error),
             next = self.subscription.next() => match next {
                 Ok(snapshot) => {
-                    let frame = self
-                        .protocol
-                        .frame(&snapshot, self.subscription.key(), &self.identity);
+                    let frame = self.encoder.message(
+                        Message::Sync(self.protocol),
+                        &snapshot,
+                        self.subscription.key(),
+                        &self.identity,
+                    );
                     self.updates_sent.inc();
                     self.subscription.delivered(&snapshot);
                     Ok(frame)
@@ -190,6 +197,7 @@ mod tests {
             shutdown: CancellationToken::new(),
             protocol: Protocol::FlagdSyncV1,
             identity: Arc::new(Struct::default()),
+            encoder: StreamEncoder::default(),
             updates_sent: Default::default(),
             _open: OpenStream::new(hub.metrics().clone(), Protocol::FlagdSyncV1),
             revoked: None,

@@ -8,6 +8,7 @@
 pub mod client;
 pub mod cluster;
 pub mod control_plane;
+pub mod flag_sets;
 pub mod helm;
 pub mod prometheus;
 pub mod raw_h2;

@@ -31,15 +31,26 @@ pub fn frame(kind: u8, flags: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
 
 /// A HEADERS frame for a gRPC POST to `path`; HPACK literals without indexing or Huffman.
 pub fn grpc_headers(stream: u32, path: &str, end_stream: bool) -> Vec<u8> {
+    grpc_headers_with(stream, path, end_stream, &[])
+}
+
+/// [`grpc_headers`] with `extra` headers after the usual ones.
+pub fn grpc_headers_with(
+    stream: u32,
+    path: &str,
+    end_stream: bool,
+    extra: &[(&str, &str)],
+) -> Vec<u8> {
     let mut block = Vec::new();
-    for (name, value) in [
+    let usual = [
         (":method", "POST"),
         (":scheme", "http"),
         (":path", path),
         (":authority", "127.0.0.1"),
         ("content-type", "application/grpc"),
         ("te", "trailers"),
-    ] {
+    ];
+    for &(name, value) in usual.iter().chain(extra) {
         block.push(0x00);
         block.push(u8::try_from(name.len()).expect("short name"));
         block.extend_from_slice(name.as_bytes());

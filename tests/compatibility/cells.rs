@@ -8,15 +8,19 @@ pub(crate) enum Column {
     BodySelector,
     Update,
     Reconnect,
+    AdvertisesGzip,
+    DecodesGzip,
 }
 
-pub(crate) const COLUMNS: [Column; 6] = [
+pub(crate) const COLUMNS: [Column; 8] = [
     Column::Plain,
     Column::Tls,
     Column::HeaderSelector,
     Column::BodySelector,
     Column::Update,
     Column::Reconnect,
+    Column::AdvertisesGzip,
+    Column::DecodesGzip,
 ];
 
 impl Column {
@@ -28,6 +32,8 @@ impl Column {
             Column::BodySelector => "body selector",
             Column::Update => "update",
             Column::Reconnect => "reconnect",
+            Column::AdvertisesGzip => "advertises gzip",
+            Column::DecodesGzip => "decodes compressed versions",
         }
     }
 }
@@ -35,6 +41,8 @@ impl Column {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) enum Cell {
     Pass,
+    /// What was seen, neither good nor bad (`yes`, `no`).
+    Observed(String),
     Fail(String),
     NotApplicable(String),
     NotInstallable(String),
@@ -45,6 +53,7 @@ impl Cell {
     pub(crate) fn markdown(&self) -> String {
         let text = match self {
             Cell::Pass => "pass".to_owned(),
+            Cell::Observed(what) => what.clone(),
             Cell::Fail(why) => format!("fail: {why}"),
             Cell::NotApplicable(why) => format!("n/a: {why}"),
             Cell::NotInstallable(why) => format!("not installable: {why}"),

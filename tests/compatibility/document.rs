@@ -94,6 +94,32 @@ pub(crate) fn render_doc(
                  the same port; the client must come back by itself and end on `{UPDATED}`."
             ),
         ),
+        (
+            Column::AdvertisesGzip,
+            format!(
+                "whether the client's `SyncFlags` request lists gzip in `grpc-accept-encoding`, \
+                 as the proxy sees it (its `flagd_proxy_sync_requests_total` counts requests by \
+                 that). A client that lists gzip is sent gzip messages (`--compression auto`, \
+                 the default) for versions of at least `--compression-min-bytes` ({} bytes by \
+                 default).",
+                COMPRESSION_MIN_BYTES
+            ),
+        ),
+        (
+            Column::DecodesGzip,
+            format!(
+                "the resource is a flag set of about {} KiB: `{FLAG_KEY}` among generated flags \
+                 with targeting rules. The client must evaluate `{INITIAL}`, then `{UPDATED}` \
+                 after the manifest changes; pass means both versions went out gzipped (the \
+                 proxy's `flagd_proxy_sent_bytes_total{{encoding=\"gzip\"}}`) and were \
+                 evaluated. n/a for clients that do not list gzip (they are sent the versions \
+                 uncompressed; a failure to evaluate them is still a failure). The providers get \
+                 `FLAGD_DEADLINE_MS={GZIP_DEADLINE_MS}`: the Go provider's default deadline for \
+                 its first sync, 500 ms, is too short on a busy machine for a flag set this \
+                 large, and after missing it the provider syncs but never reports ready.",
+                GZIP_DOCUMENT_BYTES / 1024
+            ),
+        ),
     ];
     for (column, text) in columns {
         let _ = writeln!(w, "- **{}**: {text}", column.title());

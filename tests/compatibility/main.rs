@@ -3,7 +3,8 @@
 //!
 //! Rows: flagd itself as the sidecar (v0.16.x, `flagd.sync.v1`), an old flagd that speaks only
 //! the legacy `sync.v1`, and the in-process providers for JS, Python, Rust, Java and Go.
-//! Columns: plain, TLS, header selector, body selector, update, reconnect (see [`Column`]).
+//! Columns: plain, TLS, header selector, body selector, update, reconnect, advertises gzip,
+//! decodes compressed versions (see [`Column`]).
 //! A second table covers what current flagd speaks besides (see [`Feature`]): flagd's
 //! `source=` selector, the proxy's unix socket, and `--context-value` entries in evaluations.
 //!
@@ -79,6 +80,19 @@ const INVALID_MESSAGE: &str = "core.openfeature.dev/default/demo is invalid";
 const INITIAL: &str = "red";
 const UPDATED: &str = "blue";
 const DECOY_VALUE: &str = "green";
+/// Size of the flag set of the gzip run: well above the proxy's --compression-min-bytes.
+const GZIP_DOCUMENT_BYTES: usize = 200 * 1024;
+/// The proxy's count of sync requests that list gzip in `grpc-accept-encoding`, and of those
+/// that do not.
+const ACCEPTS_GZIP: &str = "flagd_proxy_sync_requests_total{accepts_gzip=\"yes\"}";
+const DOES_NOT_ACCEPT_GZIP: &str = "flagd_proxy_sync_requests_total{accepts_gzip=\"no\"}";
+/// The providers' deadline for their first sync in the gzip run: the Go provider's default,
+/// 500 ms, is too short on a busy machine to receive and parse a 200 KiB flag set, and it does
+/// not report ready when it syncs after missing it.
+const GZIP_DEADLINE_MS: u32 = 10_000;
+const COMPRESSION_MIN_BYTES: usize = flagd_proxy::wire::compression::DEFAULT_MIN_BYTES;
+/// Bytes the proxy sent gzipped.
+const SENT_GZIP: &str = "flagd_proxy_sent_bytes_total{encoding=\"gzip\"}";
 
 const DOC: &str = "docs/compatibility.md";
 const UPDATE_ENV: &str = "FLAGD_PROXY_UPDATE_DOCS";
@@ -144,6 +158,7 @@ async fn client_compatibility_matrix() {
                             Run::Plain => live_run(kind, launch, false).await,
                             Run::Tls => live_run(kind, launch, true).await,
                             Run::Reconnect => reconnect_run(kind, launch).await,
+                            Run::Gzip => gzip_run(kind, launch).await,
                         };
                         (kind, cells)
                     }));

@@ -370,14 +370,118 @@ pub(crate) enum Run {
     Plain,
     Tls,
     Reconnect,
+    Gzip,
 }
 
 pub(crate) fn runs_for(kind: Kind) -> &'static [Run] {
     match kind {
-        // Without a selector the old flagd gets nothing; reconnecting proves nothing more.
-        Kind::FlagdLegacy => &[Run::Plain, Run::Tls],
-        _ => &[Run::Plain, Run::Tls, Run::Reconnect],
+        // Without a selector the old flagd gets nothing; reconnecting proves nothing more (its
+        // request still shows whether it lists gzip).
+        Kind::FlagdLegacy => &[Run::Plain, Run::Tls, Run::Gzip],
+        _ => &[Run::Plain, Run::Tls, Run::Reconnect, Run::Gzip],
     }
+}
+
+/// `color` (as [`color_flags`]) among generated flags with targeting rules: a flag set of
+/// about [`GZIP_DOCUMENT_BYTES`], which the proxy sends gzipped to clients that accept it.
+pub(crate) fn large_flags(default_variant: &str) -> Value {
+    let mut flags = support::flag_sets::realistic_flags(1, GZIP_DOCUMENT_BYTES);
+    flags.extend(
+        color_flags(default_variant)
+            .as_object()
+            .cloned()
+            .unwrap_or_default(),
+    );
+    Value::Object(flags)
+}
+
+/// Serve a large flag set: whether the client's request lists gzip (seen by the proxy), and
+/// whether it evaluates the first version and an update, sent gzipped if it accepts that.
+pub(crate) async fn gzip_run(kind: Kind, launch: Launch) -> Cells {
+    let setup = Setup::new(false);
+    support::write_manifest(
+        setup.manifests.path(),
+        NAMESPACE,
+        NAME,
+        large_flags(INITIAL),
+    );
+    let proxy = Proxy::start(&setup.args()).await;
+    // Parsing the large manifest can take the proxy (a debug build) a second or two on a busy
+    // machine; clients start once it is read.
+    proxy
+        .wait_for_log(&format!("{NAMESPACE}-{NAME}.yaml resources=1"))
+        .await;
+    let target = Target {
+        deadline_ms: Some(GZIP_DEADLINE_MS),
+        ..Target::default()
+    };
+    let mut client = Session::spawn_to(kind, &launch, proxy.port, None, &target);
+    let advertises = async {
+        let deadline = Instant::now() + EVENT_TIMEOUT;
+        loop {
+            let yes = proxy.metric(ACCEPTS_GZIP).await;
+            let no = proxy.metric(DOES_NOT_ACCEPT_GZIP).await;
+            if yes + no > 0.0 {
+                return Ok(yes > 0.0);
+            }
+            if Instant::now() > deadline {
+                return Err("the client sent no request".to_owned());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    .await;
+    let advertises = match advertises {
+        Ok(advertises) => advertises,
+        Err(why) => {
+            eprintln!("{}", client.report(&why, &proxy).await);
+            return vec![
+                (Column::AdvertisesGzip, Cell::Fail(why)),
+                (Column::DecodesGzip, Cell::Fail("not connected".into())),
+            ];
+        }
+    };
+    let observed = Cell::Observed(if advertises { "yes" } else { "no" }.into());
+    if kind == Kind::FlagdLegacy {
+        return vec![
+            (Column::AdvertisesGzip, observed),
+            (
+                Column::DecodesGzip,
+                Cell::NotApplicable("sends no selector".into()),
+            ),
+        ];
+    }
+    let decodes = async {
+        client.ready().await?;
+        client.expect_value(INITIAL, true, EVENT_TIMEOUT).await?;
+        support::write_manifest(
+            setup.manifests.path(),
+            NAMESPACE,
+            NAME,
+            large_flags(UPDATED),
+        );
+        client.expect_value(UPDATED, true, EVENT_TIMEOUT).await?;
+        let gzip = proxy.metric(SENT_GZIP).await;
+        match (advertises, gzip > 0.0) {
+            (true, true) | (false, false) => Ok(()),
+            (true, false) => Err("advertises gzip but was sent none".to_owned()),
+            (false, true) => Err("was sent gzip without advertising it".to_owned()),
+        }
+    }
+    .await;
+    if let Err(why) = &decodes {
+        eprintln!("{}", client.report(why, &proxy).await);
+    }
+    let decodes = match decodes {
+        Ok(()) if !advertises => Cell::NotApplicable(
+            "does not advertise gzip: sent uncompressed (and evaluated both versions)".into(),
+        ),
+        result => Cell::from_result(result),
+    };
+    vec![
+        (Column::AdvertisesGzip, observed),
+        (Column::DecodesGzip, decodes),
+    ]
 }
 
 /// Fills in the selector columns from the plain run and what the client sends, and the

@@ -75,6 +75,8 @@ pub(crate) struct Target {
     pub(crate) flag_key: &'static str,
     /// A stdout client logs its provider's debug messages too (`INTEROP_DEBUG`).
     pub(crate) debug: bool,
+    /// The providers' deadline for their first sync, in milliseconds (`FLAGD_DEADLINE_MS`).
+    pub(crate) deadline_ms: Option<u32>,
 }
 
 impl Default for Target {
@@ -84,6 +86,7 @@ impl Default for Target {
             socket: None,
             flag_key: FLAG_KEY,
             debug: false,
+            deadline_ms: None,
         }
     }
 }
@@ -127,6 +130,10 @@ impl Session {
                 match &target.socket {
                     Some(socket) => cmd.env("INTEROP_SOCKET_PATH", socket),
                     None => cmd.env_remove("INTEROP_SOCKET_PATH"),
+                };
+                match target.deadline_ms {
+                    Some(ms) => cmd.env("FLAGD_DEADLINE_MS", ms.to_string()),
+                    None => cmd.env_remove("FLAGD_DEADLINE_MS"),
                 };
                 match target.debug {
                     true => cmd.env("INTEROP_DEBUG", "1"),

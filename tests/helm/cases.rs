@@ -106,6 +106,9 @@ pub(crate) fn cases() -> Vec<Case> {
                 ("central.maxConnectionAgeGrace", "15s"),
                 ("central.events.enabled", "false"),
                 ("logFormat", "json"),
+                ("compression.mode", "off"),
+                ("compression.minBytes", "4096"),
+                ("compression.level", "1"),
             ],
         ),
         Case::new(

@@ -67,6 +67,13 @@ pub(crate) fn check_rendered(case: &Case, objects: &[Value]) {
         if case.value("logFormat") == Some("json") {
             assert_eq!(arg_value(&args, "--log-format"), Some("json"), "{label}");
         }
+        for (value, flag) in [
+            ("compression.mode", "--compression"),
+            ("compression.minBytes", "--compression-min-bytes"),
+            ("compression.level", "--compression-level"),
+        ] {
+            assert_eq!(arg_value(&args, flag), case.value(value), "{label}: {flag}");
+        }
         let expected_image = match case.value("image.digest") {
             Some(digest) => format!("ghcr.io/open-feature/flagd-proxy-rs@{digest}"),
             None => "ghcr.io/open-feature/flagd-proxy-rs:latest".to_owned(),

@@ -218,6 +218,20 @@ seccompProfile:
 {{- if .Values.debug }}
 - --debug
 {{- end }}
+{{- with .Values.compression }}
+{{- if ne .mode "auto" }}
+- --compression
+- {{ .mode | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .minBytes) }}
+- --compression-min-bytes
+- {{ .minBytes | int64 | quote }}
+{{- end }}
+{{- if not (kindIs "invalid" .level) }}
+- --compression-level
+- {{ .level | int64 | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{- define "flagd-proxy.ports" -}}
