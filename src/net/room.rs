@@ -131,7 +131,8 @@ impl Drop for Ticket {
 pub(crate) struct IdleClose {
     closed: Pin<Box<WaitForCancellationFutureOwned>>,
     idle_timeout: Option<Duration>,
-    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    /// The idle deadline, and the "last heard" it was counted from.
+    timer: Option<(u64, Pin<Box<tokio::time::Sleep>>)>,
     _ticket: Ticket,
 }
 
@@ -150,16 +151,23 @@ impl IdleClose {
         let Some(limit) = self.idle_timeout else {
             return result;
         };
-        let activity = self._ticket.activity.clone();
+        let activity = &self._ticket.activity;
         activity.wake_when_idle(cx.waker());
         if activity.streams() > 0 {
             self.timer = None;
             return result;
         }
-        let timer = self.timer.get_or_insert_with(|| {
-            let idle_for = Duration::from_millis(clock_ms().saturating_sub(activity.last_heard()));
-            Box::pin(tokio::time::sleep(limit.saturating_sub(idle_for)))
-        });
+        // Counted from when the connection was last busy: a stream that came and went since
+        // the timer was set starts it again.
+        let heard = activity.last_heard();
+        if self.timer.as_ref().is_none_or(|(from, _)| *from != heard) {
+            let idle_for = Duration::from_millis(clock_ms().saturating_sub(heard));
+            let timer = Box::pin(tokio::time::sleep(limit.saturating_sub(idle_for)));
+            self.timer = Some((heard, timer));
+        }
+        let Some((_, timer)) = self.timer.as_mut() else {
+            return result;
+        };
         if result.is_pending() && timer.as_mut().poll(cx).is_ready() {
             return Poll::Ready(Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
