@@ -9,26 +9,24 @@
 //!   the single source of truth.
 //!
 //! Decisions and token reviews are cached for a short time; open streams are checked again at
-//! that interval, so a revoked permission ends them with `PERMISSION_DENIED`.
-use std::collections::HashMap;
+//! that interval, so a revoked permission ends them with `PERMISSION_DENIED`. Concurrent
+//! identical questions to the API (a token, an identity and resource, a pod address) share one
+//! request. Pod addresses are answered from a watch over running pods, so the API server's cost
+//! is per identity, not per connection (see [`kubernetes`]).
+mod kubernetes;
+mod memo;
+
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenReview, TokenReviewSpec};
-use k8s_openapi::api::authorization::v1::{
-    ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
-};
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, ListParams, PostParams};
+use futures::future::BoxFuture;
 use tonic::metadata::MetadataMap;
 
+use self::memo::Memo;
 use crate::net::info::ConnectionInfo;
-use crate::selector::{GROUP, ResourceKey};
-
-/// Cached entries beyond this are dropped wholesale (the cache only saves API calls).
-const MAX_CACHE_ENTRIES: usize = 10_000;
+use crate::selector::ResourceKey;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum AuthzMode {
@@ -125,24 +123,71 @@ pub enum AuthzConfigError {
     NeedsKubernetes(AuthzMode, &'static str),
 }
 
-/// A cache of answers with the time each was made.
-type Cache<K, V> = Mutex<HashMap<K, (V, Instant)>>;
+/// The questions authorization asks the cluster: the port behind which the Kubernetes API sits
+/// ([`kubernetes::KubeReviewer`]), so the policy here can be tested without one.
+///
+/// Each returns a `'static` future (an implementation clones what it needs), so one answer can
+/// be shared by every caller asking the same question. `Err` means the question could not be
+/// asked (the API is unreachable, or refused the proxy); such errors are never cached.
+pub trait Reviewer: Send + Sync {
+    /// TokenReview: whose token this is (`Ok(Err(reason))`: the API server rejected it).
+    fn review_token(
+        &self,
+        token: String,
+    ) -> BoxFuture<'static, Result<Result<Identity, String>, AuthzError>>;
+
+    /// SubjectAccessReview for `get` on the FeatureFlag `key` (`Ok(Err(reason))`: not allowed).
+    fn review_access(
+        &self,
+        identity: Identity,
+        key: ResourceKey,
+    ) -> BoxFuture<'static, Result<Result<(), String>, AuthzError>>;
+
+    /// The running, non-host-network pods that have the address `ip`.
+    fn pods_at(&self, ip: IpAddr) -> BoxFuture<'static, Result<Vec<PodOwner>, AuthzError>>;
+}
+
+/// A running pod that has an address.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodOwner {
+    pub uid: String,
+    pub namespace: String,
+    pub service_account: String,
+}
 
 /// Makes authorization decisions. Shared by all requests.
 pub struct Authorizer {
     settings: AuthzSettings,
-    client: Option<kube::Client>,
-    tokens: Cache<String, Result<Identity, AuthzError>>,
-    decisions: Cache<(String, ResourceKey), Result<(), String>>,
+    reviewer: Option<Arc<dyn Reviewer>>,
+    tokens: Memo<String, Result<Identity, String>>,
+    decisions: Memo<(String, ResourceKey), Result<(), String>>,
+    /// Only shared while in flight: the pod index (or a list) is the source of truth.
+    pods: Memo<IpAddr, Vec<PodOwner>>,
 }
 
 impl Authorizer {
-    /// `client` is the Kubernetes API client, when the proxy has one.
+    /// `client` is the Kubernetes API client, when the proxy has one. With `--authz-pod-ip`
+    /// this starts a watch over running pods (on the current Tokio runtime).
     pub fn new(
         settings: AuthzSettings,
         client: Option<kube::Client>,
     ) -> Result<Self, AuthzConfigError> {
-        if client.is_none() {
+        let reviewer = client.map(|client| {
+            Arc::new(kubernetes::KubeReviewer::new(
+                client,
+                settings.token_audiences.clone(),
+                settings.pod_ip,
+            )) as Arc<dyn Reviewer>
+        });
+        Self::with_reviewer(settings, reviewer)
+    }
+
+    /// An authorizer that asks `reviewer` (none: the proxy has no Kubernetes API).
+    pub fn with_reviewer(
+        settings: AuthzSettings,
+        reviewer: Option<Arc<dyn Reviewer>>,
+    ) -> Result<Self, AuthzConfigError> {
+        if reviewer.is_none() {
             if settings.mode == AuthzMode::Rbac {
                 return Err(AuthzConfigError::NeedsKubernetes(
                     settings.mode,
@@ -157,13 +202,13 @@ impl Authorizer {
             }
         }
         Ok(Self {
+            tokens: Memo::new(settings.cache_ttl),
+            decisions: Memo::new(settings.cache_ttl),
+            pods: Memo::new(Duration::ZERO),
             settings,
-            client,
-            tokens: Mutex::default(),
-            decisions: Mutex::default(),
+            reviewer,
         })
     }
-
     pub fn enabled(&self) -> bool {
         self.settings.mode != AuthzMode::None
     }
@@ -246,90 +291,47 @@ impl Authorizer {
                 }
             }
             AuthzMode::Rbac => {
-                let cache_key = (identity.user.clone(), key.clone());
-                if let Some(cached) = cached(&self.decisions, &cache_key, self.settings.cache_ttl) {
-                    return cached.map_err(denied);
-                }
-                let decision = self.access_review(identity, key).await?;
-                store(&self.decisions, cache_key, decision.clone());
-                decision.map_err(denied)
+                let reviewer = self.reviewer.as_ref().ok_or_else(|| {
+                    AuthzError::Unavailable("RBAC mode needs the Kubernetes API".into())
+                })?;
+                self.decisions
+                    .get((identity.user.clone(), key.clone()), || {
+                        reviewer.review_access(identity.clone(), key.clone())
+                    })
+                    .await?
+                    .map_err(denied)
             }
         }
     }
 
     async fn review_token(&self, token: &str) -> Result<Identity, AuthzError> {
-        if let Some(cached) = cached(&self.tokens, token, self.settings.cache_ttl) {
-            return cached;
-        }
-        let Some(client) = &self.client else {
+        let Some(reviewer) = &self.reviewer else {
             return Err(AuthzError::Unauthenticated(
                 "bearer tokens need the Kubernetes API (TokenReview); this proxy has no API access"
                     .into(),
             ));
         };
-        let review = TokenReview {
-            spec: TokenReviewSpec {
-                token: Some(token.to_owned()),
-                audiences: (!self.settings.token_audiences.is_empty())
-                    .then(|| self.settings.token_audiences.clone()),
-            },
-            ..TokenReview::default()
-        };
-        let answer = create_review(client, &review, "TokenReview").await?;
-        let status = answer.status.unwrap_or_default();
-        let result = match (status.authenticated, status.user) {
-            (Some(true), Some(user)) => {
-                let name = user.username.unwrap_or_default();
-                let namespace = name
-                    .strip_prefix("system:serviceaccount:")
-                    .and_then(|r| r.split(':').next())
-                    .map(str::to_owned);
-                Ok(Identity {
-                    user: name,
-                    groups: user.groups.unwrap_or_default(),
-                    namespace,
-                    via: "bearer token",
-                })
-            }
-            _ => Err(AuthzError::Unauthenticated(format!(
-                "the bearer token was rejected by the API server{}",
-                status.error.map(|e| format!(": {e}")).unwrap_or_default()
-            ))),
-        };
-        store(&self.tokens, token.to_owned(), result.clone());
-        result
+        self.tokens
+            .get(token.to_owned(), || reviewer.review_token(token.to_owned()))
+            .await?
+            .map_err(AuthzError::Unauthenticated)
     }
 
+    /// The identity of the one running pod that has the address `ip`. Two pods claiming the
+    /// same address (one is gone, the API does not know yet) identify neither.
     async fn pod_identity(&self, ip: IpAddr) -> Result<Identity, AuthzError> {
-        let Some(client) = &self.client else {
+        let Some(reviewer) = &self.reviewer else {
             return Err(AuthzError::Unavailable(
                 "pod identity needs the Kubernetes API".into(),
             ));
         };
-        let pods = Api::<Pod>::all(client.clone())
-            .list(&ListParams::default().fields(&format!("status.podIP={ip}")))
-            .await
-            .map_err(|e| AuthzError::Unavailable(format!("listing pods by address failed: {e}")))?;
-        let owners: Vec<_> = pods
-            .items
-            .iter()
-            .filter(|p| p.spec.as_ref().is_none_or(|s| s.host_network != Some(true)))
-            .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running"))
-            .collect();
+        let owners = self.pods.get(ip, || reviewer.pods_at(ip)).await?;
         match owners.as_slice() {
-            [pod] => {
-                let namespace = pod.metadata.namespace.clone().unwrap_or_default();
-                let account = pod
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.service_account_name.clone())
-                    .unwrap_or_else(|| "default".into());
-                Ok(Identity::service_account(
-                    &namespace,
-                    &account,
-                    "pod address",
-                ))
-            }
+            [pod] => Ok(Identity::service_account(
+                &pod.namespace,
+                &pod.service_account,
+                "pod address",
+            )),
             [] => Err(AuthzError::Unauthenticated(format!(
                 "no running pod has the address {ip}"
             ))),
@@ -338,69 +340,6 @@ impl Authorizer {
             ))),
         }
     }
-
-    async fn access_review(
-        &self,
-        identity: &Identity,
-        key: &ResourceKey,
-    ) -> Result<Result<(), String>, AuthzError> {
-        let Some(client) = &self.client else {
-            return Err(AuthzError::Unavailable(
-                "RBAC mode needs the Kubernetes API".into(),
-            ));
-        };
-        let review = SubjectAccessReview {
-            spec: SubjectAccessReviewSpec {
-                user: Some(identity.user.clone()),
-                groups: Some(identity.groups.clone()),
-                resource_attributes: Some(ResourceAttributes {
-                    group: Some(GROUP.to_owned()),
-                    resource: Some("featureflags".to_owned()),
-                    verb: Some("get".to_owned()),
-                    namespace: Some(key.namespace.clone()),
-                    name: Some(key.name.clone()),
-                    ..ResourceAttributes::default()
-                }),
-                ..SubjectAccessReviewSpec::default()
-            },
-            ..SubjectAccessReview::default()
-        };
-        let answer = create_review(client, &review, "SubjectAccessReview").await?;
-        let status = answer.status.unwrap_or_default();
-        if status.allowed {
-            Ok(Ok(()))
-        } else {
-            let detail = status
-                .reason
-                .filter(|r| !r.is_empty())
-                .map(|r| format!(" ({r})"))
-                .unwrap_or_default();
-            Ok(Err(format!(
-                "RBAC does not allow get on featureflags.{GROUP} {:?} in namespace {:?}{detail}",
-                key.name, key.namespace
-            )))
-        }
-    }
-}
-
-fn cached<K, Q, V>(map: &Cache<K, V>, key: &Q, ttl: Duration) -> Option<V>
-where
-    K: std::hash::Hash + Eq + std::borrow::Borrow<Q>,
-    Q: std::hash::Hash + Eq + ?Sized,
-    V: Clone,
-{
-    let map = map.lock().unwrap_or_else(|p| p.into_inner());
-    map.get(key)
-        .filter(|(_, at)| ttl > at.elapsed())
-        .map(|(v, _)| v.clone())
-}
-
-fn store<K: std::hash::Hash + Eq, V>(map: &Cache<K, V>, key: K, value: V) {
-    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
-    if map.len() >= MAX_CACHE_ENTRIES {
-        map.clear();
-    }
-    map.insert(key, (value, Instant::now()));
 }
 
 /// The ServiceAccount named by a certificate's SPIFFE ID URI SAN, if it has one of the form
@@ -429,21 +368,6 @@ fn parse_spiffe(uri: &str) -> Option<(String, String)> {
         }
         _ => None,
     }
-}
-
-/// Asks the API server for a review (`kind` names it in the error).
-async fn create_review<K>(client: &kube::Client, review: &K, kind: &str) -> Result<K, AuthzError>
-where
-    K: kube::Resource<DynamicType = ()>
-        + Clone
-        + std::fmt::Debug
-        + serde::Serialize
-        + serde::de::DeserializeOwned,
-{
-    Api::<K>::all(client.clone())
-        .create(&PostParams::default(), review)
-        .await
-        .map_err(|e| AuthzError::Unavailable(format!("{kind} failed: {e}")))
 }
 
 #[cfg(test)]
@@ -531,6 +455,243 @@ mod tests {
             pod_ip: false,
             cache_ttl: Duration::from_secs(5),
         };
-        assert!(Authorizer::new(settings, None).is_err());
+        assert!(Authorizer::new(settings.clone(), None).is_err());
+        let pod_ip = AuthzSettings {
+            mode: AuthzMode::Namespace,
+            pod_ip: true,
+            ..settings
+        };
+        assert!(Authorizer::new(pod_ip, None).is_err());
+    }
+
+    /// A [`Reviewer`] that counts its calls and holds every answer until `gate` opens.
+    struct FakeReviewer {
+        calls: std::sync::Mutex<Vec<&'static str>>,
+        gate: Arc<tokio::sync::Semaphore>,
+        pods: std::sync::Mutex<Vec<PodOwner>>,
+        down: std::sync::atomic::AtomicBool,
+    }
+
+    impl FakeReviewer {
+        fn new() -> Self {
+            Self {
+                calls: std::sync::Mutex::default(),
+                gate: Arc::new(tokio::sync::Semaphore::new(0)),
+                pods: std::sync::Mutex::default(),
+                down: std::sync::atomic::AtomicBool::new(false),
+            }
+        }
+
+        fn calls(&self, kind: &str) -> usize {
+            let calls = self.calls.lock().expect("lock");
+            calls.iter().filter(|c| **c == kind).count()
+        }
+
+        fn answer<T: Send + 'static>(
+            &self,
+            kind: &'static str,
+            answer: T,
+        ) -> BoxFuture<'static, Result<T, AuthzError>> {
+            self.calls.lock().expect("lock").push(kind);
+            let gate = self.gate.clone();
+            let down = self.down.load(std::sync::atomic::Ordering::SeqCst);
+            Box::pin(async move {
+                let _permit = gate.acquire().await.expect("open");
+                if down {
+                    Err(AuthzError::Unavailable(format!("{kind}: the API is down")))
+                } else {
+                    Ok(answer)
+                }
+            })
+        }
+    }
+
+    impl Reviewer for FakeReviewer {
+        fn review_token(
+            &self,
+            token: String,
+        ) -> BoxFuture<'static, Result<Result<Identity, String>, AuthzError>> {
+            let answer = match token.split_once('/') {
+                Some((ns, name)) => Ok(Identity::service_account(ns, name, "bearer token")),
+                None => Err("rejected".to_owned()),
+            };
+            self.answer("token", answer)
+        }
+
+        fn review_access(
+            &self,
+            identity: Identity,
+            key: ResourceKey,
+        ) -> BoxFuture<'static, Result<Result<(), String>, AuthzError>> {
+            let allowed = identity.namespace.as_deref() == Some(key.namespace.as_str());
+            self.answer("access", if allowed { Ok(()) } else { Err("no".into()) })
+        }
+
+        fn pods_at(&self, _: IpAddr) -> BoxFuture<'static, Result<Vec<PodOwner>, AuthzError>> {
+            let pods = self.pods.lock().expect("lock").clone();
+            self.answer("pods", pods)
+        }
+    }
+
+    fn faked(mode: AuthzMode, pod_ip: bool) -> (Arc<FakeReviewer>, Authorizer) {
+        let fake = Arc::new(FakeReviewer::new());
+        let settings = AuthzSettings {
+            mode,
+            pod_ip,
+            cache_ttl: Duration::from_secs(3600),
+            ..AuthzSettings::default()
+        };
+        let authz = Authorizer::with_reviewer(settings, Some(fake.clone() as Arc<dyn Reviewer>))
+            .expect("valid settings");
+        (fake, authz)
+    }
+
+    fn bearer(token: &str) -> MetadataMap {
+        let mut metadata = MetadataMap::new();
+        metadata.insert(
+            "authorization",
+            format!("Bearer {token}").parse().expect("ascii"),
+        );
+        metadata
+    }
+
+    fn from_address(ip: &str) -> ConnectionInfo {
+        ConnectionInfo {
+            remote_addr: Some(std::net::SocketAddr::new(ip.parse().expect("ip"), 40000)),
+            peer_certificates: None,
+            activity: None,
+        }
+    }
+
+    fn owner(uid: &str, namespace: &str, account: &str) -> PodOwner {
+        PodOwner {
+            uid: uid.into(),
+            namespace: namespace.into(),
+            service_account: account.into(),
+        }
+    }
+
+    /// Runs `calls` concurrently: all are waiting on the fake before it answers any of them.
+    async fn together<F: std::future::Future>(
+        fake: &FakeReviewer,
+        calls: impl IntoIterator<Item = F>,
+    ) -> Vec<F::Output> {
+        let all = futures::future::join_all(calls);
+        tokio::pin!(all);
+        assert!(futures::poll!(&mut all).is_pending(), "held by the fake");
+        fake.gate
+            .add_permits(tokio::sync::Semaphore::MAX_PERMITS / 2);
+        all.await
+    }
+
+    fn assert_all_are(answers: &[Result<Identity, AuthzError>], user: &str) {
+        for answer in answers {
+            assert_eq!(answer.as_ref().map(|i| i.user.as_str()), Ok(user));
+        }
+    }
+
+    #[tokio::test]
+    async fn concurrent_identical_token_reviews_make_one_call() {
+        let (fake, authz) = faked(AuthzMode::Namespace, false);
+        let metadata = bearer("team-a/web");
+        let answers = together(&fake, (0..50).map(|_| authz.identify(&metadata, None))).await;
+        assert_all_are(&answers, "system:serviceaccount:team-a:web");
+        assert_eq!(fake.calls("token"), 1);
+        authz.identify(&metadata, None).await.expect("cached");
+        authz
+            .identify(&bearer("bogus"), None)
+            .await
+            .expect_err("rejected");
+        authz
+            .identify(&bearer("bogus"), None)
+            .await
+            .expect_err("rejected");
+        assert_eq!(
+            fake.calls("token"),
+            2,
+            "answers, rejections too, are cached"
+        );
+    }
+
+    #[tokio::test]
+    async fn an_unreachable_api_is_not_cached() {
+        let (fake, authz) = faked(AuthzMode::Namespace, false);
+        fake.down.store(true, std::sync::atomic::Ordering::SeqCst);
+        let metadata = bearer("team-a/web");
+        let answers = together(&fake, (0..10).map(|_| authz.identify(&metadata, None))).await;
+        assert!(
+            answers
+                .iter()
+                .all(|a| matches!(a, Err(AuthzError::Unavailable(_))))
+        );
+        assert_eq!(fake.calls("token"), 1, "one call for the concurrent ones");
+        fake.down.store(false, std::sync::atomic::Ordering::SeqCst);
+        authz.identify(&metadata, None).await.expect("asked again");
+        assert_eq!(fake.calls("token"), 2);
+    }
+
+    #[tokio::test]
+    async fn concurrent_identical_access_reviews_make_one_call() {
+        let (fake, authz) = faked(AuthzMode::Rbac, false);
+        let me = Identity::service_account("team-a", "web", "test");
+        let own = ResourceKey::new("team-a", "f");
+        let other = ResourceKey::new("team-b", "f");
+        let answers = together(
+            &fake,
+            (0..30).map(|i| authz.check(&me, if i % 2 == 0 { &own } else { &other })),
+        )
+        .await;
+        assert_eq!(answers.iter().filter(|a| a.is_ok()).count(), 15);
+        assert!(
+            answers
+                .iter()
+                .filter_map(|a| a.as_ref().err())
+                .all(|e| matches!(e, AuthzError::Denied { .. }))
+        );
+        assert_eq!(fake.calls("access"), 2, "one per (identity, resource)");
+        authz.check(&me, &own).await.expect("cached");
+        authz.check(&me, &other).await.expect_err("cached denial");
+        assert_eq!(fake.calls("access"), 2);
+    }
+
+    #[tokio::test]
+    async fn concurrent_connections_from_one_pod_make_one_lookup() {
+        let (fake, authz) = faked(AuthzMode::Namespace, true);
+        *fake.pods.lock().expect("lock") = vec![owner("a", "team-a", "web")];
+        let from = from_address("10.0.0.7");
+        let metadata = MetadataMap::new();
+        let answers = together(
+            &fake,
+            (0..100).map(|_| authz.identify(&metadata, Some(&from))),
+        )
+        .await;
+        assert_all_are(&answers, "system:serviceaccount:team-a:web");
+        assert_eq!(fake.calls("pods"), 1);
+    }
+
+    #[tokio::test]
+    async fn a_pod_address_is_never_cached_and_two_owners_identify_neither() {
+        let (fake, authz) = faked(AuthzMode::Namespace, true);
+        fake.gate.add_permits(1000);
+        let from = from_address("10.0.0.7");
+        let metadata = MetadataMap::new();
+        *fake.pods.lock().expect("lock") = vec![owner("a", "team-a", "web")];
+        let first = authz.identify(&metadata, Some(&from)).await.expect("a");
+        assert_eq!(first.namespace.as_deref(), Some("team-a"));
+        // The address is reused while the first pod is still known: nobody gets it.
+        fake.pods
+            .lock()
+            .expect("lock")
+            .push(owner("b", "team-b", "db"));
+        let both = authz
+            .identify(&metadata, Some(&from))
+            .await
+            .expect_err("claimed twice");
+        assert!(both.to_string().contains("several running pods"), "{both}");
+        // The first pod is gone: the address is the new pod's, at once.
+        fake.pods.lock().expect("lock").remove(0);
+        let second = authz.identify(&metadata, Some(&from)).await.expect("b");
+        assert_eq!(second.user, "system:serviceaccount:team-b:db");
+        assert_eq!(fake.calls("pods"), 3);
     }
 }

@@ -141,7 +141,7 @@ async fn grant_review_permissions(cp: &ControlPlane) {
         "rules": [
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
             {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}
+            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
         ]
     }))
     .expect("role");
@@ -194,17 +194,181 @@ async fn service_account_token(cp: &ControlPlane, ns: &str, name: &str) -> Strin
     issued.status.expect("status").token
 }
 
+/// The review permissions, namespaces team-a and team-b with a FeatureFlag "flags" each, and a
+/// token of the ServiceAccount team-a/web.
+async fn two_teams(cp: &ControlPlane) -> String {
+    grant_review_permissions(cp).await;
+    for ns in ["team-a", "team-b"] {
+        cp.create_namespace(ns).await;
+        create_flag(cp, ns, "flags", ns).await;
+    }
+    service_account_token(cp, "team-a", "web").await
+}
+
+/// A channel whose connection comes from `address` (a 127.0.0.x address stands for a pod's).
+async fn connect_from(proxy: &Proxy, address: &str) -> Channel {
+    Endpoint::from_shared(proxy.endpoint())
+        .expect("uri")
+        .local_address(Some(address.parse().expect("ip")))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect from {address}: {e}"))
+}
+
+/// Creates a pod in `ns` running as ServiceAccount `account` with the address `ip`, the way the
+/// kubelet would report it.
+async fn running_pod(cp: &ControlPlane, ns: &str, name: &str, account: &str, ip: &str) {
+    let pods: Api<Pod> = Api::namespaced(cp.admin_client(), ns);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": name},
+        "spec": {"serviceAccountName": account, "containers": [{"name": "app", "image": "example.invalid/app"}]}
+    }))
+    .expect("pod");
+    pods.create(&PostParams::default(), &pod)
+        .await
+        .expect("create pod");
+    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
+    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .expect("pod status");
+}
+
+/// Requests the API server has counted (its own `apiserver_request_total`) of these kinds.
+async fn requests(cp: &ControlPlane, kinds: &[(&str, &str)]) -> u64 {
+    let mut total = 0;
+    for (verb, resource) in kinds {
+        total += cp.requests(verb, resource).await;
+    }
+    total
+}
+
+const POD_LOOKUPS: &[(&str, &str)] = &[("LIST", "pods"), ("WATCH", "pods"), ("GET", "pods")];
+
+#[tokio::test]
+async fn the_api_server_pays_per_identity_not_per_connection() {
+    let Some(cp) = start_or_skip().await else {
+        return;
+    };
+    let token = two_teams(&cp).await;
+    // Decisions are kept long enough that only concurrency could cause a second review.
+    let args = cp.proxy_args(&[
+        "--authz",
+        "namespace",
+        "--authz-pod-ip",
+        "--authz-cache-ttl",
+        "1h",
+        "--max-connections-per-address",
+        "0",
+    ]);
+    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+
+    // Concurrent first requests with one token: one TokenReview.
+    let reviews = cp.requests("POST", "tokenreviews").await;
+    let channel = plain_channel(proxy.port).await;
+    let answers = futures::future::join_all((0..50).map(|_| {
+        first(
+            channel.clone(),
+            "core.openfeature.dev/team-a/flags",
+            Some(&token),
+        )
+    }))
+    .await;
+    for answer in answers {
+        assert!(answer.expect("own namespace").contains("team-a"));
+    }
+    let made = support::eventually("the API server counts the TokenReview", || async {
+        let made = cp.requests("POST", "tokenreviews").await - reviews;
+        if made > 0 { Ok(made) } else { Err("none yet") }
+    })
+    .await;
+    assert_eq!(
+        made, 1,
+        "TokenReviews for 50 concurrent requests with one token"
+    );
+
+    // 200 connections from one pod's address: no pod lookup each.
+    running_pod(&cp, "team-a", "web-0", "web", "127.0.0.9").await;
+    let probe = connect_from(&proxy, "127.0.0.9").await;
+    support::eventually("the pod at 127.0.0.9 is known", || {
+        first(probe.clone(), "core.openfeature.dev/team-a/flags", None)
+    })
+    .await;
+    let lookups = requests(&cp, POD_LOOKUPS).await;
+    // In ten waves of twenty: concurrent lookups of one address share a request anyway, so
+    // the waves show that connections after the first ones make none.
+    for _ in 0..10 {
+        let answers = futures::future::join_all((0..20).map(|_| {
+            let proxy = &proxy;
+            async move {
+                let channel = connect_from(proxy, "127.0.0.9").await;
+                first(channel, "core.openfeature.dev/team-a/flags", None).await
+            }
+        }))
+        .await;
+        for answer in answers {
+            assert!(answer.expect("the pod's own namespace").contains("team-a"));
+        }
+    }
+    let made = requests(&cp, POD_LOOKUPS).await - lookups;
+    assert!(
+        made <= 2,
+        "{made} pod requests for 200 connections from one pod"
+    );
+
+    // The pod goes and its address is given to a pod of another ServiceAccount in another
+    // namespace: the new pod is the new pod, never the old one.
+    Api::<Pod>::namespaced(cp.admin_client(), "team-a")
+        .delete("web-0", &DeleteParams::default().grace_period(0))
+        .await
+        .expect("delete pod");
+    running_pod(&cp, "team-b", "db-0", "db", "127.0.0.9").await;
+    let reused = connect_from(&proxy, "127.0.0.9").await;
+    support::eventually("the new pod at 127.0.0.9 reads its own namespace", || {
+        first(reused.clone(), "core.openfeature.dev/team-b/flags", None)
+    })
+    .await;
+    let old = first(reused.clone(), "core.openfeature.dev/team-a/flags", None)
+        .await
+        .expect_err("the old pod's namespace");
+    assert_status(
+        &old,
+        Code::PermissionDenied,
+        "system:serviceaccount:team-b:db",
+    );
+
+    // Two running pods claim the address (one of them is gone, the API does not know yet):
+    // neither identity is handed out.
+    running_pod(&cp, "team-a", "web-1", "web", "127.0.0.9").await;
+    let refused = support::eventually("the second claim on 127.0.0.9 is seen", || async {
+        match first(reused.clone(), "core.openfeature.dev/team-b/flags", None).await {
+            Err(status) if status.code() == Code::Unauthenticated => Ok(status),
+            other => Err(format!("{other:?}")),
+        }
+    })
+    .await;
+    assert_status(
+        &refused,
+        Code::Unauthenticated,
+        "several running pods have the address 127.0.0.9",
+    );
+    for ns in ["team-a", "team-b"] {
+        let status = first(
+            reused.clone(),
+            &format!("core.openfeature.dev/{ns}/flags"),
+            None,
+        )
+        .await
+        .expect_err("no identity");
+        assert_eq!(status.code(), Code::Unauthenticated, "{status:?}");
+    }
+}
+
 #[tokio::test]
 async fn tokens_pods_and_rbac_against_the_api_server() {
     let Some(cp) = start_or_skip().await else {
         return;
     };
-    grant_review_permissions(&cp).await;
-    for ns in ["team-a", "team-b"] {
-        cp.create_namespace(ns).await;
-        create_flag(&cp, ns, "flags", ns).await;
-    }
-    let token = service_account_token(&cp, "team-a", "web").await;
+    let token = two_teams(&cp).await;
 
     // Namespace mode with ServiceAccount tokens.
     let args = cp.proxy_args(&["--authz", "namespace", "--authz-pod-ip"]);
@@ -244,28 +408,13 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     );
 
     // Pod address identity: a running pod in team-a owns 127.0.0.7; a client from there is it.
-    let pods: Api<Pod> = Api::namespaced(cp.admin_client(), "team-a");
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "web-0"},
-        "spec": {"serviceAccountName": "web", "containers": [{"name": "app", "image": "example.invalid/app"}]}
-    }))
-    .expect("pod");
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    let status = json!({"status": {"phase": "Running", "podIP": "127.0.0.7", "podIPs": [{"ip": "127.0.0.7"}]}});
-    pods.patch_status("web-0", &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .expect("pod status");
-    let from_pod = Endpoint::from_shared(proxy.endpoint())
-        .expect("uri")
-        .local_address(Some("127.0.0.7".parse().expect("ip")))
-        .connect()
-        .await
-        .expect("connect from 127.0.0.7");
-    first(from_pod.clone(), "core.openfeature.dev/team-a/flags", None)
-        .await
-        .expect("pod's own namespace");
+    running_pod(&cp, "team-a", "web-0", "web", "127.0.0.7").await;
+    let from_pod = connect_from(&proxy, "127.0.0.7").await;
+    // The proxy learns of the pod from its pod watch.
+    support::eventually("the pod at 127.0.0.7 reads its own namespace", || {
+        first(from_pod.clone(), "core.openfeature.dev/team-a/flags", None)
+    })
+    .await;
     let denied = first(from_pod, "core.openfeature.dev/team-b/flags", None)
         .await
         .expect_err("other namespace");

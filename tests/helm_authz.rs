@@ -104,7 +104,7 @@ fn authz_flags_come_with_exactly_the_permissions_they_need() {
             &[
                 "authentication.k8s.io/tokenreviews:create",
                 "authorization.k8s.io/subjectaccessreviews:create",
-                "/pods:list",
+                "/pods:list,watch",
             ],
         ),
     ];

@@ -726,6 +726,7 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
         ("get", "", "secrets", namespace.as_str()),
         ("list", "", "secrets", ""),
         ("list", "", "pods", ""),
+        ("watch", "", "pods", ""),
         ("get", "", "configmaps", "some-app"),
         ("list", "apps", "deployments", namespace.as_str()),
     ] {

@@ -313,7 +313,7 @@ pub struct AuthzArgs {
     pub authz_token_audiences: Vec<String>,
 
     /// Identify clients without a certificate or token by the pod that owns their source address
-    /// (works with today's unmodified flagd sidecars; needs list on pods).
+    /// (works with today's unmodified flagd sidecars; needs list and watch on pods).
     #[arg(long, env = "FLAGD_PROXY_AUTHZ_POD_IP")]
     pub authz_pod_ip: bool,
 

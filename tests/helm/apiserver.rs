@@ -170,6 +170,7 @@ pub(crate) async fn apply_case(cp: &ControlPlane, case: &Case, objects: &[Value]
             ("get", "", "secrets"),
             ("list", "", "configmaps"),
             ("list", "", "pods"),
+            ("watch", "", "pods"),
         ] {
             assert!(
                 !cp.service_account_may(&ns, "flagd-proxy", verb, group, resource, "some-app")
