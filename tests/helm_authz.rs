@@ -1,5 +1,5 @@
 //! The chart's `central.authz` values, rendered with `helm template`: the `--authz` flags of the
-//! central Deployment and the permissions its ClusterRole gains for them. tests/cluster.rs runs
+//! central Deployment and the permissions its ClusterRole gains for them. tests/cluster/ runs
 //! `central.authz.mode=rbac` with token audiences in a real cluster.
 use flagd_proxy_testkit as support;
 

@@ -2,7 +2,7 @@
 //! `helm template`: what flagd syncs from (which tier, which FeatureFlags, TLS), the Services
 //! RPC-mode providers dial, the restricted security context and probes, and that none of the
 //! proxy's selectors (Services, PodDisruptionBudget, NetworkPolicy) picks up flagd pods.
-//! The cluster tests (tests/cluster.rs) run the same workloads for real.
+//! The cluster tests (tests/cluster/) run the same workloads for real.
 use flagd_proxy_testkit as support;
 
 use std::collections::BTreeMap;

@@ -34,11 +34,7 @@ impl JsClient {
             .join("node_modules/@openfeature/flagd-provider")
             .exists()
         {
-            assert!(
-                std::env::var_os("CI").is_none(),
-                "the JS client is not installed: run scripts/install-interop.sh"
-            );
-            eprintln!("SKIPPED: the JS client is not installed (scripts/install-interop.sh)");
+            support::skip::skip("the JS client is not installed: run scripts/install-interop.sh");
             return None;
         }
         let mut child = Command::new("node")

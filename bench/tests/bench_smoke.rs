@@ -43,10 +43,7 @@ fn benchmark_smoke_run_passes_its_checks() {
 #[test]
 fn benchmark_smoke_run_on_kubernetes_passes_its_checks() {
     if let Err(err @ ControlPlaneError::BinariesMissing { .. }) = find_binaries(&bin_dir()) {
-        if std::env::var_os("CI").is_some() {
-            panic!("{err}");
-        }
-        eprintln!("SKIPPED (no control plane): {err}");
+        flagd_proxy_testkit::skip::skip(format_args!("no control plane: {err}"));
         return;
     }
     smoke("kubernetes", &["--source", "kubernetes"]);

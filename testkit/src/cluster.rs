@@ -215,11 +215,7 @@ fn started_cluster() -> Option<&'static Cluster> {
     match result {
         Ok(cluster) => Some(cluster),
         Err(Unavailable::Missing(missing)) => {
-            let notice = format!("no cluster, missing: {}", missing.join("; "));
-            if std::env::var_os("CI").is_some() {
-                panic!("{notice}");
-            }
-            eprintln!("SKIPPED ({notice})");
+            crate::skip::skip(format_args!("no cluster, missing: {}", missing.join("; ")));
             None
         }
         Err(Unavailable::Failed(error)) => panic!("the cluster did not start: {error}"),
@@ -254,11 +250,7 @@ pub fn required_file(path: &Path, how: &str) -> Option<PathBuf> {
     if path.is_file() {
         return Some(path.to_path_buf());
     }
-    let notice = format!("{} is missing ({how})", path.display());
-    if std::env::var_os("CI").is_some() {
-        panic!("{notice}");
-    }
-    eprintln!("SKIPPED ({notice})");
+    crate::skip::skip(format_args!("{} is missing ({how})", path.display()));
     None
 }
 

@@ -225,14 +225,7 @@ pub fn test_data(relative: &str) -> Result<PathBuf, TestDataMissing> {
 /// [`test_data`] for a test that cannot run without it: panics under `CI`, else prints a skip
 /// notice and returns `None`.
 pub fn test_data_or_skip(relative: &str) -> Option<PathBuf> {
-    match test_data(relative) {
-        Ok(path) => Some(path),
-        Err(missing) if std::env::var_os("CI").is_some() => panic!("{missing}"),
-        Err(missing) => {
-            eprintln!("SKIPPED (no test data): {missing}");
-            None
-        }
-    }
+    crate::skip::require(test_data(relative))
 }
 
 /// Looks for `kube-apiserver` and `etcd` in `dir`.
@@ -264,10 +257,7 @@ pub async fn start_or_skip() -> Option<ControlPlane> {
     match ControlPlane::start().await {
         Ok(cp) => Some(cp),
         Err(err) if err.is_missing_dependency() => {
-            if std::env::var_os("CI").is_some() {
-                panic!("{err}");
-            }
-            eprintln!("SKIPPED (no control plane): {err}");
+            crate::skip::skip(format_args!("no control plane: {err}"));
             None
         }
         Err(err) => panic!("{err}"),

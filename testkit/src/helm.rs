@@ -1,7 +1,7 @@
 //! `helm template` of the chart in `charts/flagd-proxy`, for render tests that need no cluster.
 //!
-//! helm comes from `FLAGD_PROXY_HELM`, the cache (`scripts/install-helm.sh`), or `PATH`. Without
-//! it the caller skips with a notice, or fails when `CI` is set.
+//! helm comes from `FLAGD_PROXY_HELM`, the cache (`scripts/install-helm.sh`), or `PATH` ([`find`]).
+//! Without it the caller is skipped ([`crate::skip`]), or fails when `CI` is set.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -17,34 +17,46 @@ pub struct ChartRenderer {
     home: tempfile::TempDir,
 }
 
+/// The helm binary every test uses: `$FLAGD_PROXY_HELM` (which must work), else the cache's
+/// `bin/helm` (`scripts/install-helm.sh`), else `helm` on `PATH`; the error says where it looked.
+pub fn find() -> Result<PathBuf, String> {
+    let works = |path: &Path| {
+        Command::new(path)
+            .args(["version", "--short"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    };
+    if let Some(path) = std::env::var_os("FLAGD_PROXY_HELM").filter(|v| !v.is_empty()) {
+        let path = PathBuf::from(path);
+        return if works(&path) {
+            Ok(path)
+        } else {
+            Err(format!(
+                "FLAGD_PROXY_HELM={} does not run `helm version`",
+                path.display()
+            ))
+        };
+    }
+    let cached = cache_dir().join("bin/helm");
+    [cached.clone(), PathBuf::from("helm")]
+        .into_iter()
+        .find(|path| works(path))
+        .ok_or_else(|| {
+            format!(
+                "helm not found (looked at $FLAGD_PROXY_HELM, {}, and PATH); run \
+                 scripts/install-helm.sh",
+                cached.display()
+            )
+        })
+}
+
 impl ChartRenderer {
-    /// Finds helm; `None` with a notice (a panic under `CI`) when there is none.
+    /// Finds helm ([`find`]), or [`skip`](crate::skip::skip)s the calling test.
     pub fn find_or_skip() -> Option<ChartRenderer> {
-        let works = |path: &Path| {
-            Command::new(path)
-                .args(["version", "--short"])
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
-        let candidates = match std::env::var_os("FLAGD_PROXY_HELM").filter(|v| !v.is_empty()) {
-            Some(path) => vec![PathBuf::from(path)],
-            None => vec![cache_dir().join("bin/helm"), PathBuf::from("helm")],
-        };
-        match candidates.into_iter().find(|p| works(p)) {
-            Some(binary) => Some(ChartRenderer {
-                binary,
-                home: tempfile::tempdir().expect("tempdir"),
-            }),
-            None => {
-                let notice = "helm not found ($FLAGD_PROXY_HELM, the cache's bin/helm, PATH); \
-                              run scripts/install-helm.sh";
-                if std::env::var_os("CI").is_some() {
-                    panic!("{notice}");
-                }
-                eprintln!("SKIPPED ({notice})");
-                None
-            }
-        }
+        crate::skip::require(find()).map(|binary| ChartRenderer {
+            binary,
+            home: tempfile::tempdir().expect("tempdir"),
+        })
     }
 
     /// `helm template RELEASE charts/flagd-proxy --namespace NS --set S...`: the rendered

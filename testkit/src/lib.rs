@@ -13,6 +13,7 @@ pub mod helm;
 pub mod prometheus;
 pub mod raw_h2;
 pub mod relay;
+pub mod skip;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

@@ -22,7 +22,7 @@ pub struct Tools {
 }
 
 impl Tools {
-    /// Finds both; `None` with a notice (a panic under `CI`) when they are missing.
+    /// Finds both, or [`skip`](crate::skip::skip)s the calling test.
     pub fn find_or_skip() -> Option<Tools> {
         let works = |path: &Path| {
             Command::new(path)
@@ -47,12 +47,10 @@ impl Tools {
                 });
             }
         }
-        let notice = "prometheus and promtool not found ($FLAGD_PROXY_PROMETHEUS_BIN, the \
-                      cache's bin/, PATH); run scripts/install-prometheus.sh";
-        if std::env::var_os("CI").is_some() {
-            panic!("{notice}");
-        }
-        eprintln!("SKIPPED ({notice})");
+        crate::skip::skip(
+            "prometheus and promtool not found ($FLAGD_PROXY_PROMETHEUS_BIN, the cache's bin/, \
+             PATH); run scripts/install-prometheus.sh",
+        );
         None
     }
 

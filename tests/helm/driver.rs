@@ -18,26 +18,12 @@ pub(crate) struct Run {
 }
 
 impl Helm {
-    /// Finds helm, or decides the calling test is skipped (a failure when `CI` is set).
+    /// Finds helm (the test kit's one rule), or skips the calling test (a failure under `CI`).
     pub(crate) fn find_or_skip() -> Option<Helm> {
-        match find_helm() {
-            Some(binary) => Some(Helm {
-                binary,
-                home: tempfile::tempdir().expect("tempdir"),
-            }),
-            None => {
-                let message = format!(
-                    "helm not found (looked at $FLAGD_PROXY_HELM, {}, and PATH); run \
-                     scripts/install-helm.sh",
-                    cached_helm().display()
-                );
-                if std::env::var_os("CI").is_some() {
-                    panic!("{message}");
-                }
-                eprintln!("SKIPPED (no helm): {message}");
-                None
-            }
-        }
+        support::skip::require(support::helm::find()).map(|binary| Helm {
+            binary,
+            home: tempfile::tempdir().expect("tempdir"),
+        })
     }
 
     pub(crate) fn run(&self, args: &[String], kubeconfig: Option<&Path>) -> Run {
@@ -92,42 +78,6 @@ impl Helm {
         );
         parse_documents(&run.stdout)
     }
-}
-
-pub(crate) fn find_helm() -> Option<PathBuf> {
-    let works = |path: &Path| {
-        Command::new(path)
-            .arg("version")
-            .arg("--short")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
-    if let Some(path) = std::env::var_os("FLAGD_PROXY_HELM").filter(|v| !v.is_empty()) {
-        let path = PathBuf::from(path);
-        assert!(
-            works(&path),
-            "FLAGD_PROXY_HELM={} does not run `helm version`",
-            path.display()
-        );
-        return Some(path);
-    }
-    let cached = cached_helm();
-    if works(&cached) {
-        return Some(cached);
-    }
-    let on_path = PathBuf::from("helm");
-    works(&on_path).then_some(on_path)
-}
-
-pub(crate) fn cached_helm() -> PathBuf {
-    let cache = match std::env::var_os("FLAGD_PROXY_CACHE").filter(|v| !v.is_empty()) {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
-            Path::new(&home).join(".cache").join("flagd-proxy")
-        }
-    };
-    cache.join("bin").join("helm")
 }
 
 pub(crate) fn chart_dir() -> String {
