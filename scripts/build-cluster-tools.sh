@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds the helpers of the cluster tests (tests/cluster.rs) from the Go module in tools/cluster, in
+# Builds the helpers of the cluster tests (tests/cluster/) from the Go module in tools/cluster, in
 # one `go build` invocation:
 #   coredns   a CoreDNS with only the plugins the cluster's kube-dns needs (no `forward`)
 #   crane     go-containerregistry's crane: `crane registry serve` is the in-memory image
