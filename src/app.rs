@@ -13,15 +13,16 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::authz::{Authorizer, AuthzConfigError, AuthzSettings};
+use crate::authz::{Authorizer, AuthzConfigError, AuthzSettings, Reviewer};
 use crate::hub::{Hub, HubOptions, Source};
+use crate::kubernetes::events::EventRecorder;
+use crate::kubernetes::reviews::KubeReviewer;
+use crate::kubernetes::{KubeError, KubeSettings, KubernetesSource};
 use crate::management::{self, ManagementOptions, Readiness};
 use crate::metrics::Metrics;
 use crate::net::listener::{SocketError, SyncListener, UnixSocket};
 use crate::net::tls::{ReloadingTls, TlsError, TlsFiles};
 use crate::server::{self, ServerOptions};
-use crate::source::events::EventRecorder;
-use crate::source::kubernetes::{KubeError, KubeSettings, KubernetesSource};
 use crate::source::manifests::{ManifestError, ManifestSource};
 use crate::source::upstream::{UpstreamError, UpstreamSettings, UpstreamSource};
 use crate::wire::{CompressionSettings, SyncService};
@@ -183,7 +184,12 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
     let metrics = Arc::new(Metrics::new());
     let tls = load_tls(tls, &metrics)?;
     let started = start_source(source, &metrics).await?;
-    let authz = Authorizer::new(authz, started.kube_client).map_err(ConfigError::Authz)?;
+    // The authorization port, answered by the Kubernetes API when the proxy has one.
+    let reviewer = started.kube_client.map(|client| {
+        let reviewer = KubeReviewer::new(client, authz.token_audiences.clone(), authz.pod_ip);
+        Arc::new(reviewer) as Arc<dyn Reviewer>
+    });
+    let authz = Authorizer::new(authz, reviewer).map_err(ConfigError::Authz)?;
     Ok(Prepared {
         serve,
         hub,

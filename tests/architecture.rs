@@ -35,6 +35,17 @@ fn the_management_port_imports_nothing_from_the_sync_server() {
     );
 }
 
+/// Sources (the upstream one included, which speaks the sync protocol as a client) use the
+/// protocol leaf, never the inbound wire; and the leaf imports nothing.
+#[test]
+fn sources_speak_the_protocol_not_the_wire() {
+    let graph = module_graph();
+    let source = graph.get("source").expect("a source module");
+    assert!(!source.contains("wire"), "source imports {source:?}");
+    let protocol = graph.get("protocol").expect("a protocol module");
+    assert!(protocol.is_empty(), "protocol imports {protocol:?}");
+}
+
 #[test]
 fn no_import_circle_among_modules() {
     let graph = module_graph();

@@ -4,7 +4,7 @@
 //! do not spread them over more.
 use flagd_proxy_testkit as support;
 
-use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
+use flagd_proxy::protocol::client::flagd_sync_v1 as v1;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
 use support::control_plane::{self, connections_to, feature_flag_resource};

@@ -38,7 +38,7 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Request, Status};
 
-use flagd_proxy::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
+use flagd_proxy::protocol::client::flagd_sync_v1::SyncFlagsRequest;
 
 // The same control plane the integration tests use: etcd and kube-apiserver on loopback.
 use flagd_proxy_testkit::control_plane::{self, ControlPlane, free_port};

@@ -15,10 +15,10 @@ use crate::app::{self, ServeSettings, Settings, SourceSettings};
 use crate::authz::{self, AuthzSettings};
 use crate::budget;
 use crate::hub::{self, HubOptions};
+use crate::kubernetes::KubeSettings;
 use crate::management::{self, ManagementOptions};
 use crate::net::tls::TlsFiles;
 use crate::server::{self, ServerOptions};
-use crate::source::kubernetes::KubeSettings;
 use crate::source::upstream::UpstreamSettings;
 use crate::wire::compression::{self, CompressionMode, CompressionSettings};
 

@@ -17,11 +17,11 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::backoff::Backoff;
 use crate::hub::Publisher;
 use crate::metrics::Metrics;
+use crate::protocol::SELECTOR_HEADER;
+use crate::protocol::client::flagd_sync_v1::SyncFlagsRequest;
+use crate::protocol::client::flagd_sync_v1::flag_sync_service_client::FlagSyncServiceClient;
 use crate::selector::ResourceKey;
 use crate::source::Source;
-use crate::wire::SELECTOR_HEADER;
-use crate::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
-use crate::wire::proto::client::flagd_sync_v1::flag_sync_service_client::FlagSyncServiceClient;
 
 /// The largest message accepted from the upstream (the document limit plus room for framing).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;

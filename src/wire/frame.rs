@@ -11,8 +11,8 @@ use prost_types::{Struct, Value as ProtoValue};
 use serde_json::Value;
 
 use crate::hub::{EncodingName, Snapshot};
+use crate::protocol::client::{flagd_sync_v1, sync_v1};
 use crate::selector::ResourceKey;
-use crate::wire::proto::client::{flagd_sync_v1, sync_v1};
 
 /// Length of the gRPC message prefix: a compression flag and a big-endian length.
 pub(crate) const PREFIX: usize = 5;

@@ -9,11 +9,10 @@ pub mod body;
 pub mod compression;
 pub mod error;
 pub mod frame;
-pub mod proto;
 pub mod routes;
 pub mod service;
 pub mod stream;
 
 pub use compression::{CompressionMode, CompressionSettings};
 pub use routes::{FlagdSyncV1, LegacySyncV1, SyncRoutes};
-pub use service::{SELECTOR_HEADER, SyncService};
+pub use service::SyncService;

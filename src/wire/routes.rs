@@ -17,10 +17,10 @@ use tonic::server::{Grpc, NamedService, UnaryService};
 use tonic::{Request, Response, Status};
 use tonic_prost::ProstCodec;
 
+use crate::protocol::client::flagd_sync_v1 as v1;
 use crate::wire::body::{FrameBody, read_message};
 use crate::wire::compression::{ENCODING, GZIP};
 use crate::wire::frame::{Frame, Protocol};
-use crate::wire::proto::client::flagd_sync_v1 as v1;
 use crate::wire::service::SyncService;
 use crate::wire::stream::FrameStream;
 

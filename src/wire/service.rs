@@ -11,14 +11,12 @@ use crate::authz::{Authorizer, AuthzError};
 use crate::hub::{Availability, Hub, Snapshot};
 use crate::metrics::Metrics;
 use crate::net::info::ConnectionInfo;
+use crate::protocol::SELECTOR_HEADER;
 use crate::selector::{self, ResourceKey};
 use crate::wire::compression::{CompressionSettings, Compressor};
 use crate::wire::error::RequestError;
 use crate::wire::frame::{Frame, Message, Protocol, proxy_identity};
 use crate::wire::stream::{self, FrameStream, Grant};
-
-/// The metadata header flagd providers send the selector in.
-pub const SELECTOR_HEADER: &str = "flagd-selector";
 
 /// Both sync protocols over one hub. Cheap to clone.
 #[derive(Clone)]

@@ -6,9 +6,9 @@ use serde_json::Value;
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
 use tonic::{Request, Status, Streaming};
 
-pub use flagd_proxy::wire::SELECTOR_HEADER;
-pub use flagd_proxy::wire::proto::client::flagd_sync_v1 as v1;
-pub use flagd_proxy::wire::proto::client::sync_v1 as legacy;
+pub use flagd_proxy::protocol::SELECTOR_HEADER;
+pub use flagd_proxy::protocol::client::flagd_sync_v1 as v1;
+pub use flagd_proxy::protocol::client::sync_v1 as legacy;
 
 use crate::{EVENT_TIMEOUT, Proxy};
 

@@ -24,7 +24,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
 
-use super::{AuthzError, Identity, PodOwner, Reviewer};
+use crate::authz::{AuthzError, Identity, PodOwner, Reviewer};
 use crate::backoff::Backoff;
 use crate::selector::{GROUP, ResourceKey};
 
@@ -32,7 +32,7 @@ use crate::selector::{GROUP, ResourceKey};
 const RUNNING: &str = "status.phase=Running";
 
 /// [`Reviewer`] backed by the Kubernetes API.
-pub(super) struct KubeReviewer {
+pub struct KubeReviewer {
     client: kube::Client,
     token_audiences: Vec<String>,
     /// The pod index, when pod addresses identify clients.
@@ -51,7 +51,7 @@ impl Drop for AbortOnDrop {
 
 impl KubeReviewer {
     /// With `pod_ip`, starts the pod watch (on the current Tokio runtime).
-    pub(super) fn new(client: kube::Client, token_audiences: Vec<String>, pod_ip: bool) -> Self {
+    pub fn new(client: kube::Client, token_audiences: Vec<String>, pod_ip: bool) -> Self {
         let (pods, watch) = if pod_ip {
             let index = Arc::new(Mutex::new(PodIndex::default()));
             let task = tokio::spawn(watch_pods(client.clone(), index.clone()));

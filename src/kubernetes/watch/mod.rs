@@ -43,10 +43,9 @@ use crate::metrics::Metrics;
 use crate::selector::{GROUP, ResourceKey};
 use crate::source::Source;
 
-mod client;
 mod failure;
 
-pub use client::{KubeError, KubeSettings};
+use super::client::{self, KubeError, KubeSettings};
 use failure::{Action, Kind, Problem, Refusals, classify};
 
 /// Version of the `FeatureFlag` resource that is watched.

@@ -117,7 +117,7 @@ fn choose(
 }
 
 /// A client ready for use, and how it was configured.
-pub(super) struct Configured {
+pub(crate) struct Configured {
     pub client: Client,
     /// The API server's URL.
     pub server: String,
@@ -126,7 +126,7 @@ pub(super) struct Configured {
 }
 
 /// Builds the client from the settings or the environment. Does not contact the API server.
-pub(super) async fn configure(settings: &KubeSettings) -> Result<Configured, KubeError> {
+pub(crate) async fn configure(settings: &KubeSettings) -> Result<Configured, KubeError> {
     // kube's TLS and the sync port use the same provider; installing it twice is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let choice = choose(
@@ -248,7 +248,7 @@ fn take_over_token_file(
 /// connections: see `kube_http2`); the bearer token, when it comes from a file, is added per
 /// request.
 fn build_client(config: Config, token: Option<Arc<TokenFile>>) -> Result<Client, kube::Error> {
-    let builder = crate::source::kube_http2::client_builder(config)?;
+    let builder = super::http2::client_builder(config)?;
     Ok(match token {
         Some(token) => builder
             .with_layer(&tower::util::MapRequestLayer::new(
@@ -266,7 +266,7 @@ fn build_client(config: Config, token: Option<Arc<TokenFile>>) -> Result<Client,
 
 /// A client for `config` without a token file (the tests' scripted API server).
 #[cfg(test)]
-pub(super) fn plain_client(config: Config) -> Result<Client, kube::Error> {
+pub(crate) fn plain_client(config: Config) -> Result<Client, kube::Error> {
     build_client(config, None)
 }
 
