@@ -44,9 +44,6 @@ pub(crate) enum Cell {
     /// What was seen, neither good nor bad (`yes`, `no`).
     Observed(String),
     Fail(String),
-    /// A failure the proxy knows of and documents, seen exactly as described: the test does
-    /// not fail on it (another failure, or none, changes the document).
-    KnownFailure(String),
     NotApplicable(String),
     NotInstallable(String),
     NotInstalled(String),
@@ -58,7 +55,6 @@ impl Cell {
             Cell::Pass => "pass".to_owned(),
             Cell::Observed(what) => what.clone(),
             Cell::Fail(why) => format!("fail: {why}"),
-            Cell::KnownFailure(what) => format!("fails (known): {what}"),
             Cell::NotApplicable(why) => format!("n/a: {why}"),
             Cell::NotInstallable(why) => format!("not installable: {why}"),
             Cell::NotInstalled(why) => format!("not installed: {why}"),

@@ -128,9 +128,7 @@ pub(crate) fn render_doc(
     let _ = writeln!(w);
     let _ = writeln!(
         w,
-        "Cells: `pass`; `fail: <what went wrong>`; `fails (known): <what>` for a failure the proxy \
-         knows of and documents (README), seen exactly as described (any other outcome changes \
-         this document, and the test checks it); `n/a: <why the mode does not apply to this \
+        "Cells: `pass`; `fail: <what went wrong>`; `n/a: <why the mode does not apply to this \
          client>`; `not installable: <the exact error>` when the client cannot be installed \
          here."
     );
@@ -175,7 +173,10 @@ pub(crate) fn render_doc(
          `{INITIAL}`, then `{UPDATED}` after the manifest changes (the `grpcio` client does not \
          evaluate: it prints the default variant's value of each flag configuration it \
          receives; it runs on `grpcio` {}, gRPC C-core through Python, the Python provider's \
-         transport). n/a: the client has no way to dial a unix socket, from its source.",
+         transport). grpc-java and gRPC C-core send the socket's path as `:authority` (C-core \
+         percent-encoded, `tmp%2F…%2Fproxy.sock`; grpc-java as it is, `/tmp/…/proxy.sock`), \
+         which is no URI authority: their rows pass only when their debug logs show they sent \
+         it. n/a: the client has no way to dial a unix socket, from its source.",
         versions.grpcio
     );
     let _ = writeln!(w);

@@ -29,7 +29,9 @@ pub(crate) const SOCKET_CLIENTS: [SocketClient; 10] = [
 
 /// Log lines of a client that saw a stream reset: grpc-java's frame log, C-core's status.
 const RESET_SIGNS: [&str; 2] = ["INBOUND RST_STREAM", "Received RST_STREAM"];
-/// The same lines when the reset's code is PROTOCOL_ERROR (1).
+/// The same lines when the reset's code is PROTOCOL_ERROR (1): how the proxy's HTTP/2 layer
+/// refuses a request's headers. Other resets are ordinary (grpc-java cancels a call past its
+/// deadline, and the proxy's answer to that call's last frame is STREAM_CLOSED).
 const PROTOCOL_ERROR_SIGNS: [&str; 2] = ["errorCode=1", "error code 1"];
 /// How the clients' debug logs show the `:authority` they send (grpc-java's frame log,
 /// C-core's `http` trace).
@@ -98,9 +100,10 @@ impl SocketClient {
         }
     }
 
-    /// Whether the proxy's HTTP/2 layer is known to refuse the `:authority` the client sends
-    /// on a unix socket (README, "Unix socket").
-    fn refusal_expected(self) -> bool {
+    /// Whether the client sends the socket's path as `:authority` (raw or percent-encoded),
+    /// which is no URI authority: the proxy must accept it on the unix socket (README, "Unix
+    /// socket"), and the client's log must show that it sent it.
+    fn sends_the_path(self) -> bool {
         matches!(
             self,
             SocketClient::Client(Kind::Java) | SocketClient::Grpcio { localhost: false }
@@ -142,7 +145,7 @@ pub(crate) async fn socket_run(client: SocketClient, kind: Kind, launch: Launch)
     let target = Target {
         socket: Some(socket.clone()),
         // grpc-java and C-core show the `:authority` they send in their debug logs only.
-        debug: client.refusal_expected(),
+        debug: client.sends_the_path(),
         ..Target::default()
     };
     let mut session = Session::spawn_to(kind, &launch, proxy.port, None, &target);
@@ -174,8 +177,11 @@ pub(crate) async fn socket_run(client: SocketClient, kind: Kind, launch: Launch)
     }
     .await;
     let cell = match result {
+        Ok(()) if client.sends_the_path() => sent_the_path(&session, &socket),
         Ok(()) => Cell::Pass,
-        Err(Refused(reset)) => refusal_cell(client, &session, &socket, &reset),
+        Err(Refused(reset)) => {
+            Cell::Fail(format!("its stream was reset with PROTOCOL_ERROR: {reset}"))
+        }
         Err(Failed(why)) => Cell::Fail(why),
     };
     if let Cell::Fail(why) = &cell {
@@ -188,7 +194,7 @@ pub(crate) async fn socket_run(client: SocketClient, kind: Kind, launch: Launch)
 }
 
 enum Outcome {
-    /// The client logged a stream reset (this line).
+    /// The client logged a stream reset with PROTOCOL_ERROR (this line).
     Refused(String),
     Failed(String),
 }
@@ -200,76 +206,53 @@ impl From<String> for Outcome {
     }
 }
 
-/// Waits for the client's `READY`, or for it to log a stream reset: `Ok(Some(line))`.
+/// Waits for the client's `READY`, or for it to log a stream reset with PROTOCOL_ERROR:
+/// `Ok(Some(line))`.
 async fn ready_or_reset(session: &mut Session) -> Result<Option<String>, String> {
     let log = session.log.clone();
     let ready = tokio::select! {
         ready = session.ready() => ready,
-        line = wait_for_line(&log, &RESET_SIGNS) => return Ok(Some(line)),
+        line = wait_for_refusal(&log) => return Ok(Some(line)),
     };
     match ready {
         Ok(()) => Ok(None),
         // A client that gives up after the reset (the grpcio client) may exit before its
         // last lines are collected.
-        Err(why) => match timeout(EVENT_TIMEOUT, wait_for_line(&log, &RESET_SIGNS)).await {
+        Err(why) => match timeout(EVENT_TIMEOUT, wait_for_refusal(&log)).await {
             Ok(line) => Ok(Some(line)),
             Err(_) => Err(why),
         },
     }
 }
 
-async fn wait_for_line(log: &Log, needles: &[&str]) -> String {
+async fn wait_for_refusal(log: &Log) -> String {
+    let refusal = |line: &&String| {
+        RESET_SIGNS.iter().any(|sign| line.contains(sign))
+            && PROTOCOL_ERROR_SIGNS.iter().any(|sign| line.contains(sign))
+    };
     loop {
-        if let Some(line) = find_line(log, 0, needles) {
-            return line;
+        if let Some(line) = log.lock().unwrap().iter().find(refusal) {
+            return line.clone();
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
-/// The cell of a client whose stream was reset: a known failure only if it is the one the
-/// README describes (PROTOCOL_ERROR for the `:authority` the client derives from the socket
-/// path), for a client known to send it.
-fn refusal_cell(client: SocketClient, session: &Session, socket: &Path, reset: &str) -> Cell {
-    if !client.refusal_expected() {
-        return Cell::Fail(format!("its stream was reset: {reset}"));
-    }
-    if !PROTOCOL_ERROR_SIGNS.iter().any(|sign| reset.contains(sign)) {
-        return Cell::Fail(format!(
-            "its stream was reset, not with PROTOCOL_ERROR: {reset}"
-        ));
-    }
-    let Some(sent) = session
+/// `pass` for a client whose log shows it sent the socket path, raw or percent-encoded, as
+/// `:authority`; otherwise the row no longer shows what it is there for.
+fn sent_the_path(session: &Session, socket: &Path) -> Cell {
+    let sent = session
         .find_in_log(0, &[AUTHORITY_SIGN])
-        .and_then(|line| sent_authority(&line))
-    else {
-        return Cell::Fail(format!(
-            "its stream was reset with PROTOCOL_ERROR, and its log does not show the \
-             `:authority` it sent: {reset}"
-        ));
-    };
+        .and_then(|line| sent_authority(&line));
     let path = socket.display().to_string();
     let encoded = path.trim_start_matches('/').replace('/', "%2F");
-    let what = if sent == path {
-        "the socket path (`/tmp/…/proxy.sock`)"
-    } else if sent == encoded {
-        "the socket path percent-encoded (`tmp%2F…%2Fproxy.sock`)"
-    } else {
-        return Cell::Fail(format!(
-            "its stream was reset with PROTOCOL_ERROR; it sent `:authority` {sent:?}"
-        ));
-    };
-    let remedy = match client {
-        SocketClient::Client(Kind::Java) => {
-            "; the provider's `defaultAuthority` and `clientInterceptors` apply to `host:port` \
-             channels only, so it cannot use the socket"
-        }
-        _ => "; `grpc.default_authority` is the remedy (next row)",
-    };
-    Cell::KnownFailure(format!(
-        "`RST_STREAM` `PROTOCOL_ERROR` on every call: it sends {what} as `:authority`, which \
-         the proxy's HTTP/2 layer (h2) refuses (hyperium/h2 #487){remedy}"
-    ))
+    match sent {
+        Some(sent) if sent == path || sent == encoded => Cell::Pass,
+        Some(sent) => Cell::Fail(format!(
+            "served, but it sent `:authority` {sent:?}, not the socket path"
+        )),
+        None => Cell::Fail("served, but its log does not show the `:authority` it sent".into()),
+    }
 }
 
 /// The `:authority` value in a debug log line that shows a request's headers.
