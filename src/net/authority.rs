@@ -485,6 +485,8 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for AuthorityFilter<S> {
 mod tests {
     use std::collections::VecDeque;
 
+    use proptest::collection::vec;
+    use proptest::prelude::*;
     use tokio::io::AsyncReadExt;
 
     use super::*;
@@ -938,6 +940,48 @@ mod tests {
             .concat(),
         ] {
             assert_eq!(through(&input), input);
+        }
+    }
+
+    /// Frames of the kinds the filter looks at, with any flags and payloads (HPACK bytes
+    /// from a valid request or arbitrary ones), cut into reads anywhere.
+    fn frames() -> impl Strategy<Value = Vec<Vec<u8>>> {
+        let kind = prop_oneof![
+            Just(DATA),
+            Just(HEADERS),
+            Just(CONTINUATION),
+            Just(SETTINGS)
+        ];
+        let payload = prop_oneof![
+            Just(request(b"tmp%2Fsync.sock")),
+            Just(request_again()),
+            vec(any::<u8>(), 0..64),
+        ];
+        vec((kind, any::<u8>(), 0u32..4, payload), 0..12).prop_map(|frames| {
+            frames
+                .into_iter()
+                .map(|(kind, flags, stream, payload)| frame(kind, flags, stream, &payload))
+                .collect()
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn any_frames_in_any_reads_never_panic_and_read_the_same(
+            frames in frames(),
+            cuts in vec(any::<prop::sample::Index>(), 0..6),
+        ) {
+            let input = [start(), frames.concat()].concat();
+            let whole = filtered(vec![input.clone()], 1024, 64 * 1024);
+            let mut cuts: Vec<usize> = cuts.iter().map(|cut| cut.index(input.len() + 1)).collect();
+            cuts.sort_unstable();
+            let mut chunks = Vec::new();
+            let mut from = 0;
+            for cut in cuts.into_iter().chain([input.len()]) {
+                chunks.push(input[from..cut].to_vec());
+                from = cut;
+            }
+            prop_assert_eq!(filtered(chunks, 1024, 5), whole);
         }
     }
 
