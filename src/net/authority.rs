@@ -13,10 +13,12 @@
 //! from here never insert into its dynamic table, so the table stays empty while this decoder
 //! mirrors the client's. Whatever this cannot rewrite (a block that does not decode, a frame
 //! out of place, a block over the server's limits) is passed on unchanged together with
-//! everything after it, and the server answers as it would without this filter. From then on
-//! the server's table holds only what the client inserted since, the newest entries of the
-//! client's own table, so an index it resolves names the entry the client meant and any other
-//! index is a decoding error: it can never read a header the client did not send.
+//! everything after it, and the server answers as it would without this filter (or, where
+//! the block refers to entries of the client's table that the server never got, with a
+//! decoding error, COMPRESSION_ERROR). From then on the server's table holds only what the
+//! client inserted since, the newest entries of the client's own table, so an index it
+//! resolves names the entry the client meant and any other index is a decoding error: it can
+//! never read a header the client did not send.
 //!
 //! Only reads are filtered; what the server writes passes straight through. Frames other than
 //! header blocks are not copied on their way (their payload is read into the server's buffer
