@@ -190,9 +190,11 @@ impl StopSignals {
 
 fn init_logging(format: LogFormat, debug: bool) {
     // kube's client and watcher log every failed request; the proxy reports each state change
-    // once itself (see the Kubernetes source), so they stay quiet unless asked for.
+    // once itself (see the Kubernetes source), so they stay quiet unless asked for. With
+    // --debug the HTTP/2 stack, TLS and the unix socket's HPACK decoder still log at info: at
+    // debug they log every frame and table entry.
     let default = if debug {
-        "debug,h2=info,hyper=info,tower=info,rustls=info"
+        "debug,h2=info,hyper=info,tower=info,rustls=info,loona_hpack=info"
     } else {
         "info,kube_client::client::builder=off,kube_runtime::watcher=error"
     };

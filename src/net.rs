@@ -1,9 +1,11 @@
 //! The transport under both ports: listeners (TCP with a backlog, the unix socket), TLS, the
-//! accepted connection and the checks on its bytes, connection limits, deadlines, and the room
+//! accepted connection and the checks on its bytes (on the unix socket, the `:authority` any
+//! client sends made one the HTTP/2 server accepts), connection limits, deadlines, and the room
 //! that lets a new connection in at the limit. The sync server (`server`) and the management
 //! port (`management`) both build on it; neither reaches into the other.
 use std::time::Duration;
 
+pub(crate) mod authority;
 pub(crate) mod connection;
 pub(crate) mod deadlines;
 pub mod info;

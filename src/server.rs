@@ -18,6 +18,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::budget::{self, Charge, Kind, MemoryBudget};
 use crate::metrics::Metrics;
+use crate::net::authority::{self, AuthorityFilter};
 use crate::net::connection::{Connection, Stream};
 use crate::net::deadlines::{PrefaceDeadline, RequestDeadline};
 use crate::net::info::{Activity, ConnectionInfo};
@@ -179,6 +180,7 @@ fn accept_all(
         handshake_timeout: options.handshake_timeout,
         idle_timeout: options.connection_idle_timeout,
         write_stall: options.keepalive_interval + options.keepalive_timeout,
+        http2_max_header_list_size: http2_max_header_list_size(options) as usize,
         closed,
     });
     for listener in listeners {
@@ -206,8 +208,10 @@ fn http2_server(options: &ServerOptions) -> tonic::transport::Server {
         .http2_keepalive_interval(Some(options.keepalive_interval))
         .http2_keepalive_timeout(Some(options.keepalive_timeout))
         .max_concurrent_streams(options.max_concurrent_streams)
-        // Between the limit and twice it, `RequestLimits` answers with a gRPC status and counts.
-        .http2_max_header_list_size(options.max_header_list_size.saturating_mul(2))
+        .http2_max_header_list_size(http2_max_header_list_size(options))
+        // Stated rather than left to the default: the unix socket's filter writes header
+        // blocks in frames no larger.
+        .max_frame_size(authority::MAX_FRAME_SIZE)
         .tcp_nodelay(true);
     match options.max_connection_age {
         Some((age, grace)) => builder
@@ -215,6 +219,12 @@ fn http2_server(options: &ServerOptions) -> tonic::transport::Server {
             .max_connection_age_grace(grace),
         None => builder,
     }
+}
+
+/// The header list size the HTTP/2 layer accepts (SETTINGS_MAX_HEADER_LIST_SIZE): between
+/// the limit and twice it, `RequestLimits` answers with a gRPC status and counts.
+fn http2_max_header_list_size(options: &ServerOptions) -> u32 {
+    options.max_header_list_size.saturating_mul(2)
 }
 
 /// Accepts TCP connections and completes TLS handshakes off the accept path.
@@ -280,7 +290,8 @@ async fn accept(
 
 /// Accepts unix socket connections (plain: the socket file's mode is the gate, and there is no
 /// client address to count per address, so only the total limit applies; the preface deadline is
-/// read-based). The socket file is removed when this ends.
+/// read-based). Its bytes are read through [`AuthorityFilter`]: any `:authority` a client
+/// sends names nothing here. The socket file is removed when this ends.
 async fn accept_unix(
     socket: UnixSocket,
     tx: mpsc::Sender<io::Result<Connection>>,
@@ -297,6 +308,10 @@ async fn accept_unix(
             );
             continue;
         };
+        let stream = Box::new(AuthorityFilter::new(
+            stream,
+            admission.http2_max_header_list_size,
+        ));
         let connection = admission.connection(
             Stream::Unix(stream),
             PrefaceDeadline::new(admission.handshake_timeout),
@@ -321,6 +336,8 @@ struct Admission {
     idle_timeout: Option<Duration>,
     /// How long writes may make no progress before the connection is closed.
     write_stall: Duration,
+    /// What the HTTP/2 layer accepts of a header list (the unix socket's filter keeps to it).
+    http2_max_header_list_size: usize,
     /// Cancelled at the end of the drain: every connection still open is closed.
     closed: CancellationToken,
 }

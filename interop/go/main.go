@@ -10,7 +10,11 @@
 //	INTEROP_RESOLVER (in-process, the default, or rpc: flagd's evaluation API at
 //	FLAGD_HOST:FLAGD_PORT; FLAGD_SOURCE_SELECTOR is not used),
 //	INTEROP_TOKEN_PATH (in-process only: a file, e.g. a projected service-account token,
-//	read again for every call and sent as `authorization: Bearer <token>`).
+//	read again for every call and sent as `authorization: Bearer <token>`),
+//	INTEROP_SOCKET_PATH (in-process only: a unix socket to sync from instead of
+//	FLAGD_HOST:FLAGD_PORT. The provider's WithSocketPath serves its RPC resolver only, and
+//	WithTargetUri takes envoy, dns, uds and xds targets only; the in-process sync reaches a
+//	socket through WithGrpcDialOptionsOverride with a dialer that connects to it).
 //
 // Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each time
 // the evaluated value differs from the last printed one. Provider events are logged on
@@ -23,6 +27,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"strconv"
 	"strings"
@@ -110,11 +115,15 @@ func main() {
 	flagKey := required("INTEROP_FLAG_KEY")
 	resolver := os.Getenv("INTEROP_RESOLVER")
 	tokenPath := os.Getenv("INTEROP_TOKEN_PATH")
+	socketPath := os.Getenv("INTEROP_SOCKET_PATH")
 	if resolver != "" && resolver != "in-process" && resolver != "rpc" {
 		fail("INTEROP_RESOLVER is in-process or rpc, not %s", resolver)
 	}
 	if resolver == "rpc" && tokenPath != "" {
 		fail("INTEROP_TOKEN_PATH is for the in-process resolver (flagd-proxy checks tokens; flagd does not)")
+	}
+	if resolver == "rpc" && socketPath != "" {
+		fail("INTEROP_SOCKET_PATH is for the in-process resolver")
 	}
 
 	// The provider falls back to insecure credentials when it cannot load the CA file;
@@ -144,7 +153,7 @@ func main() {
 	if tls {
 		options = append(options, flagd.WithTLS(certPath))
 	}
-	if tokenPath != "" {
+	if tokenPath != "" || socketPath != "" {
 		// The override replaces the provider's own dial options (WithTLS included).
 		transport := insecure.NewCredentials()
 		if tls {
@@ -154,10 +163,19 @@ func main() {
 			}
 			transport = creds
 		}
-		options = append(options, flagd.WithGrpcDialOptionsOverride([]grpc.DialOption{
-			grpc.WithTransportCredentials(transport),
-			grpc.WithPerRPCCredentials(fileToken{path: tokenPath, secure: tls}),
-		}))
+		dialOptions := []grpc.DialOption{grpc.WithTransportCredentials(transport)}
+		if tokenPath != "" {
+			dialOptions = append(dialOptions, grpc.WithPerRPCCredentials(fileToken{path: tokenPath, secure: tls}))
+		}
+		if socketPath != "" {
+			// The target stays FLAGD_HOST:FLAGD_PORT (and the `:authority` with it); every
+			// connection goes to the socket.
+			dialOptions = append(dialOptions, grpc.WithContextDialer(func(ctx context.Context, _ string) (net.Conn, error) {
+				var dialer net.Dialer
+				return dialer.DialContext(ctx, "unix", socketPath)
+			}))
+		}
+		options = append(options, flagd.WithGrpcDialOptionsOverride(dialOptions))
 	}
 	provider, err := flagd.NewProvider(options...)
 	if err != nil {

@@ -21,42 +21,13 @@ from openfeature import api
 from openfeature.contrib.provider.flagd import FlagdProvider
 from openfeature.contrib.provider.flagd.config import ResolverType
 from openfeature.provider import ProviderStatus
+from stdio_protocol import emit, exit_on_stdin_eof, fail, required
 
+NAME = "interop-python"
 DEFAULT_VALUE = "<default>"
 POLL_SECONDS = 0.1
 
-log = logging.getLogger("interop-python")
-
-
-def fail(message: str) -> None:
-    sys.stderr.write(f"interop-python: {message}\n")
-    sys.stderr.flush()
-    os._exit(2)
-
-
-def required(name: str) -> str:
-    value = os.environ.get(name, "")
-    if not value:
-        fail(f"environment variable {name} is required")
-    return value
-
-
-def emit(line: str) -> None:
-    try:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-    except (BrokenPipeError, OSError):
-        os._exit(0)
-
-
-def exit_on_stdin_eof() -> None:
-    try:
-        while sys.stdin.buffer.read(4096):
-            pass
-    except (OSError, ValueError):
-        pass
-    # Skip interpreter shutdown: the provider's gRPC threads need not be joined.
-    os._exit(0)
+log = logging.getLogger(NAME)
 
 
 def main() -> None:
@@ -66,19 +37,19 @@ def main() -> None:
         format="interop-python [%(levelname)s] %(name)s: %(message)s",
     )
 
-    host = required("FLAGD_HOST")
-    port_text = required("FLAGD_PORT")
+    host = required(NAME, "FLAGD_HOST")
+    port_text = required(NAME, "FLAGD_PORT")
     try:
         port = int(port_text)
     except ValueError:
-        fail(f"FLAGD_PORT is not a port: {port_text}")
+        fail(NAME, f"FLAGD_PORT is not a port: {port_text}")
     selector = os.environ.get("FLAGD_SOURCE_SELECTOR") or None
     tls = os.environ.get("FLAGD_TLS", "false").strip().lower() == "true"
     cert_path = os.environ.get("FLAGD_SERVER_CERT_PATH") or None
-    flag_key = required("INTEROP_FLAG_KEY")
+    flag_key = required(NAME, "INTEROP_FLAG_KEY")
 
     if tls and cert_path and not os.path.isfile(cert_path):
-        fail(f"FLAGD_SERVER_CERT_PATH does not exist: {cert_path}")
+        fail(NAME, f"FLAGD_SERVER_CERT_PATH does not exist: {cert_path}")
 
     threading.Thread(target=exit_on_stdin_eof, name="stdin-eof", daemon=True).start()
 

@@ -15,6 +15,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
 use crate::budget::Charge;
+use crate::net::authority::AuthorityFilter;
 use crate::net::deadlines::{PrefaceDeadline, WriteStall};
 use crate::net::info::{Activity, ConnectionInfo};
 use crate::net::limits::AddressSlot;
@@ -101,7 +102,8 @@ impl Connection {
 pub(crate) enum Stream {
     Plain(TcpStream),
     Tls(Box<TlsStream<TcpStream>>),
-    Unix(UnixStream),
+    /// Read through the filter that makes any `:authority` one the server accepts.
+    Unix(Box<AuthorityFilter<UnixStream>>),
 }
 
 /// The byte stream under a connection, whichever kind it is.
@@ -114,7 +116,7 @@ impl Stream {
         match self {
             Stream::Plain(s) => Pin::new(s),
             Stream::Tls(s) => Pin::new(s.as_mut()),
-            Stream::Unix(s) => Pin::new(s),
+            Stream::Unix(s) => Pin::new(s.as_mut()),
         }
     }
 }

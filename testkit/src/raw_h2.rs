@@ -1,6 +1,6 @@
 //! HTTP/2 frames written by hand, for clients that misbehave on purpose (streams that never
 //! finish their request, windows that overflow); the server's frames are read back by type.
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 
 pub const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
@@ -12,6 +12,8 @@ pub const SETTINGS: u8 = 0x4;
 pub const PING: u8 = 0x6;
 pub const GOAWAY: u8 = 0x7;
 pub const WINDOW_UPDATE: u8 = 0x8;
+
+pub const CONTINUATION: u8 = 0x9;
 
 pub const END_STREAM: u8 = 0x1;
 pub const END_HEADERS: u8 = 0x4;
@@ -102,7 +104,7 @@ pub struct Frame {
 }
 
 /// The next frame, or `None` when the connection ends.
-pub async fn read_frame(read: &mut OwnedReadHalf) -> Option<Frame> {
+pub async fn read_frame(read: &mut (impl AsyncRead + Unpin)) -> Option<Frame> {
     let mut header = [0u8; 9];
     read.read_exact(&mut header).await.ok()?;
     let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;

@@ -5,6 +5,7 @@ use super::*;
 pub(crate) fn render_doc(
     matrix: &BTreeMap<Kind, BTreeMap<Column, Cell>>,
     features: &FeatureMatrix,
+    sockets: &SocketTable,
     versions: &Versions,
 ) -> String {
     let mut doc = String::new();
@@ -134,7 +135,7 @@ pub(crate) fn render_doc(
     let _ = writeln!(w);
     let _ = writeln!(
         w,
-        "## Current flagd and bad flags: `source=` selector, unix socket, context values, one bad flag, an invalid first version"
+        "## Current flagd and bad flags: `source=` selector, context values, one bad flag, an invalid first version"
     );
     let _ = writeln!(w);
     let mut header = "| feature |".to_owned();
@@ -160,6 +161,39 @@ pub(crate) fn render_doc(
     let _ = writeln!(w);
     for feature in FEATURES {
         let _ = writeln!(w, "- **{}**: {}", feature.title(), feature.description());
+    }
+    let _ = writeln!(w);
+    let _ = writeln!(w, "## Unix socket");
+    let _ = writeln!(w);
+    let _ = writeln!(
+        w,
+        "The proxy serves the sync protocols on a unix socket only (`--sync-socket-path \
+         <dir>/proxy.sock --sync-socket-only`: nothing serves them on its TCP port) and each \
+         client that can dial a unix socket is pointed at that socket. It must evaluate \
+         `{INITIAL}`, then `{UPDATED}` after the manifest changes (the `grpcio` client does not \
+         evaluate: it prints the default variant's value of each flag configuration it \
+         receives; it runs on `grpcio` {}, gRPC C-core through Python, the Python provider's \
+         transport). grpc-java and gRPC C-core send the socket's path as `:authority` (C-core \
+         percent-encoded, `tmp%2F…%2Fproxy.sock`; grpc-java as it is, `/tmp/…/proxy.sock`), \
+         which is no URI authority: their rows pass only when their debug logs show they sent \
+         it. n/a: the client has no way to dial a unix socket, from its source.",
+        versions.grpcio
+    );
+    let _ = writeln!(w);
+    let _ = writeln!(w, "| client | pointed at the socket by | unix socket |");
+    let _ = writeln!(w, "|---|---|---|");
+    for client in SOCKET_CLIENTS {
+        let cell = sockets
+            .get(&client)
+            .cloned()
+            .unwrap_or(Cell::Fail("not run".into()));
+        let _ = writeln!(
+            w,
+            "| {} | {} | {} |",
+            client.name(),
+            client.how(),
+            cell.markdown()
+        );
     }
     let _ = writeln!(w);
     let _ = writeln!(w, "## Clients");
@@ -222,6 +256,13 @@ pub(crate) fn render_doc(
              `SYNC_STATE_ALL`.",
             versions.flagd_legacy, versions.flagd_legacy, versions.go_legacy_core
         ),
+        "The Java provider's `socketPath` runs on Netty's epoll transport \
+         (`netty-transport-native-epoll`, which the provider brings at 4.2.5.Final). As Maven \
+         resolves the provider's dependencies, `netty-transport-native-unix-common`, which that \
+         transport needs at the same version, comes from `grpc-netty` at 4.1.124.Final, and the \
+         provider fails to build its channel (`NoSuchMethodError` in \
+         `io.netty.channel.unix.Buffer`); `interop/java/pom.xml` pins it to 4.2.5.Final."
+            .to_owned(),
         "The Java provider allows 1 s for its first sync, including gRPC channel set-up on a \
          cold JVM; on a busy machine its first attempt can miss that (the proxy answers the \
          stream within milliseconds of receiving it), after which the provider connects on its \

@@ -6,7 +6,10 @@
 //! Columns: plain, TLS, header selector, body selector, update, reconnect, advertises gzip,
 //! decodes compressed versions (see [`Column`]).
 //! A second table covers what current flagd speaks besides (see [`Feature`]): flagd's
-//! `source=` selector, the proxy's unix socket, and `--context-value` entries in evaluations.
+//! `source=` selector and `--context-value` entries in evaluations, and what clients see of
+//! flag configurations with problems. A third covers the proxy's unix socket (see
+//! [`SocketClient`]): every client that can dial one, and gRPC C-core (`grpcio`) used
+//! directly.
 //!
 //! The JS, Python and Rust clients (under `interop/`) come from `scripts/install-interop.sh`;
 //! flagd, the old flagd, Java and Go from `scripts/install-compat.sh`.
@@ -40,6 +43,7 @@ mod clients;
 mod document;
 mod runs;
 mod session;
+mod socket;
 mod versions;
 
 use cells::*;
@@ -47,6 +51,7 @@ use clients::*;
 use document::*;
 use runs::*;
 use session::*;
+use socket::*;
 use versions::*;
 
 /// Hang guard for one expected event; never a performance expectation.
@@ -221,6 +226,29 @@ async fn client_compatibility_matrix() {
             }
         }
     }
+    let mut sockets: SocketTable = BTreeMap::new();
+    let mut socket_tasks = Vec::new();
+    for client in SOCKET_CLIENTS {
+        if let Some(why) = client.not_applicable() {
+            sockets.insert(client, Cell::NotApplicable(why.into()));
+            continue;
+        }
+        match client.launch(&versions) {
+            Ok((kind, launch)) => {
+                let semaphore = semaphore.clone();
+                socket_tasks.push(tokio::spawn(async move {
+                    let _permit = semaphore.acquire_owned().await.expect("semaphore");
+                    (client, socket_run(client, kind, launch).await)
+                }));
+            }
+            Err(Missing::NotInstallable(_)) => {
+                sockets.insert(client, Cell::NotInstallable("see the main table".into()));
+            }
+            Err(Missing::NotInstalled(_)) => {
+                sockets.insert(client, Cell::NotInstalled("see the main table".into()));
+            }
+        }
+    }
     if !not_installed.is_empty() {
         support::skip::skip(format_args!(
             "clients are not installed, the others run and {DOC} is not checked:\n  {}",
@@ -236,6 +264,10 @@ async fn client_compatibility_matrix() {
         let (feature, kind, cell) = task.await.expect("a feature run panicked");
         features.entry(feature).or_default().insert(kind, cell);
     }
+    for task in socket_tasks {
+        let (client, cell) = task.await.expect("a unix-socket run panicked");
+        sockets.insert(client, cell);
+    }
     for (kind, row) in matrix.iter_mut() {
         if !row
             .values()
@@ -245,7 +277,7 @@ async fn client_compatibility_matrix() {
         }
     }
 
-    let doc = render_doc(&matrix, &features, &versions);
+    let doc = render_doc(&matrix, &features, &sockets, &versions);
     eprintln!("{doc}");
 
     let failures: Vec<String> = matrix
@@ -261,6 +293,10 @@ async fn client_compatibility_matrix() {
                 Cell::Fail(why) => Some(format!("{} / {}: {why}", kind.name(), feature.title())),
                 _ => None,
             })
+        }))
+        .chain(sockets.iter().filter_map(|(client, cell)| match cell {
+            Cell::Fail(why) => Some(format!("{} / unix socket: {why}", client.name())),
+            _ => None,
         }))
         .collect();
     assert!(

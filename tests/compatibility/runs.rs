@@ -147,15 +147,13 @@ pub(crate) async fn reconnect_run(kind: Kind, launch: Launch) -> Cells {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Feature {
     SourceSelector,
-    UnixSocket,
     ContextValue,
     UnknownOperator,
     InvalidFirstVersion,
 }
 
-pub(crate) const FEATURES: [Feature; 5] = [
+pub(crate) const FEATURES: [Feature; 4] = [
     Feature::SourceSelector,
-    Feature::UnixSocket,
     Feature::ContextValue,
     Feature::UnknownOperator,
     Feature::InvalidFirstVersion,
@@ -168,7 +166,6 @@ impl Feature {
     pub(crate) fn title(self) -> &'static str {
         match self {
             Feature::SourceSelector => "`source=` selector",
-            Feature::UnixSocket => "unix socket",
             Feature::ContextValue => "context values",
             Feature::UnknownOperator => "one flag with an unknown operator",
             Feature::InvalidFirstVersion => "invalid first version, then fixed",
@@ -180,12 +177,6 @@ impl Feature {
             Feature::SourceSelector => format!(
                 "the client is given the selector `{SOURCE_SELECTOR}` (flagd v0.13's grammar: \
                  one `key=value` pair, a bare value meaning `source=`); it must evaluate \
-                 `{INITIAL}`, then `{UPDATED}` after the manifest changes."
-            ),
-            Feature::UnixSocket => format!(
-                "the proxy serves the sync protocols only on a unix socket \
-                 (`--sync-socket-path`, `--sync-socket-only`) and the client connects to that \
-                 (flagd: `\"uri\":\"unix://<path>\"`; JS: `socketPath`); it must evaluate \
                  `{INITIAL}`, then `{UPDATED}` after the manifest changes."
             ),
             Feature::ContextValue => format!(
@@ -220,10 +211,6 @@ impl Feature {
             (Feature::ContextValue, Kind::Flagd) => Some(
                 "the in-process providers are the clients that merge `sync_context` into their \
                  evaluations; flagd is not asked",
-            ),
-            (Feature::UnixSocket, Kind::Python) => Some(
-                "its in-process sync dials `host:port` only (its `socket_path` option serves the \
-                 RPC resolver)",
             ),
             _ => None,
         }
@@ -262,20 +249,10 @@ pub(crate) fn targeted_flags() -> Value {
 /// One client with one feature.
 pub(crate) async fn feature_run(kind: Kind, launch: Launch, feature: Feature) -> Cell {
     let setup = Setup::new(false);
-    let socket_dir = tempfile::tempdir().expect("socket directory");
-    let socket = socket_dir.path().join("proxy.sock");
     let mut args: Vec<String> = setup.args.clone();
     let mut target = Target::default();
     match feature {
         Feature::SourceSelector => target.selector = SOURCE_SELECTOR,
-        Feature::UnixSocket => {
-            args.extend([
-                "--sync-socket-path".to_owned(),
-                socket.display().to_string(),
-                "--sync-socket-only".to_owned(),
-            ]);
-            target.socket = Some(socket.clone());
-        }
         Feature::ContextValue => {
             support::write_manifest(setup.manifests.path(), NAMESPACE, NAME, targeted_flags());
             args.extend([

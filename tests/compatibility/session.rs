@@ -20,6 +20,16 @@ pub(crate) fn collect_lines<R: AsyncRead + Unpin + Send + 'static>(reader: R, lo
     });
 }
 
+/// The first line of `log` (from index `from` on) containing one of `needles`.
+pub(crate) fn find_line(log: &Log, from: usize, needles: &[&str]) -> Option<String> {
+    log.lock()
+        .unwrap()
+        .iter()
+        .skip(from)
+        .find(|line| needles.iter().any(|n| line.contains(n)))
+        .cloned()
+}
+
 /// How to reach a flagd's evaluation API.
 pub(crate) struct FlagdEndpoint {
     /// flagd serves evaluation on this unix socket (`--socket-path`) rather than on a TCP
@@ -248,13 +258,7 @@ impl Session {
 
     /// The first logged line (from index `from` on) containing one of `needles`.
     pub(crate) fn find_in_log(&self, from: usize, needles: &[&str]) -> Option<String> {
-        self.log
-            .lock()
-            .unwrap()
-            .iter()
-            .skip(from)
-            .find(|line| needles.iter().any(|n| line.contains(n)))
-            .cloned()
+        find_line(&self.log, from, needles)
     }
 
     pub(crate) fn log_tail(&self, lines: usize) -> String {

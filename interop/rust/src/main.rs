@@ -4,6 +4,8 @@
 //! Environment:
 //!   FLAGD_HOST, FLAGD_PORT, FLAGD_SOURCE_SELECTOR, FLAGD_TLS (true/false),
 //!   FLAGD_SERVER_CERT_PATH (CA file, TLS only), INTEROP_FLAG_KEY (a string flag),
+//!   INTEROP_SOCKET_PATH (a unix socket to sync from instead of FLAGD_HOST:FLAGD_PORT: the
+//!   provider's `socket_path`),
 //!   INTEROP_DEBUG (any value: provider debug logging on stderr; RUST_LOG also works).
 //!
 //! Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each
@@ -72,6 +74,9 @@ async fn main() {
         .ok()
         .filter(|s| !s.is_empty());
     let flag_key = required("INTEROP_FLAG_KEY");
+    let socket_path = std::env::var("INTEROP_SOCKET_PATH")
+        .ok()
+        .filter(|s| !s.is_empty());
 
     if tls
         && let Some(path) = &cert_path
@@ -99,6 +104,7 @@ async fn main() {
         selector,
         tls,
         cert_path: if tls { cert_path } else { None },
+        socket_path,
         // In-process evaluation reads the synced flag store directly; no result cache.
         cache_settings: None,
         ..FlagdOptions::default()

@@ -4,7 +4,8 @@
 // Environment:
 //   FLAGD_HOST, FLAGD_PORT, FLAGD_SOURCE_SELECTOR, FLAGD_TLS (true/false),
 //   FLAGD_SERVER_CERT_PATH (CA file, TLS only), INTEROP_FLAG_KEY (a string flag),
-//   INTEROP_DEBUG (any value: provider debug logging on stderr).
+//   INTEROP_SOCKET_PATH (a unix socket to sync from instead of FLAGD_HOST:FLAGD_PORT: the
+//   provider's `socketPath`), INTEROP_DEBUG (any value: provider debug logging on stderr).
 //
 // Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each time the
 // evaluated value differs from the last printed one. Provider events are logged on stderr as
@@ -60,6 +61,10 @@ public final class Client {
     }
 
     public static void main(String[] args) throws InterruptedException {
+        // Before the first logger exists: slf4j-simple reads its level once.
+        if (!System.getenv().getOrDefault("INTEROP_DEBUG", "").isEmpty()) {
+            System.setProperty("org.slf4j.simpleLogger.defaultLogLevel", "debug");
+        }
         String host = required("FLAGD_HOST");
         String portText = required("FLAGD_PORT");
         int port = 0;
@@ -72,6 +77,7 @@ public final class Client {
         boolean tls = System.getenv().getOrDefault("FLAGD_TLS", "false").trim().toLowerCase(Locale.ROOT).equals("true");
         String certPath = System.getenv().getOrDefault("FLAGD_SERVER_CERT_PATH", "");
         String flagKey = required("INTEROP_FLAG_KEY");
+        String socketPath = System.getenv().getOrDefault("INTEROP_SOCKET_PATH", "");
 
         if (tls && !certPath.isEmpty() && !Files.isRegularFile(Path.of(certPath))) {
             fail("FLAGD_SERVER_CERT_PATH does not exist: " + certPath);
@@ -103,6 +109,9 @@ public final class Client {
         }
         if (tls && !certPath.isEmpty()) {
             builder.certPath(certPath);
+        }
+        if (!socketPath.isEmpty()) {
+            builder.socketPath(socketPath);
         }
         FlagdProvider provider = new FlagdProvider(builder.build());
 
