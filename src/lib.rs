@@ -18,6 +18,7 @@ pub mod context;
 pub mod document;
 pub mod hub;
 pub mod kubernetes;
+pub mod locks;
 pub mod management;
 pub mod metrics;
 pub mod net;

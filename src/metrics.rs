@@ -367,10 +367,7 @@ impl Metrics {
     /// The Prometheus text exposition of every metric after `observe` has set the gauges that
     /// are set when scraped; one scrape at a time, so none sees another's half-set gauges.
     pub fn encode_observed(&self, observe: impl FnOnce(&Self)) -> String {
-        let _scrape = self
-            .scrape
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let _scrape = crate::locks::lock(&self.scrape);
         observe(self);
         self.encode()
     }

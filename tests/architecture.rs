@@ -9,8 +9,10 @@ use std::path::{Path, PathBuf};
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
 /// What the hub may import: the document it builds snapshots from, its metrics, the resource
-/// names, the retry policy, the memory budget, and nothing that serves clients or fetches resources.
-const HUB_MAY_IMPORT: &[&str] = &["backoff", "budget", "document", "metrics", "selector"];
+/// names, the retry policy, the memory budget, poison-tolerant locks, and nothing that serves clients or fetches resources.
+const HUB_MAY_IMPORT: &[&str] = &[
+    "backoff", "budget", "document", "locks", "metrics", "selector",
+];
 
 #[test]
 fn the_hub_imports_no_adapter() {

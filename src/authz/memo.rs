@@ -91,7 +91,7 @@ where
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State<K, T>> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::locks::lock(&self.state)
     }
 }
 

@@ -198,9 +198,7 @@ impl Inner {
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ResourceKey, StateSender>> {
         // The map is only touched in short, non-panicking sections; a poisoned lock still holds
         // a consistent map.
-        self.upstreams
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        crate::locks::lock(&self.upstreams)
     }
 }
 

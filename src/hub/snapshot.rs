@@ -116,12 +116,12 @@ impl Snapshot {
     /// asks for it and shared afterwards. Subscribers asking while it is made wait for it.
     pub fn encoded(&self, name: EncodingName, encode: impl FnOnce(&Snapshot) -> Bytes) -> Bytes {
         // Entries are only ever appended whole, so a poisoned lock still holds good ones.
-        let read = self.encodings.0.read().unwrap_or_else(|e| e.into_inner());
+        let read = crate::locks::read(&self.encodings.0);
         if let Some(bytes) = Encodings::find(&read, name) {
             return bytes;
         }
         drop(read);
-        let mut write = self.encodings.0.write().unwrap_or_else(|e| e.into_inner());
+        let mut write = crate::locks::write(&self.encodings.0);
         if let Some(bytes) = Encodings::find(&write, name) {
             return bytes;
         }

@@ -303,7 +303,7 @@ impl TokenFile {
 
     /// The `Authorization` header value to send now.
     fn header(&self) -> HeaderValue {
-        let mut state = self.state.lock().unwrap_or_else(|p| p.into_inner());
+        let mut state = crate::locks::lock(&self.state);
         if state.read_at.elapsed() >= TOKEN_REREAD {
             state.read_at = Instant::now();
             match read_token(&self.path) {

@@ -193,7 +193,7 @@ impl ResourceEvents {
     /// Records `resource` as the version clients have; returns how people see it.
     fn keep(&self, resource: &Value) -> String {
         let version = version_of(resource);
-        *self.kept.lock().unwrap_or_else(|p| p.into_inner()) = Some(version.clone());
+        *crate::locks::lock(&self.kept) = Some(version.clone());
         version
     }
 
@@ -202,7 +202,7 @@ impl ResourceEvents {
         let Some(regarding) = reference(resource) else {
             return;
         };
-        let kept = self.kept.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let kept = crate::locks::lock(&self.kept).clone();
         let kept = match kept {
             Some(version) => format!("clients keep {version}, the last valid version"),
             None => "clients have no version of this resource yet".to_owned(),

@@ -36,6 +36,8 @@ use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
 use tokio::sync::Notify;
 use tower::{BoxError, ServiceBuilder, ServiceExt as _};
 
+use crate::locks::lock;
+
 /// Requests in flight on one HTTP/2 connection before another is opened.
 pub const STREAMS_PER_CONNECTION: usize = 100;
 const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(30);
@@ -300,13 +302,6 @@ impl Pool {
             gate: connection.gate.clone(),
         })
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Only short, non-panicking sections hold the lock; a poisoned one still holds valid counts.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One request counted against its connection until dropped.

@@ -150,7 +150,7 @@ impl Reviewer for KubeReviewer {
 
     fn pods_at(&self, ip: IpAddr) -> BoxFuture<'static, Result<Vec<PodOwner>, AuthzError>> {
         if let Some(index) = &self.pods {
-            let index = index.lock().unwrap_or_else(|p| p.into_inner());
+            let index = crate::locks::lock(index);
             if index.synced {
                 let owners = index.owners(ip);
                 return futures::future::ready(Ok(owners)).boxed();
@@ -320,7 +320,7 @@ async fn watch_pods(client: kube::Client, index: Arc<Mutex<PodIndex>>) {
             watcher::Config::default().fields(RUNNING)
         ));
         while let Some(event) = events.next().await {
-            let mut index = index.lock().unwrap_or_else(|p| p.into_inner());
+            let mut index = crate::locks::lock(&index);
             match event {
                 Ok(event) => {
                     let was_synced = index.synced;

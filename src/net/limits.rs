@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::locks::lock;
 use crate::metrics::{Metrics, PortLabels};
 
 /// Open connections on one port, bounded by `limit` (0: no limit), shown as the
@@ -119,13 +120,6 @@ impl AddressLimit {
         *count += 1;
         Some(AddressSlot(Some((self.open.clone(), ip))))
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    // Only short, non-panicking sections hold it; a poisoned map is still consistent.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 /// One connection's place in [`AddressLimit`]; dropping it gives the place back.

@@ -41,7 +41,7 @@ impl Room {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Entry>> {
         // Entries are inserted and removed whole: a poisoned map is still consistent.
-        self.connections.lock().unwrap_or_else(|e| e.into_inner())
+        crate::locks::lock(&self.connections)
     }
 
     /// Enters a connection that holds `place`; it keeps the returned ticket while it runs.

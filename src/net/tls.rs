@@ -100,19 +100,19 @@ impl ReloadingTls {
 
     /// An acceptor with the newest configuration.
     pub fn acceptor(&self) -> TlsAcceptor {
-        let current = self.current.read().unwrap_or_else(|p| p.into_inner());
+        let current = crate::locks::read(&self.current);
         TlsAcceptor::from(current.1.clone())
     }
 
     /// Reads the files again; true if the configuration changed. On error the old one stays.
     pub fn reload(&self) -> Result<bool, TlsError> {
         let contents = self.files.read_all()?;
-        if self.current.read().unwrap_or_else(|p| p.into_inner()).0 == contents {
+        if crate::locks::read(&self.current).0 == contents {
             return Ok(false);
         }
         let config = build(&self.files, &contents)?;
         let not_after = check_validity(&self.files.cert, &contents[0]);
-        *self.current.write().unwrap_or_else(|p| p.into_inner()) = (contents, config);
+        *crate::locks::write(&self.current) = (contents, config);
         self.not_after.store(not_after, Ordering::Relaxed);
         if let Some(gauge) = self.expiry_gauge.get() {
             gauge.set(not_after);

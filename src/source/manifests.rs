@@ -27,6 +27,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use crate::hub::Publisher;
+use crate::locks::lock;
 use crate::metrics::Metrics;
 use crate::selector::ResourceKey;
 use crate::source::Source;
@@ -506,10 +507,6 @@ impl Scanner {
 }
 
 type ParseResult = Result<Vec<(ResourceKey, Arc<Value>)>, String>;
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
 
 #[cfg(test)]
 mod tests;

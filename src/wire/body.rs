@@ -4,8 +4,9 @@
 //! tonic's generic streaming path encodes each message of a stream into a buffer of that stream,
 //! which then keeps the capacity of the largest message for as long as the stream lives: with
 //! 10,000 subscribers and a 100 KiB flag set, about a gigabyte of copies. Here every snapshot
-//! goes to the HTTP/2 stream as one DATA frame of the version's shared `Bytes`, gRPC prefix
-//! included: a stream holds no copy of the flags.
+//! goes to the HTTP/2 stream as one chunk of body data, the version's shared `Bytes` with the
+//! gRPC prefix included (HTTP/2 sends it as DATA frames of the client's frame size, straight from
+//! those bytes): a stream holds no copy of the flags.
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

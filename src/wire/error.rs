@@ -1,4 +1,8 @@
-//! Every way a client request can fail, and the one mapping from those errors to gRPC status.
+//! Every way a client's request can be refused (its selector, its authorization, the resource's
+//! state), and the one mapping from those errors to gRPC status. Statuses of the transport are
+//! made where the transport fails: a deadline (`net/deadlines.rs`), an unreadable request body
+//! (`wire/body.rs`), an unknown method (`wire/routes.rs`), a limit on the connection
+//! (`server.rs`).
 use tonic::{Code, Status};
 
 use crate::authz::AuthzError;

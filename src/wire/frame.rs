@@ -3,8 +3,9 @@
 //! A [`Frame`] is a response message ([`Message`]: a `SyncFlagsResponse`, or the
 //! `FetchAllFlagsResponse`) already encoded as a whole gRPC message (the 5-byte prefix, then the
 //! protobuf), made once per version and message (the snapshot's encoding named after the
-//! message; gzip ones in [`crate::wire::compression`]) and shared by every stream, which hands it to HTTP/2 as one DATA
-//! frame without copying it (see [`crate::wire::body`]).
+//! message; gzip ones in [`crate::wire::compression`]) and shared by every stream, which hands it
+//! to HTTP/2 as one chunk of body data without copying it (HTTP/2 cuts it into DATA frames of the
+//! client's frame size; see [`crate::wire::body`]).
 use bytes::{BufMut, Bytes, BytesMut};
 use prost_types::value::Kind;
 use prost_types::{Struct, Value as ProtoValue};

@@ -19,12 +19,9 @@ pub(super) struct Refusals {
 }
 
 impl Refusals {
-    pub fn access_worked(&mut self) {
-        self.seen_outcome = true;
-        self.consecutive = 0;
-    }
-
-    pub fn other_failure(&mut self) {
+    /// Records an answer that was not a refusal (the resource, its absence, or another
+    /// failure): the next refusal starts a new run.
+    pub fn not_refused(&mut self) {
         self.seen_outcome = true;
         self.consecutive = 0;
     }
@@ -332,20 +329,20 @@ mod tests {
         assert!(fresh.refused());
 
         let mut worked = Refusals::default();
-        worked.access_worked();
+        worked.not_refused();
         assert!(!worked.refused());
         assert!(!worked.refused());
         assert!(worked.refused(), "the third refusal in a row");
-        worked.access_worked();
+        worked.not_refused();
         assert!(
             !worked.refused(),
             "counting starts over after access worked"
         );
 
         let mut unreachable = Refusals::default();
-        unreachable.other_failure();
+        unreachable.not_refused();
         assert!(!unreachable.refused());
-        unreachable.other_failure();
+        unreachable.not_refused();
         assert!(!unreachable.refused());
         assert!(!unreachable.refused());
         assert!(unreachable.refused());

@@ -271,7 +271,7 @@ impl ResourceWatch {
     }
 
     fn worked(&mut self) {
-        self.refusals.access_worked();
+        self.refusals.not_refused();
     }
 
     /// Tells subscribers the resource's state and keeps it.
@@ -314,7 +314,7 @@ impl ResourceWatch {
             return true;
         }
         if problem.kind != Kind::Forbidden {
-            self.refusals.other_failure();
+            self.refusals.not_refused();
         }
         report(publisher, context, problem);
         true

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
-use super::{ParseResult, lock};
+use super::ParseResult;
+use crate::locks::lock;
 
 /// Files up to this size are small: they may take the slot that large files leave free.
 pub(super) const SMALL_FILE_BYTES: usize = 1024 * 1024;
