@@ -209,6 +209,28 @@ async fn chained_run(
     })
 }
 
+/// A free loopback port below the kernel's ephemeral range, so that no outgoing connection can
+/// take it while its proxy is down (killed, or not started yet: the rollout's second replica)
+/// and it can be bound again.
+pub(crate) fn stable_port() -> anyhow::Result<u16> {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    // 8,000 ports below the range, from a place that differs between concurrent runs.
+    let span = 8000.min(low - 1024);
+    let start = std::process::id() % span;
+    for _ in 0..span {
+        let offset = (start + NEXT.fetch_add(1, Ordering::Relaxed)) % span;
+        let port = u16::try_from(low - span + offset)?;
+        if std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok() {
+            return Ok(port);
+        }
+    }
+    bail!("no free port below {low}")
+}
+
 /// A proxy process of one tier, started again on the same ports after it is killed.
 pub(crate) struct Tier {
     bin: PathBuf,
@@ -228,7 +250,7 @@ impl Tier {
         source: Vec<String>,
         extra: &[String],
     ) -> anyhow::Result<Self> {
-        let (port, management_port) = (free_port()?, free_port()?);
+        let (port, management_port) = (stable_port()?, stable_port()?);
         let mut args: Vec<String> = [
             "start",
             "--bind-address",

@@ -187,7 +187,7 @@ impl<'a> Topology<'a> {
         let extra = &args.proxy_arg;
         let mut central = Tier::new(bin, dir.join("central.log"), source.clone(), extra)?;
         let replica = Tier::new(bin, dir.join("replica.log"), source, extra)?;
-        let balancer_port = free_port()?;
+        let balancer_port = stable_port()?;
         let balancer = start_balancer(dir, balancer_port, &[central.port, replica.port])?;
         central.start()?;
         let upstream = vec![
