@@ -237,10 +237,32 @@ pub(crate) struct Args {
     #[arg(long, default_value_t = 1024)]
     pub(crate) soak_payload_bytes: usize,
 
+    /// The two tiers as a system instead of the fan-out scenarios (see docs/benchmarks.md, "Two
+    /// tiers"): one central proxy feeding `--tier-nodes` node proxies over `--upstream`, the
+    /// `--subscribers` spread evenly over the node proxies and over the first of `--resources`;
+    /// then the faults (the central killed and started again, one node proxy killed, a rollout of
+    /// the central). Beside it: the same subscribers flat on one proxy (this one and the Go
+    /// flagd-proxy), one node proxy's share flat, and one node proxy chained alone.
+    #[arg(long, conflicts_with = "soak")]
+    pub(crate) tiers: bool,
+
+    /// Tiers: node proxies.
+    #[arg(long, default_value_t = 50)]
+    pub(crate) tier_nodes: usize,
+
+    /// Tiers: only the two tiers and their faults, no flat runs beside them.
+    #[arg(long)]
+    pub(crate) no_flat: bool,
+
+    /// Tiers: how long the central stays down when it is killed, before it is started again.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub(crate) tier_outage: Duration,
+
     /// A quick correctness run: 50 subscribers, 3 paced updates, a 3-update burst, 1 KiB, this
     /// project's proxy only (unless --go-proxy-bin is given). Exits non-zero if a subscriber
     /// missed an update, ended stale or lost its stream. With `--soak`: a soak of a few seconds
-    /// (2,000 updates, 200 connects, 24 lifecycles, 40 steady subscribers on 8 resources).
+    /// (2,000 updates, 200 connects, 24 lifecycles, 40 steady subscribers on 8 resources). With
+    /// `--tiers`: 2 node proxies × 10 subscribers over 2 resources, with the faults.
     #[arg(long)]
     pub(crate) smoke: bool,
 }
@@ -277,6 +299,13 @@ impl Args {
         self.storm_timeout = Duration::from_secs(30);
         if self.go_proxy_bin.is_none() {
             self.no_go = true;
+        }
+        if self.tiers {
+            self.subscribers = 20;
+            self.tier_nodes = 2;
+            self.resources = vec![2];
+            self.settle = Duration::from_secs(10);
+            self.tier_outage = Duration::from_millis(500);
         }
     }
 }

@@ -8,7 +8,8 @@
 //! and CPU time, and, with `--storm`, how it takes every subscriber reconnecting at once (see
 //! `storm.rs`). Prints a Markdown table and can write JSON. With `--soak`, it soaks this proxy
 //! instead: hours of churn compressed, with the proxy's resources sampled and required to come
-//! back to their baseline (see `soak.rs`).
+//! back to their baseline (see `soak.rs`). With `--tiers`, it measures the two tiers as a
+//! system: a central proxy feeding node proxies, and their faults (see `tiers.rs`).
 //!
 //! A run that finds the proxy under test incorrect (a subscriber missed an update, ended on an old
 //! version or lost its stream; or the run itself failed) still prints and writes its report, then
@@ -56,6 +57,7 @@ mod soak;
 mod sources;
 mod storm;
 mod targets;
+mod tiers;
 mod verdict;
 
 use args::*;
@@ -93,6 +95,10 @@ fn main() -> anyhow::Result<ExitCode> {
         floor::serve(u16::try_from(number(2)?)?, number(3)?)?;
         return Ok(ExitCode::SUCCESS);
     }
+    if argv.get(1).map(String::as_str) == Some(tiers::BALANCER_COMMAND) {
+        tiers::balancer::serve(&argv[2..])?;
+        return Ok(ExitCode::SUCCESS);
+    }
     let mut args = Args::parse();
     args.apply_smoke();
     if args.subscribers == 0 || args.streams_per_connection == 0 || args.source_addrs == 0 {
@@ -107,8 +113,12 @@ fn main() -> anyhow::Result<ExitCode> {
         .worker_threads(args.threads.max(1))
         .enable_all()
         .build()?;
-    if args.soak {
-        let status = runtime.block_on(soak::main(&args))?;
+    if args.soak || args.tiers {
+        let status = if args.soak {
+            runtime.block_on(soak::main(&args))?
+        } else {
+            runtime.block_on(tiers::main(&args))?
+        };
         runtime.shutdown_background();
         return Ok(ExitCode::from(status));
     }

@@ -289,10 +289,12 @@ impl Live<'_> {
             if self.stop_updates(seq, incomplete_in_a_row) {
                 break;
             }
-            let mut written = 0;
-            self.sources.write(seq, || written = tracker.now()).await?;
+            let (written, reached) = self
+                .sources
+                .deliver(seq, tracker, args.update_timeout)
+                .await?;
             applied += 1;
-            match tracker.wait_all(seq, args.update_timeout).await {
+            match reached {
                 Some(at) => {
                     incomplete_in_a_row = 0;
                     propagation.push(ms(at - written));

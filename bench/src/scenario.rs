@@ -255,7 +255,10 @@ pub(crate) async fn run_one(
 
 /// A control plane of its own for each Kubernetes run, so no run sees another's watches or
 /// objects.
-async fn start_cluster(kind: Kind, scenario: Scenario) -> anyhow::Result<Option<ControlPlane>> {
+pub(crate) async fn start_cluster(
+    kind: Kind,
+    scenario: Scenario,
+) -> anyhow::Result<Option<ControlPlane>> {
     Ok(match scenario.source {
         _ if kind == Kind::Floor => None,
         SourceKind::Files => None,

@@ -27,7 +27,7 @@ use super::*;
 mod clients;
 mod files;
 mod judge;
-mod probe;
+pub(crate) mod probe;
 
 use clients::{Churn, ChurnCounts, LIFECYCLE_LOOPS, Pace, SteadyTracker, connect_steady};
 use files::{Dirs, Steady, Template, Written};

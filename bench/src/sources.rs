@@ -243,6 +243,19 @@ impl Sources {
         Ok(())
     }
 
+    /// Writes version `seq` and waits up to `timeout` until every subscriber of `tracker` has
+    /// it: when it was written, and when the last subscriber got it (on the tracker's clock).
+    pub(crate) async fn deliver(
+        &self,
+        seq: u64,
+        tracker: &Tracker,
+        timeout: Duration,
+    ) -> anyhow::Result<(u64, Option<u64>)> {
+        let mut written = 0;
+        self.write(seq, || written = tracker.now()).await?;
+        Ok((written, tracker.wait_all(seq, timeout).await))
+    }
+
     /// The size of the flag configuration a subscriber receives, approximately.
     pub(crate) fn document_bytes(&self) -> usize {
         json!({"flags": flags_of(self.documents, 0, self.payload)})

@@ -148,6 +148,16 @@ fn benchmark_smoke_run_fails_when_the_proxy_misses_updates() {
     }
 }
 
+/// Standard output, and both outputs for an assertion message.
+fn outputs(output: &std::process::Output) -> (String, String) {
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let context = format!(
+        "stdout:\n{stdout}\nstderr:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    (stdout, context)
+}
+
 /// Runs `flagd-proxy-bench --soak --smoke` against `proxy`, writing its report to `markdown`.
 fn soak_smoke(proxy: &Path, markdown: &Path) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
@@ -170,11 +180,7 @@ fn soak_smoke_run_returns_to_its_baseline() {
     std::fs::create_dir_all(&scratch.0).expect("scratch folder");
     let markdown = scratch.0.join("soak.md");
     let output = soak_smoke(&proxy_bin(), &markdown);
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let context = format!(
-        "stdout:\n{stdout}\nstderr:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let (stdout, context) = outputs(&output);
     assert!(output.status.success(), "{context}");
     for needle in [
         "| quantity | baseline | peak during churn | end | tolerance | result |",
@@ -235,4 +241,35 @@ fn soak_smoke_run_fails_when_watches_are_left_behind() {
         !stderr.contains("steady subscriber(s) not on the final version"),
         "{context}"
     );
+}
+
+/// Two tiers at tiny scale (`--tiers --smoke`: 2 node proxies × 10 subscribers over 2
+/// resources, manifest files): every subscriber gets every version through both tiers, and the
+/// faults heal: the central killed and started again, one node proxy killed (its 10 streams end
+/// and no other does), a rollout of the central. The flat runs beside it pass too.
+#[test]
+fn tiers_smoke_run_delivers_every_version_through_both_tiers() {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
+        .args(["--tiers", "--smoke", "--no-go", "--proxy-bin"])
+        .arg(proxy_bin())
+        .output()
+        .expect("run flagd-proxy-bench");
+    let (stdout, context) = outputs(&output);
+    assert!(output.status.success(), "{context}");
+    for needle in [
+        "### 20 subscribers: 2 node proxies × 10, 2 resource(s), 1024 B payload, files source",
+        "| subscribers connected | 20 | 20 | 10 | 10 |",
+        "| paced updates not delivered to all | 0 | 0 | 0 | 0 |",
+        "| central: streams (`sync_active_streams`) | 4 |",
+        "streams ended: 0; subscribers off the last good version while down: 0; a new subscriber on a node proxy got version 6 (the last good one)",
+        "its streams ended: 10 of 10; other streams ended: 0; its subscribers served again: 10 of 10",
+        "central streams after: 4 (one per node proxy and resource: 4)",
+        "| rollout, both steps | streams ended: 0 |",
+        "Verdict: every subscriber got every update through both tiers, and every fault healed.",
+    ] {
+        assert!(
+            stdout.contains(needle),
+            "{needle:?} not in the report:\n{context}"
+        );
+    }
 }

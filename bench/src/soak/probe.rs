@@ -123,7 +123,7 @@ pub(crate) fn status_field(status: &str, name: &str) -> Option<u64> {
 
 /// `GET /metrics` on the management port (HTTP/1.1, 5 s to connect and to answer): every
 /// sample line, by name and labels.
-fn fetch_metrics(port: u16) -> std::io::Result<HashMap<String, f64>> {
+pub(crate) fn fetch_metrics(port: u16) -> std::io::Result<HashMap<String, f64>> {
     let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;

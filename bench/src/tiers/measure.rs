@@ -1,0 +1,124 @@
+//! The measured phases of a topology with every subscriber connected: idle (memory, streams and
+//! connections at the central, API-server watches), paced updates (propagation through both
+//! tiers, CPU of each tier) and the burst.
+
+use super::*;
+
+use super::topology::Crowd;
+use std::sync::atomic::Ordering;
+
+impl Topology<'_> {
+    /// The process ids of the node proxies that run.
+    fn node_pids(&self) -> Vec<u32> {
+        self.nodes.iter().filter_map(Tier::pid).collect()
+    }
+
+    /// CPU seconds of the central, of every node proxy together, and of this program.
+    fn cpu(&self) -> (f64, f64, f64) {
+        let central = self
+            .central
+            .pid()
+            .map_or(0.0, |p| proc_sample(p).cpu_seconds);
+        let nodes = self
+            .node_pids()
+            .into_iter()
+            .map(|p| proc_sample(p).cpu_seconds)
+            .sum();
+        (central, nodes, proc_sample(std::process::id()).cpu_seconds)
+    }
+
+    /// Idle, every subscriber connected: RSS of each tier, the central's streams, connections
+    /// and watches, the node proxies' streams, and the API server's watches.
+    pub(crate) async fn idle(&mut self) {
+        tokio::time::sleep(self.args.idle).await;
+        let node_rss: Vec<f64> = self
+            .node_pids()
+            .into_iter()
+            .map(|p| mib(proc_sample(p).rss_kib))
+            .collect();
+        let central = self.central.metrics().await;
+        let mut node_streams = 0.0;
+        for node in &self.nodes {
+            node_streams += node
+                .metrics()
+                .await
+                .get("sync_active_streams")
+                .copied()
+                .unwrap_or(0.0);
+        }
+        let result = &mut self.result;
+        result.central_rss_mib = self
+            .central
+            .pid()
+            .map_or(0.0, |p| mib(proc_sample(p).rss_kib));
+        if !node_rss.is_empty() {
+            result.node_rss_mib_mean = Some(node_rss.iter().sum::<f64>() / node_rss.len() as f64);
+            result.node_rss_mib_max = node_rss.iter().copied().reduce(f64::max);
+        }
+        result.central_streams = central.get("sync_active_streams").copied();
+        result.central_connections = central
+            .get("flagd_proxy_open_connections{port=\"sync\"}")
+            .copied();
+        result.central_watches = central.get("flagd_proxy_upstream_watches").copied();
+        result.node_streams = Some(node_streams);
+        if let Some(cluster) = &self.cluster {
+            result.apiserver_watches = Some(cluster.open_watches("featureflags").await);
+        }
+    }
+
+    /// Paced updates: each is written once the previous one reached every subscriber; the
+    /// propagation to all and the CPU per update of each tier.
+    pub(crate) async fn paced(&mut self, tracker: &Tracker) -> anyhow::Result<()> {
+        let args = self.args;
+        let before = self.cpu();
+        let mut propagation = Vec::new();
+        let mut applied = 0u64;
+        let mut missed_in_a_row = 0;
+        for seq in 1..=args.updates {
+            if missed_in_a_row == GIVE_UP_AFTER {
+                self.result.updates_incomplete += args.updates - seq + 1;
+                break;
+            }
+            let (written, reached) = self
+                .sources
+                .deliver(seq, tracker, args.update_timeout)
+                .await?;
+            applied += 1;
+            if let Some(at) = reached {
+                missed_in_a_row = 0;
+                propagation.push(ms(at - written));
+            } else {
+                missed_in_a_row += 1;
+                self.result.updates_incomplete += 1;
+            }
+            tokio::time::sleep(args.update_gap).await;
+        }
+        let after = self.cpu();
+        let result = &mut self.result;
+        result.propagation = Stats::of(propagation);
+        if applied > 0 {
+            let per = |a: f64, b: f64| (a - b) / applied as f64;
+            result.central_cpu_per_update = per(after.0, before.0);
+            result.nodes_cpu_per_update = Some(per(after.1, before.1));
+            result.load_generator_cpu_per_update = per(after.2, before.2);
+        }
+        Ok(())
+    }
+
+    /// Burst: updates back to back, then every subscriber must end on the final one; which
+    /// that is.
+    pub(crate) async fn burst(&mut self, crowd: &Crowd) -> anyhow::Result<u64> {
+        let (args, tracker) = (self.args, &crowd.tracker);
+        let last = args.updates + args.burst;
+        for seq in args.updates + 1..=last {
+            self.sources.write(seq, || {}).await?;
+            tokio::time::sleep(args.burst_gap).await;
+        }
+        tracker.wait_all(last, args.settle).await;
+        let n = self.shape.subscribers();
+        let result = &mut self.result;
+        result.stale_after_burst = tracker.not_on(last, n).saturating_sub(n - result.connected);
+        result.stream_errors = tracker.errors.load(Ordering::Relaxed);
+        Ok(last)
+    }
+}
