@@ -7,7 +7,7 @@
 //! catches up on the newest version.
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::future::BoxFuture;
 use tonic::Code;
@@ -15,7 +15,8 @@ use tonic::codec::CompressionEncoding;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::backoff::Backoff;
-use crate::hub::Publisher;
+use crate::hub::ports::resource_attribute;
+use crate::hub::{Publisher, SpanRecord, SpanSink};
 use crate::metrics::Metrics;
 use crate::selector::ResourceKey;
 use crate::source::Source;
@@ -53,16 +54,26 @@ pub struct UpstreamSettings {
     pub ca_path: Option<PathBuf>,
 }
 
+/// The span of one attempt to follow a resource upstream: from opening the stream until its
+/// first message (the resource's state), or until the attempt failed.
+pub const CONNECT_SPAN: &str = "flagd_proxy.upstream.connect";
+
 /// Resources from another flagd-proxy.
 pub struct UpstreamSource {
     channel: Channel,
     address: String,
     metrics: Arc<Metrics>,
+    spans: Option<Arc<dyn SpanSink>>,
 }
 
 impl UpstreamSource {
-    /// Prepares the (lazily connected) channel; fails only on invalid settings.
-    pub fn new(settings: UpstreamSettings, metrics: Arc<Metrics>) -> Result<Self, UpstreamError> {
+    /// Prepares the (lazily connected) channel; fails only on invalid settings. Each attempt to
+    /// follow a resource is recorded in `spans` ([`CONNECT_SPAN`]), when given.
+    pub fn new(
+        settings: UpstreamSettings,
+        metrics: Arc<Metrics>,
+        spans: Option<Arc<dyn SpanSink>>,
+    ) -> Result<Self, UpstreamError> {
         let tls =
             settings.tls || settings.ca_path.is_some() || settings.address.starts_with("https://");
         let bare = settings
@@ -96,6 +107,7 @@ impl UpstreamSource {
             channel: endpoint.connect_lazy(),
             address: bare.to_owned(),
             metrics,
+            spans,
         })
     }
 }
@@ -117,10 +129,19 @@ impl Source for UpstreamSource {
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .accept_compressed(CompressionEncoding::Gzip);
         let metrics = self.metrics.clone();
+        let spans = self.spans.clone();
+        let address = self.address.clone();
         Box::pin(async move {
             let mut backoff = Backoff::new();
-            loop {
-                let received_any = follow(client.clone(), &key, &publisher, &metrics).await;
+            for attempt in 1_u64.. {
+                let connecting = spans.clone().map(|spans| Connecting {
+                    spans,
+                    started: SystemTime::now(),
+                    attempt,
+                    address: address.clone(),
+                });
+                let received_any =
+                    follow(client.clone(), &key, &publisher, &metrics, connecting).await;
                 if received_any {
                     backoff.reset();
                 }
@@ -130,13 +151,46 @@ impl Source for UpstreamSource {
     }
 }
 
-/// Follows one upstream stream until it ends; true if it delivered anything.
+/// One attempt to follow a resource, until its span is recorded.
+struct Connecting {
+    spans: Arc<dyn SpanSink>,
+    started: SystemTime,
+    /// 1 for the first stream of this watch, then one more for every reconnection.
+    attempt: u64,
+    address: String,
+}
+
+impl Connecting {
+    /// Records the span: the stream delivered its first message, or failed with `error`.
+    fn done(self, key: &ResourceKey, error: Option<String>) {
+        self.spans.record(SpanRecord {
+            name: CONNECT_SPAN,
+            start: self.started,
+            end: SystemTime::now(),
+            attributes: vec![
+                resource_attribute(key),
+                ("flagd_proxy.upstream", self.address.into()),
+                ("flagd_proxy.attempt", self.attempt.into()),
+            ],
+            error,
+        });
+    }
+}
+
+/// Follows one upstream stream until it ends; true if it delivered anything. `connecting` is
+/// told when the first message comes, or the stream fails before it.
 async fn follow(
     mut client: FlagSyncServiceClient<Channel>,
     key: &ResourceKey,
     publisher: &Publisher,
     metrics: &Metrics,
+    mut connecting: Option<Connecting>,
 ) -> bool {
+    let mut connected = |error: Option<String>| {
+        if let Some(connecting) = connecting.take() {
+            connecting.done(key, error);
+        }
+    };
     let selector = key.to_string();
     let mut request = tonic::Request::new(SyncFlagsRequest {
         provider_id: "flagd-proxy".into(),
@@ -148,6 +202,7 @@ async fn follow(
     let mut stream = match client.sync_flags(request).await {
         Ok(response) => response.into_inner(),
         Err(status) => {
+            connected(Some(failure(&status)));
             report(status, publisher, metrics);
             return false;
         }
@@ -157,14 +212,17 @@ async fn follow(
         match stream.message().await {
             Ok(Some(message)) => {
                 received = true;
+                connected(None);
                 publisher.flag_configuration(message.flag_configuration, Instant::now());
             }
             Ok(None) => {
+                connected(Some("the upstream ended the stream".into()));
                 metrics.source_error("upstream", "stream_ended");
                 publisher.unreachable("the upstream ended the stream".into());
                 return received;
             }
             Err(status) => {
+                connected(Some(failure(&status)));
                 report(status, publisher, metrics);
                 return received;
             }
@@ -172,12 +230,17 @@ async fn follow(
     }
 }
 
-fn report(status: tonic::Status, publisher: &Publisher, metrics: &Metrics) {
-    let message = format!(
+/// What the upstream answered, for logs and spans.
+fn failure(status: &tonic::Status) -> String {
+    format!(
         "upstream answered {:?}: {}",
         status.code(),
         status.message()
-    );
+    )
+}
+
+fn report(status: tonic::Status, publisher: &Publisher, metrics: &Metrics) {
+    let message = failure(&status);
     match status.code() {
         Code::PermissionDenied | Code::Unauthenticated => publisher.forbidden(message),
         Code::NotFound => publisher.absent(),
