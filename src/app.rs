@@ -269,7 +269,8 @@ async fn start_source(
         SourceSettings::Kubernetes { settings, events } => {
             let kubernetes = KubernetesSource::connect(settings, metrics.clone())
                 .await
-                .map_err(ConfigError::Kubernetes)?;
+                .map_err(ConfigError::Kubernetes)?
+                .with_spans(spans);
             let client = kubernetes.client();
             // The reporting instance is the pod, named through the downward API.
             let pod = std::env::var("POD_NAME")

@@ -2,8 +2,9 @@
 //!
 //! Every `--otlp-interval` the exporter sends the proxy's metrics (the Prometheus registry,
 //! read as `/metrics` reads it: see [`convert`]) and the spans recorded since the last export:
-//! one `flagd_proxy.publish` span per published version (recorded by the hub) and one
-//! `flagd_proxy.upstream.connect` span per stream the node tier opens to its upstream.
+//! one `flagd_proxy.publish` span per published version (recorded by the hub) and one span per
+//! attempt of a watch to reach its backend (`flagd_proxy.upstream.connect`,
+//! `flagd_proxy.kubernetes.connect`, recorded by the sources).
 //!
 //! Written on the OTLP messages and gRPC client of `opentelemetry-proto`, not on the
 //! OpenTelemetry SDK: the metrics already live in one registry, which is converted as it is

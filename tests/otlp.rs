@@ -6,19 +6,36 @@
 //! `flagd_proxy.publish` span per version from each tier with the resource, version,
 //! subscribers and bytes, and the node tier's `flagd_proxy.upstream.connect` span. Over TLS,
 //! the collector's CA is given with `--otlp-ca-file`; without it every export fails, is counted,
-//! and clients are served all the same.
+//! and clients are served all the same. With the Kubernetes API as the source (a real
+//! kube-apiserver, see `testkit/src/control_plane.rs`), the watch's attempts to reach the API
+//! server are spans too, through a restart of the API server.
 //!
-//! Without the collector these tests print a notice and pass, unless `CI` is set.
+//! Without the collector (or, for the Kubernetes test, the control plane) these tests print a
+//! notice and pass, unless `CI` is set.
 use flagd_proxy_testkit as support;
+use kube::api::{Api, PostParams};
 use serde_json::Value;
-use support::client::{Client, channel, default_variant, next, open};
+use support::client::{Client, channel, default_variant, next, open, v1};
+use support::control_plane::{self, feature_flag_object, feature_flag_resource};
 use support::otelcol::{self, Collector, ReceiverTls, attribute};
-use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
+use support::{EVENT_TIMEOUT, Proxy, TestCa, eventually, string_flag, write_manifest};
 
 const SELECTOR: &str = "core.openfeature.dev/shop/checkout";
 
 fn colors(default: &str) -> Value {
     string_flag("color", default, &["red", "blue"])
+}
+
+/// A stream of shop/checkout from `proxy`.
+async fn subscribe(proxy: &Proxy) -> tonic::Streaming<v1::SyncFlagsResponse> {
+    open(&mut Client::new(channel(proxy.port).await), SELECTOR)
+        .await
+        .expect("a stream")
+}
+
+/// The default variant of `color` in the stream's next message.
+async fn next_color(stream: &mut tonic::Streaming<v1::SyncFlagsResponse>) -> String {
+    default_variant(&next(stream).await.flag_configuration, "color")
 }
 
 /// The OTLP flags for a proxy exporting every second as `instance`.
@@ -71,6 +88,22 @@ fn metric_of(received: &[Value], instance: &str, name: &str) -> Option<Value> {
     named(otelcol::metrics(received), instance, name).pop()
 }
 
+/// `span` is the first attempt of the watch of shop/checkout to reach its backend, and it worked.
+fn assert_first_attempt(span: &Value) {
+    let attributes = &span["attributes"];
+    assert_eq!(
+        attribute(attributes, "flagd_proxy.attempt").as_deref(),
+        Some("1"),
+        "{span}"
+    );
+    assert_eq!(
+        attribute(attributes, "flagd_proxy.resource").as_deref(),
+        Some("shop/checkout"),
+        "{span}"
+    );
+    assert!(span["status"].get("code").is_none(), "{span}");
+}
+
 /// The first data point of a Sum or Gauge, as a number (OTLP JSON writes `asInt` as a string).
 fn number(metric: &Value, kind: &str) -> Option<f64> {
     let point = &metric[kind]["dataPoints"][0];
@@ -103,9 +136,7 @@ async fn metrics_and_spans_of_both_tiers_reach_a_real_collector() {
     node_args.extend(strs(&node_otlp));
     let node = Proxy::start(&node_args).await;
 
-    let mut stream = open(&mut Client::new(channel(node.port).await), SELECTOR)
-        .await
-        .expect("a stream");
+    let mut stream = subscribe(&node).await;
     let first = next(&mut stream).await;
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
     write_manifest(dir.path(), "shop", "checkout", colors("blue"));
@@ -162,20 +193,11 @@ async fn metrics_and_spans_of_both_tiers_reach_a_real_collector() {
         })
         .await;
     assert_eq!(connects.len(), 1, "{connects:?}");
-    let connect = &connects[0]["attributes"];
+    assert_first_attempt(&connects[0]);
     assert_eq!(
-        attribute(connect, "flagd_proxy.upstream"),
+        attribute(&connects[0]["attributes"], "flagd_proxy.upstream"),
         Some(upstream.clone())
     );
-    assert_eq!(
-        attribute(connect, "flagd_proxy.attempt").as_deref(),
-        Some("1")
-    );
-    assert_eq!(
-        attribute(connect, "flagd_proxy.resource").as_deref(),
-        Some("shop/checkout")
-    );
-    assert!(connects[0]["status"].get("code").is_none(), "{connects:?}");
 
     // The metrics of /metrics, by their registered names, once an export has seen both versions
     // delivered.
@@ -279,18 +301,10 @@ async fn exports_over_tls_with_the_collectors_ca_and_fail_without_it_while_servi
     }
     proxy.wait_for_log("OTLP export failed").await;
     // Serving goes on: a client gets its flags and the next version.
-    let mut stream = open(&mut Client::new(channel(proxy.port).await), SELECTOR)
-        .await
-        .expect("a stream");
-    assert_eq!(
-        default_variant(&next(&mut stream).await.flag_configuration, "color"),
-        "red"
-    );
+    let mut stream = subscribe(&proxy).await;
+    assert_eq!(next_color(&mut stream).await, "red");
     write_manifest(dir.path(), "shop", "checkout", colors("blue"));
-    assert_eq!(
-        default_variant(&next(&mut stream).await.flag_configuration, "color"),
-        "blue"
-    );
+    assert_eq!(next_color(&mut stream).await, "blue");
     assert!(
         otelcol::metrics(&collector.received())
             .iter()
@@ -299,5 +313,77 @@ async fn exports_over_tls_with_the_collectors_ca_and_fail_without_it_while_servi
                     != Some("distrusting")
             ),
         "nothing arrived from the proxy that does not trust the collector"
+    );
+}
+
+/// The Kubernetes source's attempts to reach the API server: the first list, then, after the
+/// API server was stopped and started again, failed attempts and the one that worked.
+#[tokio::test]
+async fn kubernetes_watch_attempts_are_spans_through_an_api_server_restart() {
+    let Some(bin) = otelcol::find_or_skip() else {
+        return;
+    };
+    let Some(mut cp) = control_plane::start_or_skip().await else {
+        return;
+    };
+    let collector = Collector::start(&bin, None).await;
+    let endpoint = format!("http://127.0.0.1:{}", collector.port);
+    cp.grant_proxy_cluster_wide().await;
+    cp.create_namespace("shop").await;
+    let api: Api<kube::api::DynamicObject> =
+        Api::namespaced_with(cp.admin_client(), "shop", &feature_flag_resource());
+    let object = feature_flag_object("shop", "checkout", colors("red"));
+    let params = PostParams::default();
+    eventually("creating the FeatureFlag", || api.create(&params, &object)).await;
+    let otlp = otlp_args(&endpoint, "kube");
+    let args = cp.proxy_args(&strs(&otlp));
+    let proxy = Proxy::start(&strs(&args)).await;
+    let mut stream = subscribe(&proxy).await;
+    assert_eq!(next_color(&mut stream).await, "red");
+    let connects =
+        |received: &[Value]| spans_of(received, "kube", "flagd_proxy.kubernetes.connect");
+    let first = collector
+        .wait_for("the watch's first attempt", |r| {
+            connects(r).into_iter().next()
+        })
+        .await;
+    assert_first_attempt(&first);
+    let attributes = &first["attributes"];
+    assert_eq!(
+        attribute(attributes, "flagd_proxy.request").as_deref(),
+        Some("list")
+    );
+    assert_eq!(
+        attribute(attributes, "flagd_proxy.api_server")
+            .as_deref()
+            .map(|url| url.trim_end_matches('/')),
+        Some(cp.server_url().as_str())
+    );
+    cp.wait_for_open_watches("featureflags", 1).await;
+
+    cp.stop_apiserver().await;
+    proxy.wait_for_log("source unreachable").await;
+    cp.start_apiserver().await;
+    // At least one attempt failed while the API server was away, and a later one worked.
+    let attempts = collector
+        .wait_for("a failed attempt, then one that worked", |received| {
+            let spans = connects(received);
+            let failed = spans
+                .iter()
+                .position(|span| span["status"].get("code").is_some())?;
+            spans[failed..]
+                .iter()
+                .any(|span| span["status"].get("code").is_none())
+                .then_some(spans)
+        })
+        .await;
+    let numbers: Vec<String> = attempts
+        .iter()
+        .filter_map(|span| attribute(&span["attributes"], "flagd_proxy.attempt"))
+        .collect();
+    let expected: Vec<String> = (1..=attempts.len()).map(|n| n.to_string()).collect();
+    assert_eq!(
+        numbers, expected,
+        "attempts counted one by one: {attempts:?}"
     );
 }

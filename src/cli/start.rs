@@ -633,8 +633,9 @@ impl ManagementArgs {
 #[command(next_help_heading = "OpenTelemetry")]
 pub struct OtlpArgs {
     /// Export metrics (the ones /metrics shows) and traces (a span per published version and
-    /// per upstream connection) over OTLP/gRPC to this collector: http://HOST:PORT, or
-    /// https://HOST:PORT for TLS. Off when not set; /metrics is served either way.
+    /// per attempt of a watch to reach the upstream or the Kubernetes API) over OTLP/gRPC to
+    /// this collector: http://HOST:PORT, or https://HOST:PORT for TLS. Off when not set;
+    /// /metrics is served either way.
     #[arg(long, value_name = "URL", env = "FLAGD_PROXY_OTLP_ENDPOINT")]
     pub otlp_endpoint: Option<String>,
 

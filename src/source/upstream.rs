@@ -7,7 +7,7 @@
 //! catches up on the newest version.
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 use futures::future::BoxFuture;
 use tonic::Code;
@@ -15,11 +15,10 @@ use tonic::codec::CompressionEncoding;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::backoff::Backoff;
-use crate::hub::ports::resource_attribute;
-use crate::hub::{Publisher, SpanRecord, SpanSink};
+use crate::hub::{Publisher, SpanSink};
 use crate::metrics::Metrics;
 use crate::selector::ResourceKey;
-use crate::source::Source;
+use crate::source::{ConnectAttempt, Source};
 use crate::wire::SELECTOR_HEADER;
 use crate::wire::proto::client::flagd_sync_v1::SyncFlagsRequest;
 use crate::wire::proto::client::flagd_sync_v1::flag_sync_service_client::FlagSyncServiceClient;
@@ -134,11 +133,9 @@ impl Source for UpstreamSource {
         Box::pin(async move {
             let mut backoff = Backoff::new();
             for attempt in 1_u64.. {
-                let connecting = spans.clone().map(|spans| Connecting {
-                    spans,
-                    started: SystemTime::now(),
-                    attempt,
-                    address: address.clone(),
+                let connecting = spans.clone().map(|spans| {
+                    let upstream = ("flagd_proxy.upstream", address.as_str().into());
+                    ConnectAttempt::start(spans, CONNECT_SPAN, &key, attempt, [upstream])
                 });
                 let received_any =
                     follow(client.clone(), &key, &publisher, &metrics, connecting).await;
@@ -151,32 +148,6 @@ impl Source for UpstreamSource {
     }
 }
 
-/// One attempt to follow a resource, until its span is recorded.
-struct Connecting {
-    spans: Arc<dyn SpanSink>,
-    started: SystemTime,
-    /// 1 for the first stream of this watch, then one more for every reconnection.
-    attempt: u64,
-    address: String,
-}
-
-impl Connecting {
-    /// Records the span: the stream delivered its first message, or failed with `error`.
-    fn done(self, key: &ResourceKey, error: Option<String>) {
-        self.spans.record(SpanRecord {
-            name: CONNECT_SPAN,
-            start: self.started,
-            end: SystemTime::now(),
-            attributes: vec![
-                resource_attribute(key),
-                ("flagd_proxy.upstream", self.address.into()),
-                ("flagd_proxy.attempt", self.attempt.into()),
-            ],
-            error,
-        });
-    }
-}
-
 /// Follows one upstream stream until it ends; true if it delivered anything. `connecting` is
 /// told when the first message comes, or the stream fails before it.
 async fn follow(
@@ -184,11 +155,11 @@ async fn follow(
     key: &ResourceKey,
     publisher: &Publisher,
     metrics: &Metrics,
-    mut connecting: Option<Connecting>,
+    mut connecting: Option<ConnectAttempt>,
 ) -> bool {
     let mut connected = |error: Option<String>| {
         if let Some(connecting) = connecting.take() {
-            connecting.done(key, error);
+            connecting.done(error);
         }
     };
     let selector = key.to_string();
