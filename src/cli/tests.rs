@@ -666,3 +666,26 @@ fn settings_summary(settings: &crate::app::Settings) -> String {
         settings.serve.sync_socket_mode,
     )
 }
+
+/// The OTLP flags come from the config file like the others; headers as a list.
+#[test]
+fn otlp_settings_come_from_the_config_file() {
+    let args = start_with_config(
+        "yaml",
+        "otlp-endpoint: http://collector:4317\n\
+         otlp-header: [x-api-key=secret, x-tenant=shop]\n\
+         otlp-interval: 10s\n",
+        &[],
+    )
+    .expect("parses");
+    let otlp = args.otlp.into_settings().expect("OTLP is on");
+    assert_eq!(otlp.endpoint, "http://collector:4317");
+    assert_eq!(
+        otlp.headers,
+        vec![
+            ("x-api-key".to_owned(), "secret".to_owned()),
+            ("x-tenant".to_owned(), "shop".to_owned())
+        ]
+    );
+    assert_eq!(otlp.interval, Duration::from_secs(10));
+}
