@@ -218,17 +218,16 @@ impl Exporter {
     fn outcome(&mut self, signal: &'static str, items: usize, result: Result<(), ExportError>) {
         match result {
             Ok(()) => {
-                if self.warnings.failing {
+                if self.warnings.failing.remove(signal) {
                     tracing::info!(signal, "OTLP export works again");
                 }
-                self.warnings.failing = false;
             }
             Err(error) => {
                 self.metrics
                     .otlp_export_failures
                     .get_or_create(&SignalLabels { signal })
                     .inc();
-                self.warnings.failing = true;
+                self.warnings.failing.insert(signal);
                 if self.warnings.due() {
                     tracing::warn!(
                         signal,
@@ -247,11 +246,11 @@ impl Exporter {
 const METRICS: &str = "metrics";
 const TRACES: &str = "traces";
 
-/// When failures were last warned about.
+/// When failures were last warned about, and the signals whose last export failed.
 #[derive(Default)]
 struct Warnings {
     last: Option<Instant>,
-    failing: bool,
+    failing: std::collections::BTreeSet<&'static str>,
 }
 
 impl Warnings {
