@@ -14,7 +14,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use crate::authz::{Authorizer, AuthzConfigError, AuthzSettings, Reviewer};
-use crate::hub::{Hub, HubOptions, Source};
+use crate::hub::{Hub, HubOptions, Source, SpanSink};
 use crate::kubernetes::events::EventRecorder;
 use crate::kubernetes::reviews::KubeReviewer;
 use crate::kubernetes::{KubeError, KubeSettings, KubernetesSource};
@@ -25,6 +25,7 @@ use crate::net::tls::{ReloadingTls, TlsError, TlsFiles};
 use crate::server::{self, ServerOptions};
 use crate::source::manifests::{ManifestError, ManifestSource};
 use crate::source::upstream::{UpstreamError, UpstreamSettings, UpstreamSource};
+use crate::telemetry::{Exporter, OtlpError, OtlpSettings};
 use crate::wire::{CompressionSettings, SyncService};
 
 /// A configuration that cannot work; reported before anything listens (exit status 64).
@@ -44,6 +45,8 @@ pub enum ConfigError {
     Authz(#[source] AuthzConfigError),
     #[error("{0}")]
     ContextValues(String),
+    #[error("{0}")]
+    Otlp(#[source] OtlpError),
     #[error(
         "--sync-socket-path cannot be combined with --client-ca-path: the unix socket carries no TLS, so its clients present no certificate"
     )]
@@ -82,6 +85,8 @@ pub struct Settings {
     pub context_values: Vec<(String, String)>,
     /// gzip for clients that accept it (`--compression`).
     pub compression: CompressionSettings,
+    /// OpenTelemetry export (`--otlp-endpoint`); off without it.
+    pub otlp: Option<OtlpSettings>,
 }
 
 /// Default of [`ServeSettings::port`] (and of `--port`).
@@ -165,6 +170,8 @@ pub struct Prepared {
     tls: Option<Arc<ReloadingTls>>,
     authz: Arc<Authorizer>,
     events: Option<EventRecorder>,
+    /// The OTLP exporter and where spans go, with `--otlp-endpoint`.
+    otlp: Option<(Exporter, Arc<dyn SpanSink>)>,
 }
 
 /// Checks the settings and loads what they point at.
@@ -180,10 +187,20 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
         management,
         context_values,
         compression,
+        otlp,
     } = settings;
     let metrics = Arc::new(Metrics::new());
+    let otlp = match otlp {
+        Some(settings) => {
+            let (exporter, spans) =
+                Exporter::new(&settings, metrics.clone()).map_err(ConfigError::Otlp)?;
+            Some((exporter, spans as Arc<dyn SpanSink>))
+        }
+        None => None,
+    };
     let tls = load_tls(tls, &metrics)?;
-    let started = start_source(source, &metrics).await?;
+    let spans = otlp.as_ref().map(|(_, spans)| spans.clone());
+    let started = start_source(source, &metrics, spans).await?;
     // The authorization port, answered by the Kubernetes API when the proxy has one.
     let reviewer = started.kube_client.map(|client| {
         let reviewer = KubeReviewer::new(client, authz.token_audiences.clone(), authz.pod_ip);
@@ -202,6 +219,7 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
         tls,
         authz: Arc::new(authz),
         events: started.events,
+        otlp,
     })
 }
 
@@ -245,18 +263,20 @@ struct StartedSource {
 async fn start_source(
     settings: SourceSettings,
     metrics: &Arc<Metrics>,
+    spans: Option<Arc<dyn SpanSink>>,
 ) -> Result<StartedSource, ConfigError> {
     let source: Arc<dyn Source> = match settings {
         SourceSettings::Manifests(directories) => Arc::new(
             ManifestSource::start(directories, metrics.clone()).map_err(ConfigError::Manifests)?,
         ),
-        SourceSettings::Upstream(settings) => {
-            Arc::new(UpstreamSource::new(settings, metrics.clone()).map_err(ConfigError::Upstream)?)
-        }
+        SourceSettings::Upstream(settings) => Arc::new(
+            UpstreamSource::new(settings, metrics.clone(), spans).map_err(ConfigError::Upstream)?,
+        ),
         SourceSettings::Kubernetes { settings, events } => {
             let kubernetes = KubernetesSource::connect(settings, metrics.clone())
                 .await
-                .map_err(ConfigError::Kubernetes)?;
+                .map_err(ConfigError::Kubernetes)?
+                .with_spans(spans);
             let client = kubernetes.client();
             // The reporting instance is the pod, named through the downward API.
             let pod = std::env::var("POD_NAME")
@@ -382,13 +402,24 @@ impl Bound {
             tls,
             authz,
             events,
+            otlp,
             ..
         } = prepared;
-        let hub = Hub::new(source.clone(), hub_options, metrics);
+        let (exporter, spans) = otlp.unzip();
+        let hub = Hub::traced(source.clone(), hub_options, metrics, spans);
         if let Some(events) = events {
             hub.record_events(Arc::new(events));
         }
         let readiness = Readiness::default();
+        let otlp_done = CancellationToken::new();
+        let otlp_task = exporter.map(|exporter| {
+            let (hub, readiness) = (hub.clone(), readiness.clone());
+            let collect = move || {
+                hub.metrics()
+                    .collect_observed(|metrics| management::observe(metrics, &hub, &readiness))
+            };
+            tokio::spawn(exporter.run(collect, otlp_done.clone()))
+        });
         let (health, health_service) = tonic_health::server::health_reporter();
         let management_done = CancellationToken::new();
         let management_task = tokio::spawn(management::run(
@@ -430,6 +461,8 @@ impl Bound {
             sync_task,
             management_task,
             management_done,
+            otlp_task,
+            otlp_done,
             listening,
         }
     }
@@ -481,6 +514,9 @@ struct Running {
     sync_task: JoinHandle<Result<(), server::ServerError>>,
     management_task: JoinHandle<std::io::Result<()>>,
     management_done: CancellationToken,
+    /// The OTLP exporter, which exports once more when `otlp_done` is cancelled.
+    otlp_task: Option<JoinHandle<()>>,
+    otlp_done: CancellationToken,
     listening: Listening,
 }
 
@@ -577,7 +613,13 @@ impl Running {
             }
         };
         self.management_done.cancel();
-        if let Ok(Err(error)) = self.management_task.await {
+        let management = self.management_task.await;
+        // The last export, with the spans and metrics of the drain.
+        self.otlp_done.cancel();
+        if let Some(otlp) = self.otlp_task {
+            let _ = otlp.await;
+        }
+        if let Ok(Err(error)) = management {
             return Err(RunError::Management(error));
         }
         tracing::info!("stopped");

@@ -21,8 +21,8 @@ mod start;
 pub use config_file::ConfigFileError;
 pub use docs::markdown;
 pub use start::{
-    AuthzArgs, HubArgs, LogArgs, ManagementArgs, ServeArgs, ServerArgs, SourceArgs, StartArgs,
-    SyncArgs, TlsArgs,
+    AuthzArgs, HubArgs, LogArgs, ManagementArgs, OtlpArgs, ServeArgs, ServerArgs, SourceArgs,
+    StartArgs, SyncArgs, TlsArgs,
 };
 
 #[derive(Debug, Parser)]

@@ -2,11 +2,12 @@
 //! providers over the flagd gRPC sync protocol.
 //!
 //! A core with ports. The [`hub`] is the core: subscriptions, fan-out and shared snapshots. It
-//! owns its ports ([`hub::Source`], [`hub::EventSink`]) and imports no adapter. The [`source`]s
-//! are the outbound adapters: each watches a resource on demand and reports through a
-//! [`hub::Publisher`]. The [`wire`], with the [`server`] on the transport in [`net`] that accepts
+//! owns its ports ([`hub::Source`], [`hub::EventSink`], [`hub::SpanSink`]) and imports no
+//! adapter. The [`source`]s are the outbound adapters: each watches a resource on demand and
+//! reports through a [`hub::Publisher`]. The [`wire`], with the [`server`] on the transport in [`net`] that accepts
 //! connections, is the inbound adapter that streams snapshots to clients. Data flows one way:
-//! source → hub → wire. `tests/architecture.rs` checks the imports.
+//! source → hub → wire. [`telemetry`] exports the metrics and the spans over OTLP, when asked
+//! to. `tests/architecture.rs` checks the imports.
 #![forbid(unsafe_code)]
 
 pub mod app;
@@ -27,6 +28,7 @@ pub mod selector;
 pub mod server;
 pub mod source;
 pub mod status;
+pub mod telemetry;
 pub mod wire;
 
 #[cfg(test)]

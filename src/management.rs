@@ -221,21 +221,10 @@ fn state_of(availability: &Availability) -> (&'static str, Option<String>) {
 }
 
 async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
-    let text = state.hub.metrics().encode_observed(|metrics| {
-        metrics.ready.set(i64::from(state.readiness.get()));
-        let resources = state.hub.resources();
-        metrics.observe_resources(
-            &STATES,
-            resources
-                .iter()
-                .map(|(key, resource, subscribers)| WatchedResource {
-                    namespace: &key.namespace,
-                    name: &key.name,
-                    state: state_of(&resource.availability).0,
-                    subscribers: *subscribers,
-                }),
-        );
-    });
+    let text = state
+        .hub
+        .metrics()
+        .encode_observed(|metrics| observe(metrics, &state.hub, &state.readiness));
     (
         [(
             header::CONTENT_TYPE,
@@ -243,6 +232,24 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         )],
         text,
     )
+}
+
+/// Sets the gauges that are set when the metrics are read: readiness and the watched resources
+/// (for `/metrics`, and for the OTLP exporter).
+pub fn observe(metrics: &Metrics, hub: &Hub, readiness: &Readiness) {
+    metrics.ready.set(i64::from(readiness.get()));
+    let resources = hub.resources();
+    metrics.observe_resources(
+        &STATES,
+        resources
+            .iter()
+            .map(|(key, resource, subscribers)| WatchedResource {
+                namespace: &key.namespace,
+                name: &key.name,
+                state: state_of(&resource.availability).0,
+                subscribers: *subscribers,
+            }),
+    );
 }
 
 /// Every watched resource with its state, and the source's own problems.

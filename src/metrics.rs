@@ -56,6 +56,15 @@ pub struct StateLabels {
     pub state: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SignalLabels {
+    /// `metrics` or `traces`.
+    pub signal: &'static str,
+}
+
+/// The metrics in Prometheus' protobuf data model, as the OTLP exporter reads them.
+pub use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as data_model;
+
 /// Every metric the proxy exports.
 pub struct Metrics {
     registry: Registry,
@@ -104,6 +113,10 @@ pub struct Metrics {
     pub version_rejected: Family<ResourceLabels, Gauge>,
     /// Open streams of each watched resource, set when scraped.
     pub subscribers: Family<ResourceLabels, Gauge>,
+    /// OTLP exports that failed, by signal (only with `--otlp-endpoint`).
+    pub otlp_export_failures: Family<SignalLabels, Counter>,
+    /// Spans dropped because the export queue was full.
+    pub otlp_dropped_spans: Counter,
 }
 
 impl Default for Metrics {
@@ -240,8 +253,11 @@ impl Metrics {
             "Open SyncFlags streams of each watched resource (all protocols); the series goes when the resource is no longer watched",
             Family::default(),
         );
+        let (otlp_export_failures, otlp_dropped_spans) = Self::otlp_metrics(proxy);
         registry.register_collector(Box::new(ProcessCollector));
         Self {
+            otlp_export_failures,
+            otlp_dropped_spans,
             registry,
             memory_budget,
             memory_charged,
@@ -337,6 +353,23 @@ impl Metrics {
         (sent_bytes, messages_compressed, compression_ratio)
     }
 
+    /// What the OTLP exporter could not send.
+    fn otlp_metrics(proxy: &mut Registry) -> (Family<SignalLabels, Counter>, Counter) {
+        let failures = registered(
+            proxy,
+            "otlp_export_failures",
+            "OTLP exports (--otlp-endpoint) that failed, by signal (metrics, traces); what they carried is dropped",
+            Family::default(),
+        );
+        let dropped = registered(
+            proxy,
+            "otlp_dropped_spans",
+            "Spans dropped before export because the export queue was full (the collector is slower than the spans come, or away)",
+            Counter::default(),
+        );
+        (failures, dropped)
+    }
+
     /// Source errors and refused requests.
     fn error_metrics(
         proxy: &mut Registry,
@@ -367,9 +400,25 @@ impl Metrics {
     /// The Prometheus text exposition of every metric after `observe` has set the gauges that
     /// are set when scraped; one scrape at a time, so none sees another's half-set gauges.
     pub fn encode_observed(&self, observe: impl FnOnce(&Self)) -> String {
+        self.observed(observe, Self::encode)
+    }
+
+    /// Every metric in Prometheus' protobuf data model after `observe` has set the gauges that
+    /// are set when scraped (one collection at a time, as [`Metrics::encode_observed`]).
+    pub fn collect_observed(&self, observe: impl FnOnce(&Self)) -> Vec<data_model::MetricFamily> {
+        self.observed(observe, |metrics| {
+            // Every metric here has a protobuf encoding (the encoder fails only on native-only
+            // histograms, which the proxy has none of).
+            prometheus_client::encoding::prometheus_protobuf::encode(&metrics.registry)
+                .unwrap_or_default()
+        })
+    }
+
+    /// `read` after `observe`, with no other scrape in between.
+    fn observed<T>(&self, observe: impl FnOnce(&Self), read: impl FnOnce(&Self) -> T) -> T {
         let _scrape = crate::locks::lock(&self.scrape);
         observe(self);
-        self.encode()
+        read(self)
     }
 
     /// The Prometheus text exposition of every metric.

@@ -7,8 +7,7 @@ use futures::future::BoxFuture;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use crate::hub::Publisher;
-use crate::hub::Source;
+use crate::hub::{Publisher, Source, SpanRecord, SpanSink, SpanValue};
 use crate::selector::ResourceKey;
 
 /// A `FeatureFlag` with one string flag `f` whose default variant is `variant`.
@@ -134,4 +133,30 @@ impl Source for FakeSource {
             futures::future::pending::<()>().await
         })
     }
+}
+
+/// A span sink that keeps every span, for tests of what is recorded.
+#[derive(Default)]
+pub struct RecordedSpans(Mutex<Vec<SpanRecord>>);
+
+impl SpanSink for RecordedSpans {
+    fn record(&self, span: SpanRecord) {
+        self.0.lock().expect("spans").push(span);
+    }
+}
+
+impl RecordedSpans {
+    /// Every span so far, oldest first.
+    pub fn all(&self) -> Vec<SpanRecord> {
+        self.0.lock().expect("spans").clone()
+    }
+}
+
+/// The value of attribute `key` of `span`.
+pub fn span_attribute(span: &SpanRecord, key: &str) -> SpanValue {
+    span.attributes
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map(|(_, v)| v.clone())
+        .unwrap_or_else(|| panic!("no {key} in {span:?}"))
 }

@@ -279,3 +279,58 @@ fn oversized_context_values_exit_64() {
     assert_eq!(output.status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("over the limit of 2048"), "{stderr}");
 }
+
+/// OTLP settings that cannot work are refused before anything listens, with exit status 64 and
+/// the flag named; the collector is never needed to start.
+#[test]
+fn unusable_otlp_settings_exit_64() {
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    for (args, needle) in [
+        (
+            &["--otlp-endpoint", "collector:4317"][..],
+            "http:// or https://",
+        ),
+        (
+            &[
+                "--otlp-endpoint",
+                "http://collector:4317",
+                "--otlp-ca-file",
+                "ca.pem",
+            ][..],
+            "https:// --otlp-endpoint",
+        ),
+        (
+            &[
+                "--otlp-endpoint",
+                "https://collector:4317",
+                "--otlp-ca-file",
+                "/no/such/ca.pem",
+            ][..],
+            "--otlp-ca-file /no/such/ca.pem",
+        ),
+        (
+            &[
+                "--otlp-endpoint",
+                "http://collector:4317",
+                "--otlp-header",
+                "x-key=line\u{7f}",
+            ][..],
+            "--otlp-header \"x-key\"",
+        ),
+        (
+            &[
+                "--otlp-endpoint",
+                "http://collector:4317",
+                "--otlp-interval",
+                "0s",
+            ][..],
+            "--otlp-interval",
+        ),
+    ] {
+        let extra: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_ref()).collect();
+        let output = start_on_manifests(manifests.path(), &extra);
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
+        assert!(stderr.contains(needle), "{args:?}: {needle:?} in {stderr}");
+    }
+}

@@ -542,6 +542,14 @@ fn empty_command_line_gives_every_components_default() {
         args.management.into_settings(&server),
         ManagementOptions::default()
     );
+    assert_eq!(
+        args.otlp.otlp_interval,
+        crate::telemetry::OtlpSettings::default().interval
+    );
+    assert!(
+        args.otlp.into_settings().is_none(),
+        "OTLP is off by default"
+    );
     // And all of them together.
     let settings = crate::app::Settings::from(start_args(
         Cli::try_parse_from(["flagd-proxy", "start"]).expect("parses"),
@@ -612,6 +620,29 @@ fn flags_become_component_settings() {
         SourceSettings::Kubernetes { ref settings, events: false }
             if settings.api_server.as_deref() == Some("https://api:6443")
     ));
+    let otlp = settings(&[
+        "--otlp-endpoint=https://collector:4317",
+        "--otlp-header=x-api-key=secret",
+        "--otlp-header=x-tenant=a=b",
+        "--otlp-ca-file=ca.pem",
+        "--otlp-interval=5s",
+        "--otlp-resource-attribute=deployment.environment=prod",
+    ]);
+    assert_eq!(
+        otlp.otlp,
+        Some(crate::telemetry::OtlpSettings {
+            endpoint: "https://collector:4317".into(),
+            headers: vec![
+                ("x-api-key".into(), "secret".into()),
+                ("x-tenant".into(), "a=b".into())
+            ],
+            ca_file: Some("ca.pem".into()),
+            interval: Duration::from_secs(5),
+            resource_attributes: vec![("deployment.environment".into(), "prod".into())],
+        })
+    );
+    // The other OTLP flags mean nothing without an endpoint.
+    assert!(Cli::try_parse_from(["flagd-proxy", "start", "--otlp-header=a=b"]).is_err());
 }
 
 fn settings_summary(settings: &crate::app::Settings) -> String {
@@ -634,4 +665,27 @@ fn settings_summary(settings: &crate::app::Settings) -> String {
         settings.serve.sync_socket_path,
         settings.serve.sync_socket_mode,
     )
+}
+
+/// The OTLP flags come from the config file like the others; headers as a list.
+#[test]
+fn otlp_settings_come_from_the_config_file() {
+    let args = start_with_config(
+        "yaml",
+        "otlp-endpoint: http://collector:4317\n\
+         otlp-header: [x-api-key=secret, x-tenant=shop]\n\
+         otlp-interval: 10s\n",
+        &[],
+    )
+    .expect("parses");
+    let otlp = args.otlp.into_settings().expect("OTLP is on");
+    assert_eq!(otlp.endpoint, "http://collector:4317");
+    assert_eq!(
+        otlp.headers,
+        vec![
+            ("x-api-key".to_owned(), "secret".to_owned()),
+            ("x-tenant".to_owned(), "shop".to_owned())
+        ]
+    );
+    assert_eq!(otlp.interval, Duration::from_secs(10));
 }

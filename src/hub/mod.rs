@@ -17,9 +17,13 @@
 //! that, the subscriptions to such a resource end (`TooManyWaiting`) and its watch stops at once,
 //! so clients that name random resources cannot make the proxy hold unbounded watches.
 //!
-//! Files: [`ports`] (the `Source` and event traits), [`publisher`] (what sources report
+//! Each version's propagation (until the last subscriber counted at its publication was written)
+//! is measured once, in `flagd_proxy_propagation_seconds` and, when the hub is given a
+//! [`SpanSink`], as a [`ports::PUBLISH_SPAN`] span.
+//!
+//! Files: [`ports`] (the `Source`, event and span traits), [`publisher`] (what sources report
 //! through), [`snapshot`] (versions and availability), [`subscription`] (a subscriber's view),
-//! `waiting` (the bound above).
+//! `propagation` (the end of each version's propagation), `waiting` (the bound above).
 use std::collections::HashMap;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -33,6 +37,7 @@ use crate::metrics::{Metrics, ResourceLabels};
 use crate::selector::ResourceKey;
 
 pub mod ports;
+mod propagation;
 pub mod publisher;
 pub mod snapshot;
 pub mod subscription;
@@ -40,7 +45,8 @@ pub mod subscription;
 mod tests;
 mod waiting;
 
-pub use ports::{EventSink, ResourceEventSink, Source};
+pub use ports::{EventSink, ResourceEventSink, Source, SpanRecord, SpanSink, SpanValue};
+use propagation::Propagation;
 use publisher::Bounds;
 pub use publisher::Publisher;
 pub use snapshot::{Availability, EncodingName, ResourceState, Snapshot};
@@ -104,6 +110,7 @@ struct Inner {
     options: HubOptions,
     budget: Arc<MemoryBudget>,
     metrics: Arc<Metrics>,
+    propagation: Arc<Propagation>,
     upstreams: Mutex<HashMap<ResourceKey, StateSender>>,
     /// Resources waited on that do not exist yet, over all watches.
     waiting: Arc<AtomicUsize>,
@@ -113,12 +120,27 @@ struct Inner {
 
 impl Hub {
     pub fn new(source: Arc<dyn Source>, options: HubOptions, metrics: Arc<Metrics>) -> Self {
+        Self::traced(source, options, metrics, None)
+    }
+
+    /// A hub that also records a span for every published version in `spans`
+    /// ([`ports::PUBLISH_SPAN`]).
+    pub fn traced(
+        source: Arc<dyn Source>,
+        options: HubOptions,
+        metrics: Arc<Metrics>,
+        spans: Option<Arc<dyn SpanSink>>,
+    ) -> Self {
         let budget = MemoryBudget::new(options.memory_budget, metrics.clone());
         Self {
             inner: Arc::new(Inner {
                 source,
                 options,
                 budget,
+                propagation: Arc::new(Propagation {
+                    metrics: metrics.clone(),
+                    spans,
+                }),
                 metrics,
                 upstreams: Mutex::new(HashMap::new()),
                 waiting: Arc::new(AtomicUsize::new(0)),
@@ -150,7 +172,7 @@ impl Hub {
             return Ok(Subscription::new(
                 key,
                 tx.subscribe(),
-                self.inner.metrics.clone(),
+                self.inner.propagation.clone(),
             ));
         }
         if upstreams.len() >= self.inner.options.max_watches {
@@ -167,7 +189,7 @@ impl Hub {
         upstreams.insert(key.clone(), tx.clone());
         drop(upstreams);
         tokio::spawn(run_upstream(self.inner.clone(), key.clone(), tx));
-        Ok(Subscription::new(key, rx, self.inner.metrics.clone()))
+        Ok(Subscription::new(key, rx, self.inner.propagation.clone()))
     }
 
     /// The resources watched right now, with their state.
@@ -219,7 +241,7 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
         inner.source.name(),
         key.clone(),
         tx.clone(),
-        inner.metrics.clone(),
+        inner.propagation.clone(),
         Bounds {
             max_document_bytes: inner.options.max_document_bytes,
             budget: inner.budget.clone(),

@@ -1,5 +1,8 @@
-//! The ports the hub owns: what a source of resources is, and where the outcome of each
-//! version is reported. Adapters (`crate::source`) implement them; the hub knows none of them.
+//! The ports the hub owns: what a source of resources is, where the outcome of each version is
+//! reported, and where spans go. Adapters (`crate::source`, `crate::telemetry`) implement them;
+//! the hub knows none of them.
+use std::time::{Instant, SystemTime};
+
 use futures::future::BoxFuture;
 use serde_json::Value;
 
@@ -42,4 +45,79 @@ pub trait ResourceEventSink: Send + Sync {
     fn warned(&self, resource: &Value, problems: &str);
     /// The version in `resource` was rejected for `problem`; clients keep the last accepted one.
     fn rejected(&self, resource: &Value, problem: &str);
+}
+
+/// Where spans go: one per published version (see [`PUBLISH_SPAN`]) and, from sources that
+/// connect to a backend, one per connection attempt. An exporter implements it (OpenTelemetry
+/// traces); it must not block: a span it cannot keep is dropped.
+pub trait SpanSink: Send + Sync + 'static {
+    fn record(&self, span: SpanRecord);
+}
+
+/// The span of one published version: from the change seen at the source until the last
+/// subscriber counted at its publication was written, left, or was passed by a newer version.
+pub const PUBLISH_SPAN: &str = "flagd_proxy.publish";
+
+/// A finished span, as sources and the hub report it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct SpanRecord {
+    pub name: &'static str,
+    pub start: SystemTime,
+    pub end: SystemTime,
+    pub attributes: Vec<(&'static str, SpanValue)>,
+    /// Why what the span covers failed (`None`: it did not).
+    pub error: Option<String>,
+}
+
+/// The value of a span attribute.
+#[derive(Clone, Debug, PartialEq)]
+pub enum SpanValue {
+    Text(String),
+    Int(i64),
+    Bool(bool),
+}
+
+impl From<String> for SpanValue {
+    fn from(text: String) -> Self {
+        SpanValue::Text(text)
+    }
+}
+
+impl From<&str> for SpanValue {
+    fn from(text: &str) -> Self {
+        SpanValue::Text(text.to_owned())
+    }
+}
+
+impl From<bool> for SpanValue {
+    fn from(value: bool) -> Self {
+        SpanValue::Bool(value)
+    }
+}
+
+impl From<usize> for SpanValue {
+    fn from(value: usize) -> Self {
+        SpanValue::Int(i64::try_from(value).unwrap_or(i64::MAX))
+    }
+}
+
+impl From<u64> for SpanValue {
+    fn from(value: u64) -> Self {
+        SpanValue::Int(i64::try_from(value).unwrap_or(i64::MAX))
+    }
+}
+
+/// The attribute naming the resource a span is about: `flagd_proxy.resource`, `namespace/name`.
+pub fn resource_attribute(key: &ResourceKey) -> (&'static str, SpanValue) {
+    (
+        "flagd_proxy.resource",
+        SpanValue::Text(format!("{}/{}", key.namespace, key.name)),
+    )
+}
+
+/// The wall-clock time of `instant` (an instant in the past, as sources note when they saw a
+/// change).
+pub fn wall_clock(instant: Instant) -> SystemTime {
+    let now = SystemTime::now();
+    now.checked_sub(instant.elapsed()).unwrap_or(now)
 }

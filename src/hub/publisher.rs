@@ -9,6 +9,7 @@ use crate::budget::MemoryBudget;
 use crate::document::{self, DocumentWarning};
 use crate::hub::StateSender;
 use crate::hub::ports::ResourceEventSink;
+use crate::hub::propagation::Propagation;
 use crate::hub::snapshot::{Availability, Snapshot};
 use crate::hub::waiting::WaitingPlace;
 use crate::metrics::{Metrics, ResourceLabels};
@@ -22,6 +23,7 @@ pub struct Publisher {
     key: ResourceKey,
     tx: StateSender,
     metrics: Arc<Metrics>,
+    propagation: Arc<Propagation>,
     bounds: Bounds,
     next_version: Arc<AtomicU64>,
     waiting: Arc<WaitingPlace>,
@@ -40,7 +42,7 @@ impl Publisher {
         source: &'static str,
         key: ResourceKey,
         tx: StateSender,
-        metrics: Arc<Metrics>,
+        propagation: Arc<Propagation>,
         bounds: Bounds,
         waiting: Arc<WaitingPlace>,
         events: Option<Arc<dyn ResourceEventSink>>,
@@ -49,7 +51,8 @@ impl Publisher {
             source,
             key,
             tx,
-            metrics,
+            metrics: propagation.metrics.clone(),
+            propagation,
             bounds,
             next_version: Arc::new(AtomicU64::new(1)),
             waiting,
@@ -144,7 +147,7 @@ impl Publisher {
         let tx = &self.tx;
         let mut published = None;
         let mut served = false;
-        let mut superseded = (0, None);
+        let mut superseded = None;
         tx.send_if_modified(|state| {
             if matches!(state.availability, Availability::TooManyWaiting { .. }) {
                 return false;
@@ -166,9 +169,9 @@ impl Publisher {
                 tx.receiver_count(),
                 self.bounds.budget.clone(),
             ));
-            published = Some(version);
+            published = Some(snapshot.clone());
             if let Some(previous) = state.snapshot.replace(snapshot) {
-                superseded = previous.superseded();
+                superseded = previous.superseded().map(|settled| (previous, settled));
             }
             // The resource exists: it no longer counts as waited on.
             self.waiting.release();
@@ -180,14 +183,14 @@ impl Publisher {
                 .get_or_create(&self.labels())
                 .set(i64::try_from(warnings.len()).unwrap_or(i64::MAX));
         }
-        let (skipped, propagation) = superseded;
-        if skipped > 0 {
-            self.metrics.versions_skipped.inc_by(skipped as u64);
+        if let Some((previous, settled)) = superseded {
+            self.propagation.settled(&self.key, &previous, settled);
         }
-        if let Some(elapsed) = propagation {
-            self.metrics.observe_propagation(elapsed);
-        }
-        if let Some(version) = published {
+        if let Some(snapshot) = published {
+            let version = snapshot.version;
+            if snapshot.subscribers == 0 {
+                self.propagation.unwatched(&self.key, &snapshot);
+            }
             self.metrics.versions_published.inc();
             tracing::info!(resource = %self.key, version, "new flag configuration");
             if !warnings.is_empty() {

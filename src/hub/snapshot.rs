@@ -16,6 +16,8 @@ pub struct Snapshot {
     pub flag_configuration: Arc<str>,
     /// When the source saw the change that produced this version.
     pub changed_at: Instant,
+    /// Subscribers when this version was published: those its propagation waits for.
+    pub subscribers: usize,
     /// Subscribers counted when this version was published that have not been sent it yet (nor
     /// left, nor been passed by a newer version).
     pending: AtomicUsize,
@@ -28,6 +30,16 @@ pub struct Snapshot {
     /// The document's charge, given back when the version is dropped (each encoding carries
     /// its own, given back when the last stream holding it lets go).
     _document: Charge,
+}
+
+/// How a version's propagation ended: the last subscriber counted at its publication was sent
+/// it, left, or was passed by a newer version.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Settled {
+    /// From the change until the last subscriber that was sent it had it (`None`: nobody was).
+    pub(super) propagation: Option<Duration>,
+    /// Counted subscribers a newer version reached first (they were never sent this one).
+    pub(super) skipped: usize,
 }
 
 /// The name of one encoding of a snapshot. The hub knows no protocol: whoever sends snapshots
@@ -60,6 +72,7 @@ impl Snapshot {
             version,
             flag_configuration,
             changed_at,
+            subscribers: pending,
             pending: AtomicUsize::new(pending),
             last_sent: AtomicU64::new(0),
             encodings: Encodings::default(),
@@ -68,33 +81,37 @@ impl Snapshot {
         }
     }
 
-    /// Notes that a counted subscriber was sent this version. The time from the change until
-    /// every counted subscriber had it, if this was the last one.
-    pub(super) fn sent_to_one(&self) -> Option<Duration> {
+    /// Notes that a counted subscriber was sent this version; the end of its propagation if
+    /// this was the last one.
+    pub(super) fn sent_to_one(&self) -> Option<Settled> {
         let elapsed = self.changed_at.elapsed();
         let nanos = u64::try_from(elapsed.as_nanos()).unwrap_or(u64::MAX - 1);
         self.last_sent.fetch_max(nanos + 1, Ordering::AcqRel);
-        self.settle_one().then_some(elapsed)
+        self.settle_one().then_some(Settled {
+            propagation: Some(elapsed),
+            skipped: 0,
+        })
     }
 
-    /// Notes that a counted subscriber left without being sent this version. The time from the
-    /// change until every other counted subscriber had it, if this was the last one and anyone
-    /// was sent it.
-    pub(super) fn left_by_one(&self) -> Option<Duration> {
-        if self.settle_one() {
-            self.last_sent()
-        } else {
-            None
-        }
+    /// Notes that a counted subscriber left without being sent this version; the end of its
+    /// propagation if this was the last one.
+    pub(super) fn left_by_one(&self) -> Option<Settled> {
+        self.settle_one().then(|| Settled {
+            propagation: self.last_sent(),
+            skipped: 0,
+        })
     }
 
     /// Ends the count: a newer version replaces this one, and the subscribers not sent this one
-    /// yet will be sent the newer one instead. How many they were, and the time from the change
-    /// until the last of the others had it (if any was sent it).
-    pub(super) fn superseded(&self) -> (usize, Option<Duration>) {
+    /// yet will be sent the newer one instead. The end of its propagation, unless it had ended
+    /// already.
+    pub(super) fn superseded(&self) -> Option<Settled> {
         match self.pending.swap(0, Ordering::AcqRel) {
-            0 => (0, None),
-            skipped => (skipped, self.last_sent()),
+            0 => None,
+            skipped => Some(Settled {
+                propagation: self.last_sent(),
+                skipped,
+            }),
         }
     }
 

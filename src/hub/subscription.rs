@@ -6,8 +6,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Sleep;
 
+use crate::hub::propagation::Propagation;
 use crate::hub::snapshot::{Availability, ResourceState, Snapshot};
-use crate::metrics::Metrics;
 use crate::selector::ResourceKey;
 
 /// How a subscription ends.
@@ -40,14 +40,14 @@ pub struct Subscription {
     joined_at: Option<u64>,
     /// The newest version handed to this subscriber's transport.
     sent: Option<u64>,
-    metrics: Arc<Metrics>,
+    propagation: Arc<Propagation>,
 }
 
 impl Subscription {
     pub(super) fn new(
         key: ResourceKey,
         rx: watch::Receiver<ResourceState>,
-        metrics: Arc<Metrics>,
+        propagation: Arc<Propagation>,
     ) -> Self {
         let joined_at = rx.borrow().snapshot.as_ref().map(|s| s.version);
         Self {
@@ -56,7 +56,7 @@ impl Subscription {
             last: None,
             joined_at,
             sent: None,
-            metrics,
+            propagation,
         }
     }
 
@@ -126,14 +126,15 @@ impl Subscription {
         }
     }
 
-    /// Marks `snapshot` as handed to this subscriber's transport, for the propagation metric.
+    /// Marks `snapshot` as handed to this subscriber's transport, for the propagation metric
+    /// and span.
     pub fn delivered(&mut self, snapshot: &Snapshot) {
         self.sent = Some(snapshot.version);
         if !self.counted_for(snapshot) {
             return;
         }
-        if let Some(elapsed) = snapshot.sent_to_one() {
-            self.metrics.observe_propagation(elapsed);
+        if let Some(settled) = snapshot.sent_to_one() {
+            self.propagation.settled(&self.key, snapshot, settled);
         }
     }
 
@@ -162,9 +163,9 @@ impl Drop for Subscription {
         if let Some(snapshot) = current
             && self.counted_for(&snapshot)
             && self.sent != Some(snapshot.version)
-            && let Some(elapsed) = snapshot.left_by_one()
+            && let Some(settled) = snapshot.left_by_one()
         {
-            self.metrics.observe_propagation(elapsed);
+            self.propagation.settled(&self.key, &snapshot, settled);
         }
     }
 }

@@ -3,7 +3,7 @@ use std::time::Instant;
 
 use super::*;
 use crate::metrics::ResourceLabels;
-use crate::testing::{FakeSource, default_variant, flag_resource};
+use crate::testing::{FakeSource, RecordedSpans, default_variant, flag_resource, span_attribute};
 
 fn hub_with(source: &Arc<FakeSource>, options: HubOptions) -> Hub {
     Hub::new(source.clone(), options, Arc::new(Metrics::new()))
@@ -453,6 +453,78 @@ async fn a_subscriber_that_leaves_is_not_waited_for() {
         metric_value(&hub, "flagd_proxy_versions_skipped_total"),
         0.0
     );
+}
+
+/// (version, subscribers, superseded) of every span so far, all of them publish spans of
+/// `ns/a` with a size.
+fn published(spans: &RecordedSpans) -> Vec<(i64, i64, bool)> {
+    spans
+        .all()
+        .iter()
+        .map(|span| {
+            assert_eq!(span.name, ports::PUBLISH_SPAN);
+            assert!(span.start <= span.end, "{span:?}");
+            let value = |key| span_attribute(span, key);
+            assert_eq!(value("flagd_proxy.resource"), SpanValue::from("ns/a"));
+            assert!(
+                matches!(value("flagd_proxy.bytes"), SpanValue::Int(bytes) if bytes > 0),
+                "{span:?}"
+            );
+            match (
+                value("flagd_proxy.version"),
+                value("flagd_proxy.subscribers"),
+                value("flagd_proxy.superseded"),
+            ) {
+                (SpanValue::Int(v), SpanValue::Int(s), SpanValue::Bool(b)) => (v, s, b),
+                other => panic!("unexpected attributes {other:?}"),
+            }
+        })
+        .collect()
+}
+
+/// One span per published version, recorded once: when the last counted subscriber is written,
+/// when a newer version replaces it first (superseded), or at once with no subscriber.
+#[tokio::test]
+async fn every_published_version_ends_in_one_span() {
+    let source = FakeSource::new();
+    let spans = Arc::new(RecordedSpans::default());
+    let hub = Hub::traced(
+        source.clone(),
+        HubOptions {
+            idle_timeout: Duration::from_secs(60),
+            ..HubOptions::default()
+        },
+        Arc::new(Metrics::new()),
+        Some(spans.clone()),
+    );
+    let key = ResourceKey::new("ns", "a");
+    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
+    let publisher = source.wait_for_watch(&key).await;
+    publisher.resource(&flag_resource("red"), Instant::now());
+    let snapshot = next(&mut sub).await;
+    assert!(
+        published(&spans).is_empty(),
+        "the subscriber was not written yet"
+    );
+    sub.delivered(&snapshot);
+    assert_eq!(published(&spans), vec![(1, 1, false)]);
+    // Written once only: delivering again records nothing.
+    sub.delivered(&snapshot);
+    assert_eq!(published(&spans).len(), 1);
+
+    // Version 2 is replaced by 3 before the subscriber is written.
+    publisher.resource(&flag_resource("blue"), Instant::now());
+    publisher.resource(&flag_resource("green"), Instant::now());
+    assert_eq!(published(&spans), vec![(1, 1, false), (2, 1, true)]);
+    let snapshot = next(&mut sub).await;
+    sub.delivered(&snapshot);
+    assert_eq!(published(&spans)[2], (3, 1, false));
+
+    // With nobody subscribed (the watch stays for the idle time), a version ends at once.
+    drop(sub);
+    publisher.resource(&flag_resource("gold"), Instant::now());
+    assert_eq!(published(&spans)[3], (4, 0, false));
+    assert_eq!(published(&spans).len(), 4);
 }
 
 /// A `FeatureFlag` like [`flag_resource`] with a second flag `g` whose targeting uses an operator

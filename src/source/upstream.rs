@@ -15,13 +15,13 @@ use tonic::codec::CompressionEncoding;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::backoff::Backoff;
-use crate::hub::Publisher;
+use crate::hub::{Publisher, SpanSink};
 use crate::metrics::Metrics;
 use crate::protocol::SELECTOR_HEADER;
 use crate::protocol::client::flagd_sync_v1::SyncFlagsRequest;
 use crate::protocol::client::flagd_sync_v1::flag_sync_service_client::FlagSyncServiceClient;
 use crate::selector::ResourceKey;
-use crate::source::Source;
+use crate::source::{ConnectAttempt, Source};
 
 /// The largest message accepted from the upstream (the document limit plus room for framing).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
@@ -53,16 +53,26 @@ pub struct UpstreamSettings {
     pub ca_path: Option<PathBuf>,
 }
 
+/// The span of one attempt to follow a resource upstream: from opening the stream until its
+/// first message (the resource's state), or until the attempt failed.
+pub const CONNECT_SPAN: &str = "flagd_proxy.upstream.connect";
+
 /// Resources from another flagd-proxy.
 pub struct UpstreamSource {
     channel: Channel,
     address: String,
     metrics: Arc<Metrics>,
+    spans: Option<Arc<dyn SpanSink>>,
 }
 
 impl UpstreamSource {
-    /// Prepares the (lazily connected) channel; fails only on invalid settings.
-    pub fn new(settings: UpstreamSettings, metrics: Arc<Metrics>) -> Result<Self, UpstreamError> {
+    /// Prepares the (lazily connected) channel; fails only on invalid settings. Each attempt to
+    /// follow a resource is recorded in `spans` ([`CONNECT_SPAN`]), when given.
+    pub fn new(
+        settings: UpstreamSettings,
+        metrics: Arc<Metrics>,
+        spans: Option<Arc<dyn SpanSink>>,
+    ) -> Result<Self, UpstreamError> {
         let tls =
             settings.tls || settings.ca_path.is_some() || settings.address.starts_with("https://");
         let bare = settings
@@ -96,6 +106,7 @@ impl UpstreamSource {
             channel: endpoint.connect_lazy(),
             address: bare.to_owned(),
             metrics,
+            spans,
         })
     }
 }
@@ -117,10 +128,17 @@ impl Source for UpstreamSource {
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .accept_compressed(CompressionEncoding::Gzip);
         let metrics = self.metrics.clone();
+        let spans = self.spans.clone();
+        let address = self.address.clone();
         Box::pin(async move {
             let mut backoff = Backoff::new();
-            loop {
-                let received_any = follow(client.clone(), &key, &publisher, &metrics).await;
+            for attempt in 1_u64.. {
+                let connecting = spans.clone().map(|spans| {
+                    let upstream = ("flagd_proxy.upstream", address.as_str().into());
+                    ConnectAttempt::start(spans, CONNECT_SPAN, &key, attempt, [upstream])
+                });
+                let received_any =
+                    follow(client.clone(), &key, &publisher, &metrics, connecting).await;
                 if received_any {
                     backoff.reset();
                 }
@@ -130,13 +148,20 @@ impl Source for UpstreamSource {
     }
 }
 
-/// Follows one upstream stream until it ends; true if it delivered anything.
+/// Follows one upstream stream until it ends; true if it delivered anything. `connecting` is
+/// told when the first message comes, or the stream fails before it.
 async fn follow(
     mut client: FlagSyncServiceClient<Channel>,
     key: &ResourceKey,
     publisher: &Publisher,
     metrics: &Metrics,
+    mut connecting: Option<ConnectAttempt>,
 ) -> bool {
+    let mut connected = |error: Option<String>| {
+        if let Some(connecting) = connecting.take() {
+            connecting.done(error);
+        }
+    };
     let selector = key.to_string();
     let mut request = tonic::Request::new(SyncFlagsRequest {
         provider_id: "flagd-proxy".into(),
@@ -148,6 +173,7 @@ async fn follow(
     let mut stream = match client.sync_flags(request).await {
         Ok(response) => response.into_inner(),
         Err(status) => {
+            connected(Some(failure(&status)));
             report(status, publisher, metrics);
             return false;
         }
@@ -157,14 +183,17 @@ async fn follow(
         match stream.message().await {
             Ok(Some(message)) => {
                 received = true;
+                connected(None);
                 publisher.flag_configuration(message.flag_configuration, Instant::now());
             }
             Ok(None) => {
+                connected(Some("the upstream ended the stream".into()));
                 metrics.source_error("upstream", "stream_ended");
                 publisher.unreachable("the upstream ended the stream".into());
                 return received;
             }
             Err(status) => {
+                connected(Some(failure(&status)));
                 report(status, publisher, metrics);
                 return received;
             }
@@ -172,12 +201,17 @@ async fn follow(
     }
 }
 
-fn report(status: tonic::Status, publisher: &Publisher, metrics: &Metrics) {
-    let message = format!(
+/// What the upstream answered, for logs and spans.
+fn failure(status: &tonic::Status) -> String {
+    format!(
         "upstream answered {:?}: {}",
         status.code(),
         status.message()
-    );
+    )
+}
+
+fn report(status: tonic::Status, publisher: &Publisher, metrics: &Metrics) {
+    let message = failure(&status);
     match status.code() {
         Code::PermissionDenied | Code::Unauthenticated => publisher.forbidden(message),
         Code::NotFound => publisher.absent(),

@@ -144,6 +144,18 @@ pub(crate) fn cases() -> Vec<Case> {
             ],
         ),
         Case::new("both", "both", &[("central.maxConnectionAge", "10m")]),
+        // OpenTelemetry export from both tiers, with headers and a CA from Secrets.
+        Case::new(
+            "both-otlp",
+            "both",
+            &[
+                ("otlp.endpoint", "https://otel-collector.monitoring:4317"),
+                ("otlp.interval", "10s"),
+                ("otlp.headersSecret.name", "otlp-headers"),
+                ("otlp.ca.secretName", "collector-ca"),
+                ("otlp.resourceAttributes.deployment\\.environment", "prod"),
+            ],
+        ),
         Case::new(
             "both-tls",
             "both",

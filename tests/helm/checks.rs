@@ -166,7 +166,12 @@ pub(crate) fn check_central(case: &Case, objects: &[Value]) {
             assert_secret_mount(what, deployment, "tls", secret, "/etc/flagd-proxy/tls");
         } else {
             assert!(!args.iter().any(|a| a.starts_with("--server-")), "{what}");
-            assert!(pod["volumes"].is_null(), "{what}: no volumes without TLS");
+            // Only the OTLP collector's CA, when it is given.
+            let volumes: Vec<&Value> = pod["volumes"].as_array().into_iter().flatten().collect();
+            assert!(
+                volumes.iter().all(|v| v["name"] == "otlp-ca"),
+                "{what}: no volumes without TLS but the collector's CA: {volumes:?}"
+            );
         }
 
         // The Service the Operator's sidecars dial.
@@ -212,8 +217,8 @@ pub(crate) fn check_central(case: &Case, objects: &[Value]) {
             "{what}: --events"
         );
         assert_eq!(
-            container(deployment)["env"],
-            json!([{"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]),
+            container(deployment)["env"][0],
+            json!({"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}),
             "{what}: the pod name for Events"
         );
         assert_eq!(bindings.len(), 1, "{what}: ClusterRoleBindings");

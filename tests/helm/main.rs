@@ -104,6 +104,73 @@ fn node_socket_is_an_opt_in_hostpath() {
     );
 }
 
+/// OpenTelemetry export is an opt-in of both tiers: the flags (which the proxy's own command
+/// line accepts), the headers from a Secret, the collector's CA mounted; nothing of it by default.
+#[test]
+fn otlp_export_is_an_opt_in_of_both_tiers() {
+    let Some(helm) = Helm::find_or_skip() else {
+        return;
+    };
+    let plain = helm.template(&Case::new("otlp-off", "both", &[]));
+    for workload in [one_of(&plain, "Deployment"), one_of(&plain, "DaemonSet")] {
+        assert!(!args(workload).iter().any(|a| a.starts_with("--otlp")));
+        assert!(!container(workload).to_string().contains("OTLP"));
+    }
+    // Linted, rendered, checked and applied with the other cases.
+    let case = cases()
+        .into_iter()
+        .find(|case| case.name == "both-otlp")
+        .expect("the OTLP case");
+    let objects = helm.template(&case);
+    for workload in [
+        one_of(&objects, "Deployment"),
+        one_of(&objects, "DaemonSet"),
+    ] {
+        let args = args(workload);
+        let cli = flagd_proxy::cli::parse_from(
+            std::iter::once("flagd-proxy".to_owned()).chain(args.clone()),
+        )
+        .unwrap_or_else(|e| panic!("the proxy refuses {args:?}: {e}"));
+        let flagd_proxy::cli::Command::Start(start) = cli.command else {
+            panic!("{args:?} is not start");
+        };
+        let otlp = start.otlp.into_settings().expect("OTLP is on");
+        assert_eq!(otlp.endpoint, "https://otel-collector.monitoring:4317");
+        assert_eq!(otlp.interval, std::time::Duration::from_secs(10));
+        assert_eq!(
+            otlp.ca_file.as_deref(),
+            Some(Path::new("/etc/flagd-proxy/otlp-ca/ca.crt"))
+        );
+        assert_eq!(
+            otlp.resource_attributes,
+            vec![("deployment.environment".to_owned(), "prod".to_owned())]
+        );
+        let container = container(workload);
+        let env = container["env"].as_array().expect("env");
+        assert!(
+            env.contains(&json!({"name": "FLAGD_PROXY_OTLP_HEADERS", "valueFrom":
+                {"secretKeyRef": {"name": "otlp-headers", "key": "headers"}}})),
+            "{env:?}"
+        );
+        assert!(
+            container["volumeMounts"]
+                .as_array()
+                .expect("volume mounts")
+                .contains(&json!({"name": "otlp-ca", "mountPath": "/etc/flagd-proxy/otlp-ca", "readOnly": true})),
+            "{container}"
+        );
+        let volumes = workload["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .expect("volumes");
+        assert!(
+            volumes.iter().any(|v| v["name"] == "otlp-ca"
+                && v["secret"]["secretName"] == "collector-ca"
+                && v["secret"]["items"] == json!([{"key": "ca.crt", "path": "ca.crt"}])),
+            "{volumes:?}"
+        );
+    }
+}
+
 #[test]
 fn invalid_values_are_refused_with_a_message() {
     let Some(helm) = Helm::find_or_skip() else {
@@ -168,6 +235,15 @@ fn invalid_values_are_refused_with_a_message() {
             "metrics.service.enabled=false",
         ],
         &["metrics.service.enabled"],
+    );
+    refused(&["otlp.endpoint=collector:4317"], &["endpoint"]);
+    refused(&["otlp.interval=10s"], &["need otlp.endpoint"]);
+    refused(
+        &[
+            "otlp.endpoint=http://collector:4317",
+            "otlp.ca.secretName=ca",
+        ],
+        &["https://"],
     );
 }
 

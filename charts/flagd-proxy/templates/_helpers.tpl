@@ -105,6 +105,14 @@ Naming, labels and the parts shared by both tiers.
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.certManager.issuerRef.name) -}}
 {{- fail "tls.certManager.enabled needs tls.certManager.issuerRef.name (and kind: Issuer or ClusterIssuer)" -}}
 {{- end -}}
+{{- with .Values.otlp -}}
+{{- if and (not .endpoint) (or .interval .headersSecret.name .ca.secretName .resourceAttributes) -}}
+{{- fail "otlp.interval, otlp.headersSecret, otlp.ca and otlp.resourceAttributes need otlp.endpoint" -}}
+{{- end -}}
+{{- if and .ca.secretName (not (hasPrefix "https://" .endpoint)) -}}
+{{- fail "otlp.ca is for an https:// otlp.endpoint" -}}
+{{- end -}}
+{{- end -}}
 {{- if and .Values.node.upstream.ca.systemRoots .Values.node.upstream.ca.secretName -}}
 {{- fail "node.upstream.ca.systemRoots and node.upstream.ca.secretName exclude each other" -}}
 {{- end -}}
@@ -232,6 +240,59 @@ seccompProfile:
 - {{ .level | int64 | quote }}
 {{- end }}
 {{- end }}
+{{- with .Values.otlp }}
+{{- if .endpoint }}
+- --otlp-endpoint
+- {{ .endpoint | quote }}
+{{- with .interval }}
+- --otlp-interval
+- {{ . | quote }}
+{{- end }}
+{{- if .ca.secretName }}
+- --otlp-ca-file
+- {{ include "flagd-proxy.otlpCADir" $ }}/ca.crt
+{{- end }}
+{{- range $key, $value := .resourceAttributes }}
+- --otlp-resource-attribute
+- {{ printf "%s=%s" $key $value | quote }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* OpenTelemetry export: the headers' Secret as an environment variable, the CA's volume. */}}
+{{- define "flagd-proxy.otlpCADir" -}}/etc/flagd-proxy/otlp-ca{{- end -}}
+
+{{- define "flagd-proxy.otlpEnv" -}}
+{{- if and .Values.otlp.endpoint .Values.otlp.headersSecret.name }}
+# Headers of every OTLP export (KEY=VALUE,...), kept out of the pod spec.
+- name: FLAGD_PROXY_OTLP_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .Values.otlp.headersSecret.name }}
+      key: {{ .Values.otlp.headersSecret.key }}
+{{- end }}
+{{- end -}}
+
+{{/* "true" when the collector's CA is mounted. */}}
+{{- define "flagd-proxy.otlpCA" -}}
+{{- if and .Values.otlp.endpoint .Values.otlp.ca.secretName -}}true{{- end -}}
+{{- end -}}
+
+{{- define "flagd-proxy.otlpCAVolume" -}}
+- name: otlp-ca
+  secret:
+    secretName: {{ .Values.otlp.ca.secretName }}
+    items:
+      - key: {{ .Values.otlp.ca.key }}
+        path: ca.crt
+    defaultMode: 292 # 0444: a certificate, not a secret
+{{- end -}}
+
+{{- define "flagd-proxy.otlpCAVolumeMount" -}}
+- name: otlp-ca
+  mountPath: {{ include "flagd-proxy.otlpCADir" . }}
+  readOnly: true
 {{- end -}}
 
 {{- define "flagd-proxy.ports" -}}

@@ -38,10 +38,10 @@ use kube::runtime::watcher;
 use serde_json::Value;
 
 use crate::backoff::Backoff;
-use crate::hub::Publisher;
+use crate::hub::{Publisher, SpanSink};
 use crate::metrics::Metrics;
 use crate::selector::{GROUP, ResourceKey};
-use crate::source::Source;
+use crate::source::{ConnectAttempt, Source};
 
 mod failure;
 
@@ -67,7 +67,15 @@ pub struct KubernetesSource {
     configured_by: &'static str,
     /// The retry policy every watch starts from.
     backoff: Backoff,
+    /// Where each watch's attempts to reach the API server go ([`CONNECT_SPAN`]).
+    spans: Option<Arc<dyn SpanSink>>,
 }
+
+/// The span of one attempt of a resource's watch to reach the API server: its first request,
+/// and the first after every failure (a list, or a watch from the last version seen), until it
+/// is answered or fails. The watch requests made again when the API server ends one (every
+/// few minutes) are not attempts.
+pub const CONNECT_SPAN: &str = "flagd_proxy.kubernetes.connect";
 
 impl KubernetesSource {
     /// The shared API client (also used for authorization reviews).
@@ -88,6 +96,12 @@ impl KubernetesSource {
         ))
     }
 
+    /// Records every watch's attempts to reach the API server in `spans` ([`CONNECT_SPAN`]).
+    pub fn with_spans(mut self, spans: Option<Arc<dyn SpanSink>>) -> Self {
+        self.spans = spans;
+        self
+    }
+
     fn with_client(
         client: Client,
         server: String,
@@ -101,6 +115,7 @@ impl KubernetesSource {
             server: server.into(),
             configured_by,
             backoff: Backoff::new(),
+            spans: None,
         }
     }
 }
@@ -131,6 +146,7 @@ impl Source for KubernetesSource {
             server: self.server.clone(),
             metrics: self.metrics.clone(),
             backoff: self.backoff.clone(),
+            spans: self.spans.clone(),
         };
         Box::pin(watch_resource(api, context, publisher))
     }
@@ -141,6 +157,7 @@ struct WatchContext {
     server: Arc<str>,
     metrics: Arc<Metrics>,
     backoff: Backoff,
+    spans: Option<Arc<dyn SpanSink>>,
 }
 
 /// How long the API server keeps one watch request open (seconds); then it is made again from
@@ -156,6 +173,7 @@ async fn watch_resource(api: Api<DynamicObject>, mut context: WatchContext, publ
     let fields = format!("metadata.name={}", escape_field_value(&context.key.name));
     let mut watch = ResourceWatch::default();
     loop {
+        watch.attempt(&context);
         let step = match watch.resume.clone() {
             None => watch.list(&api, &fields, &context, &publisher).await,
             Some(version) => {
@@ -194,9 +212,42 @@ struct ResourceWatch {
     /// retried after the backoff, not at once.
     gone: bool,
     refusals: Refusals,
+    /// The last request worked (the API server answered it); false at first and after a
+    /// failure, when the next request is an attempt to reach the API server again.
+    reached: bool,
+    /// Attempts to reach the API server so far.
+    attempts: u64,
+    /// The attempt under way, recorded when it works or fails.
+    attempt: Option<ConnectAttempt>,
 }
 
 impl ResourceWatch {
+    /// Starts an attempt to reach the API server unless the last request reached it.
+    fn attempt(&mut self, context: &WatchContext) {
+        let Some(spans) = &context.spans else {
+            return;
+        };
+        if self.reached || self.attempt.is_some() {
+            return;
+        }
+        self.attempts += 1;
+        let request = if self.resume.is_some() {
+            "watch"
+        } else {
+            "list"
+        };
+        self.attempt = Some(ConnectAttempt::start(
+            spans.clone(),
+            CONNECT_SPAN,
+            &context.key,
+            self.attempts,
+            [
+                ("flagd_proxy.request", request.into()),
+                ("flagd_proxy.api_server", (&*context.server).into()),
+            ],
+        ));
+    }
+
     async fn list(
         &mut self,
         api: &Api<DynamicObject>,
@@ -272,6 +323,10 @@ impl ResourceWatch {
 
     fn worked(&mut self) {
         self.refusals.not_refused();
+        self.reached = true;
+        if let Some(attempt) = self.attempt.take() {
+            attempt.done(None);
+        }
     }
 
     /// Tells subscribers the resource's state and keeps it.
@@ -296,6 +351,10 @@ impl ResourceWatch {
         context: &WatchContext,
         publisher: &Publisher,
     ) -> bool {
+        self.reached = false;
+        if let Some(attempt) = self.attempt.take() {
+            attempt.done(Some(error.to_string()));
+        }
         let problem = match classify(error, &context.key, &context.server) {
             Action::Continue | Action::Restart => {
                 tracing::debug!(resource = %context.key, %error, "the watch's version is gone; listing again");

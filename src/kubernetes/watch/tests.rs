@@ -4,8 +4,9 @@ use std::time::Duration;
 
 use super::api_server::{Call, ScriptedApi, WatchEvents, feature_flag, status};
 use super::*;
+use crate::hub::SpanValue;
 use crate::hub::{Availability, Hub, HubOptions, ResourceState, Subscription};
-use crate::testing::default_variant;
+use crate::testing::{RecordedSpans, default_variant, span_attribute};
 
 #[test]
 fn field_selector_values_are_escaped() {
@@ -57,6 +58,8 @@ struct Harness {
     api: ScriptedApi,
     hub: Hub,
     subscription: Subscription,
+    /// The watch's attempts to reach the API server ([`CONNECT_SPAN`]).
+    spans: Arc<RecordedSpans>,
 }
 
 impl Harness {
@@ -70,6 +73,8 @@ impl Harness {
         );
         // The policy, with bounds short enough for a test.
         source.backoff = Backoff::with_bounds(Duration::from_millis(1), Duration::from_millis(20));
+        let spans = Arc::new(RecordedSpans::default());
+        let source = source.with_spans(Some(spans.clone()));
         let hub = Hub::new(
             Arc::new(source),
             HubOptions::default(),
@@ -82,6 +87,7 @@ impl Harness {
             api,
             hub,
             subscription,
+            spans,
         }
     }
 
@@ -348,5 +354,71 @@ async fn a_watch_refused_as_too_old_lists_again() {
         h.hub.resources()[0].1.availability,
         Availability::Present,
         "a relist is not a failure"
+    );
+}
+
+/// (attempt, request, failed) of every connect span so far.
+fn attempts(spans: &RecordedSpans) -> Vec<(i64, String, bool)> {
+    spans
+        .all()
+        .iter()
+        .map(|span| {
+            assert_eq!(span.name, CONNECT_SPAN);
+            assert_eq!(
+                span_attribute(span, "flagd_proxy.resource"),
+                SpanValue::from("ns/flags")
+            );
+            let (SpanValue::Int(attempt), SpanValue::Text(request)) = (
+                span_attribute(span, "flagd_proxy.attempt"),
+                span_attribute(span, "flagd_proxy.request"),
+            ) else {
+                panic!("unexpected attributes: {span:?}");
+            };
+            (attempt, request, span.error.is_some())
+        })
+        .collect()
+}
+
+/// The first request, and the first after every failure, are attempts to reach the API server,
+/// each a span once answered or failed; a watch made again after the API server ended one is
+/// not.
+#[tokio::test]
+async fn attempts_to_reach_the_api_server_are_spans() {
+    let mut h = Harness::start().await;
+    let events = h.established().await;
+    assert_eq!(attempts(&h.spans), vec![(1, "list".into(), false)]);
+    // The API server ends the watch; it is made again at once, and works: no attempt.
+    drop(events);
+    let events = h.watch("10").await;
+    events.send("MODIFIED", feature_flag("flags", "11", "blue"));
+    assert_eq!(h.next_variant().await, "blue");
+    assert_eq!(attempts(&h.spans).len(), 1);
+    // It ends again, and the API server is away: the watch made again fails, and so does the
+    // next attempt; the one after works.
+    drop(events);
+    h.watch_call("11")
+        .await
+        .status(500, "InternalError", "the API server is restarting");
+    h.watch_call("11")
+        .await
+        .status(500, "InternalError", "still restarting");
+    let _events = h.watch("11").await;
+    h.wait_for("present", |s| s.availability == Availability::Present)
+        .await;
+    assert_eq!(
+        attempts(&h.spans),
+        vec![
+            (1, "list".into(), false),
+            (2, "watch".into(), true),
+            (3, "watch".into(), false)
+        ]
+    );
+    let failed = &h.spans.all()[1];
+    assert!(
+        failed
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("still restarting")),
+        "{failed:?}"
     );
 }
