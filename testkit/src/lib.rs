@@ -15,6 +15,7 @@ pub mod otelcol;
 pub mod prometheus;
 pub mod raw_h2;
 pub mod relay;
+pub mod scrape;
 pub mod skip;
 
 use std::io::{BufRead, BufReader};
