@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
-use crate::authz::{Authorizer, AuthzConfigError, AuthzSettings, Reviewer};
+use crate::authz::{Authorizer, AuthzConfigError, AuthzMode, AuthzSettings, Reviewer};
 use crate::hub::{Hub, HubOptions, Source, SpanSink};
 use crate::kubernetes::events::EventRecorder;
 use crate::kubernetes::reviews::KubeReviewer;
@@ -139,8 +139,11 @@ impl Default for ServeSettings {
 pub enum SourceSettings {
     /// FeatureFlag objects in YAML/JSON files under these directories.
     Manifests(Vec<PathBuf>),
-    /// Another flagd-proxy.
-    Upstream(UpstreamSettings),
+    /// Another flagd-proxy; the Kubernetes API (when configured) only authorizes clients.
+    Upstream {
+        settings: UpstreamSettings,
+        kube: KubeSettings,
+    },
     /// The Kubernetes API, recording Events on served resources when `events` is set.
     Kubernetes {
         settings: KubeSettings,
@@ -200,12 +203,11 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
     };
     let tls = load_tls(tls, &metrics)?;
     let spans = otlp.as_ref().map(|(_, spans)| spans.clone());
-    let started = start_source(source, &metrics, spans).await?;
+    let started = start_source(source, &authz, &metrics, spans).await?;
     // The authorization port, answered by the Kubernetes API when the proxy has one.
-    let reviewer = started.kube_client.map(|client| {
-        let reviewer = KubeReviewer::new(client, authz.token_audiences.clone(), authz.pod_ip);
-        Arc::new(reviewer) as Arc<dyn Reviewer>
-    });
+    let reviewer = started
+        .kube_client
+        .map(|client| Arc::new(KubeReviewer::new(client, &authz)) as Arc<dyn Reviewer>);
     let authz = Authorizer::new(authz, reviewer).map_err(ConfigError::Authz)?;
     Ok(Prepared {
         serve,
@@ -262,6 +264,7 @@ struct StartedSource {
 
 async fn start_source(
     settings: SourceSettings,
+    authz: &AuthzSettings,
     metrics: &Arc<Metrics>,
     spans: Option<Arc<dyn SpanSink>>,
 ) -> Result<StartedSource, ConfigError> {
@@ -269,9 +272,15 @@ async fn start_source(
         SourceSettings::Manifests(directories) => Arc::new(
             ManifestSource::start(directories, metrics.clone()).map_err(ConfigError::Manifests)?,
         ),
-        SourceSettings::Upstream(settings) => Arc::new(
-            UpstreamSource::new(settings, metrics.clone(), spans).map_err(ConfigError::Upstream)?,
-        ),
+        SourceSettings::Upstream { settings, kube } => {
+            let source = UpstreamSource::new(settings, metrics.clone(), spans)
+                .map_err(ConfigError::Upstream)?;
+            return Ok(StartedSource {
+                source: Arc::new(source),
+                kube_client: authorization_client(authz, &kube).await?,
+                events: None,
+            });
+        }
         SourceSettings::Kubernetes { settings, events } => {
             let kubernetes = KubernetesSource::connect(settings, metrics.clone())
                 .await
@@ -294,6 +303,31 @@ async fn start_source(
         kube_client: None,
         events: None,
     })
+}
+
+/// The node tier's Kubernetes client, used only to authorize its own clients: with an `--authz`
+/// mode and an API configuration (in-cluster, `KUBECONFIG` or `--kube-api-server`). Without a
+/// configuration, client certificates are the only identity ([`Authorizer::new`] refuses the
+/// settings that need more).
+async fn authorization_client(
+    authz: &AuthzSettings,
+    kube: &KubeSettings,
+) -> Result<Option<kube::Client>, ConfigError> {
+    if authz.mode == AuthzMode::None {
+        return Ok(None);
+    }
+    match crate::kubernetes::client::configure(kube).await {
+        Ok(configured) => {
+            tracing::info!(
+                api_server = %configured.server,
+                configured_by = configured.configured_by,
+                "clients are authorized through the Kubernetes API"
+            );
+            Ok(Some(configured.client))
+        }
+        Err(KubeError::NoConfiguration) => Ok(None),
+        Err(error) => Err(ConfigError::Kubernetes(error)),
+    }
 }
 
 /// The listeners, bound.

@@ -52,6 +52,9 @@ pub struct AuthzSettings {
     pub token_audiences: Vec<String>,
     /// Identify clients by the pod that owns their source address.
     pub pod_ip: bool,
+    /// With `pod_ip`: only pods scheduled on this node identify clients (the node tier's own
+    /// node), and only they are watched.
+    pub pod_node: Option<String>,
     /// How long decisions are cached, and how often open streams are checked again.
     pub cache_ttl: Duration,
 }
@@ -63,6 +66,7 @@ impl Default for AuthzSettings {
             allow_namespaces: Vec::new(),
             token_audiences: Vec::new(),
             pod_ip: false,
+            pod_node: None,
             cache_ttl: DEFAULT_CACHE_TTL,
         }
     }
@@ -117,7 +121,7 @@ pub enum AuthzError {
 #[derive(Debug, thiserror::Error)]
 pub enum AuthzConfigError {
     #[error(
-        "--authz {0:?} with {1} needs the Kubernetes API; it cannot be used with --manifests or --upstream"
+        "--authz {0:?} with {1} needs the Kubernetes API: with --manifests it cannot be used; with --upstream give the node tier an API configuration (in-cluster, KUBECONFIG or --kube-api-server)"
     )]
     NeedsKubernetes(AuthzMode, &'static str),
 }
@@ -315,9 +319,10 @@ impl Authorizer {
                 &pod.service_account,
                 "pod address",
             )),
-            [] => Err(AuthzError::Unauthenticated(format!(
-                "no running pod has the address {ip}"
-            ))),
+            [] => Err(AuthzError::Unauthenticated(match &self.settings.pod_node {
+                Some(node) => format!("no running pod on node {node} has the address {ip}"),
+                None => format!("no running pod has the address {ip}"),
+            })),
             _ => Err(AuthzError::Unauthenticated(format!(
                 "several running pods have the address {ip}"
             ))),

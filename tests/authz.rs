@@ -218,10 +218,26 @@ async fn connect_from(proxy: &Proxy, address: &str) -> Channel {
 /// Creates a pod in `ns` running as ServiceAccount `account` with the address `ip`, the way the
 /// kubelet would report it.
 async fn running_pod(cp: &ControlPlane, ns: &str, name: &str, account: &str, ip: &str) {
+    running_pod_on(cp, None, ns, name, account, ip).await;
+}
+
+/// [`running_pod`], scheduled on `node` when given.
+async fn running_pod_on(
+    cp: &ControlPlane,
+    node: Option<&str>,
+    ns: &str,
+    name: &str,
+    account: &str,
+    ip: &str,
+) {
     let pods: Api<Pod> = Api::namespaced(cp.admin_client(), ns);
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name},
-        "spec": {"serviceAccountName": account, "containers": [{"name": "app", "image": "example.invalid/app"}]}
+        "spec": {
+            "serviceAccountName": account,
+            "nodeName": node,
+            "containers": [{"name": "app", "image": "example.invalid/app"}]
+        }
     }))
     .expect("pod");
     pods.create(&PostParams::default(), &pod)
@@ -492,4 +508,65 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
         .expect("the stream ends");
     let status = end.expect_err("revoked access ends the stream with an error");
     assert_eq!(status.code(), Code::PermissionDenied, "{status:?}");
+}
+
+/// The node tier (`--upstream`) authorizes its own clients through the API: with
+/// `--authz-pod-node` only pods scheduled on its node identify a client, and it watches only
+/// those, while the central serves it whatever its clients may read.
+#[tokio::test]
+async fn the_node_tier_identifies_only_the_pods_of_its_own_node() {
+    let Some(cp) = start_or_skip().await else {
+        return;
+    };
+    two_teams(&cp).await;
+    let central = Proxy::start(
+        &cp.proxy_args(&[])
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>(),
+    )
+    .await;
+    let upstream = format!("127.0.0.1:{}", central.port);
+    let args = cp.proxy_args(&[
+        "--upstream",
+        &upstream,
+        "--authz",
+        "namespace",
+        "--authz-pod-ip",
+        "--authz-pod-node",
+        "node-a",
+    ]);
+    let node = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+
+    running_pod_on(&cp, Some("node-a"), "team-a", "web-a", "web", "127.0.0.31").await;
+    running_pod_on(&cp, Some("node-b"), "team-b", "web-b", "web", "127.0.0.32").await;
+    let here = connect_from(&node, "127.0.0.31").await;
+    let own = support::eventually("the pod on node-a reads its own namespace", || {
+        first(here.clone(), "core.openfeature.dev/team-a/flags", None)
+    })
+    .await;
+    assert!(own.contains("team-a"), "{own}");
+    let denied = first(here, "core.openfeature.dev/team-b/flags", None)
+        .await
+        .expect_err("another namespace");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+
+    // A running pod on another node is no identity here, even for its own namespace ...
+    let elsewhere = connect_from(&node, "127.0.0.32").await;
+    let refused = first(elsewhere, "core.openfeature.dev/team-b/flags", None)
+        .await
+        .expect_err("a pod of another node");
+    assert_status(
+        &refused,
+        Code::Unauthenticated,
+        "no running pod on node node-a has the address 127.0.0.32",
+    );
+    // ... while a pod of that namespace on this node is served.
+    running_pod_on(&cp, Some("node-a"), "team-b", "web-b2", "web", "127.0.0.33").await;
+    let neighbour = connect_from(&node, "127.0.0.33").await;
+    let theirs = support::eventually("team-b's pod on node-a reads team-b", || {
+        first(neighbour.clone(), "core.openfeature.dev/team-b/flags", None)
+    })
+    .await;
+    assert!(theirs.contains("team-b"), "{theirs}");
 }

@@ -1,6 +1,7 @@
-//! The chart's `central.authz` values, rendered with `helm template`: the `--authz` flags of the
-//! central Deployment and the permissions its ClusterRole gains for them. tests/cluster/ runs
-//! `central.authz.mode=rbac` with token audiences in a real cluster.
+//! The chart's `central.authz` and `node.authz` values, rendered with `helm template`: the
+//! `--authz` flags of each tier and the permissions its ClusterRole gains for them. tests/cluster/
+//! runs `central.authz.mode=rbac` with token audiences, and both tiers authorizing, in a real
+//! cluster.
 use flagd_proxy_testkit as support;
 
 use serde_json::{Value, json};
@@ -40,16 +41,18 @@ fn authz_args(objects: &[Value]) -> Vec<String> {
 /// The ClusterRole's rules beyond reading FeatureFlags and writing Events, as
 /// `group/resource:verbs`.
 fn authz_rules(objects: &[Value]) -> Vec<String> {
-    one(objects, "ClusterRole")["rules"]
+    rules(one(objects, "ClusterRole"))
+        .into_iter()
+        .filter(|rule| !rule.starts_with("core.openfeature.dev/") && !rule.starts_with("events"))
+        .collect()
+}
+
+/// A ClusterRole's rules as `group/resource:verbs`.
+fn rules(role: &Value) -> Vec<String> {
+    role["rules"]
         .as_array()
         .expect("rules")
         .iter()
-        .filter(|rule| {
-            !matches!(
-                rule["apiGroups"][0].as_str(),
-                Some("core.openfeature.dev" | "events.k8s.io")
-            )
-        })
         .map(|rule| {
             let verbs: Vec<&str> = rule["verbs"]
                 .as_array()
@@ -125,7 +128,7 @@ fn authz_values_that_cannot_work_are_refused_with_a_message() {
         return;
     };
     let upstream = "node.upstream.address=flagd-proxy-svc.central.svc.cluster.local:8015";
-    let cases: [(&[&str], &str); 5] = [
+    let cases: [(&[&str], &str); 9] = [
         (&["central.authz.podIP=true"], "need central.authz.mode"),
         (
             &["central.authz.tokenAudiences={flagd-proxy}"],
@@ -140,11 +143,116 @@ fn authz_values_that_cannot_work_are_refused_with_a_message() {
         ),
         (
             &["mode=node", upstream, "central.authz.mode=rbac"],
-            "needs the central tier",
+            "central.authz is for the central tier",
+        ),
+        (
+            &["node.authz.mode=namespace"],
+            "node.authz is for the node tier",
+        ),
+        (
+            &[
+                "mode=both",
+                "central.authz.mode=rbac",
+                "central.authz.podIP=true",
+            ],
+            "needs node.authz too",
+        ),
+        (
+            &[
+                "mode=both",
+                "central.authz.mode=namespace",
+                "central.authz.podIP=true",
+                "node.authz.mode=namespace",
+            ],
+            "use central.authz.mode=rbac",
+        ),
+        (
+            &[
+                "mode=both",
+                "central.authz.mode=rbac",
+                "node.authz.mode=rbac",
+            ],
+            "needs central.authz.podIP",
         ),
         (&["central.authz.mode=everyone"], "mode"),
     ];
     for (sets, want) in cases {
         helm.assert_refused(RELEASE, NS, sets, want);
     }
+}
+
+/// In `mode=both` with authorization, each node proxy authorizes the pods of its own node
+/// (docs/security.md, "The node tier"): it gets a token, the review permissions, a watch of its
+/// node's pods, and the central lets it get every FeatureFlag.
+#[test]
+fn the_node_tier_authorizes_the_pods_of_its_node() {
+    let Some(helm) = ChartRenderer::find_or_skip() else {
+        return;
+    };
+    let objects = render(
+        &helm,
+        &[
+            "mode=both",
+            "central.authz.mode=rbac",
+            "central.authz.podIP=true",
+            "node.authz.mode=namespace",
+            "node.authz.podIP=true",
+        ],
+    );
+    let daemonset = one(&objects, "DaemonSet");
+    let pod = &daemonset["spec"]["template"]["spec"];
+    assert_eq!(pod["automountServiceAccountToken"], json!(true));
+    let container = &pod["containers"][0];
+    let args: Vec<String> = container["args"]
+        .as_array()
+        .expect("args")
+        .iter()
+        .map(|a| a.as_str().expect("string arg").to_owned())
+        .collect();
+    let cli =
+        flagd_proxy::cli::parse_from(std::iter::once("flagd-proxy".to_owned()).chain(args.clone()))
+            .unwrap_or_else(|e| panic!("the proxy refuses {args:?}: {e}"));
+    let flagd_proxy::cli::Command::Start(start) = cli.command else {
+        panic!("{args:?} is not start");
+    };
+    let authz = flagd_proxy::authz::AuthzSettings::from(start.authz);
+    assert_eq!(authz.mode, flagd_proxy::authz::AuthzMode::Namespace);
+    assert!(authz.pod_ip);
+    // Kubernetes expands $(NODE_NAME) from the downward API.
+    assert_eq!(authz.pod_node.as_deref(), Some("$(NODE_NAME)"));
+    assert!(
+        container["env"].as_array().expect("env").contains(
+            &json!({"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}})
+        ),
+        "{container}"
+    );
+
+    let node_account = pod["serviceAccountName"].as_str().expect("account");
+    let roles: Vec<&Value> = objects
+        .iter()
+        .filter(|o| o["kind"] == json!("ClusterRole"))
+        .collect();
+    let node_role = roles
+        .iter()
+        .find(|r| r["metadata"]["labels"]["app.kubernetes.io/component"] == json!("node"))
+        .expect("the node tier's ClusterRole");
+    assert_eq!(
+        rules(node_role),
+        [
+            "authentication.k8s.io/tokenreviews:create",
+            "/pods:list,watch",
+            "core.openfeature.dev/featureflags:get",
+        ]
+    );
+    let binding = objects
+        .iter()
+        .find(|o| {
+            o["kind"] == json!("ClusterRoleBinding")
+                && o["roleRef"]["name"] == node_role["metadata"]["name"]
+        })
+        .expect("the node tier's binding");
+    assert_eq!(
+        binding["subjects"],
+        json!([{"kind": "ServiceAccount", "name": node_account, "namespace": NS}])
+    );
 }

@@ -8,6 +8,7 @@ fn authorizer(mode: AuthzMode, allow: &[&str]) -> Authorizer {
             allow_namespaces: allow.iter().map(|s| (*s).to_owned()).collect(),
             token_audiences: Vec::new(),
             pod_ip: false,
+            pod_node: None,
             cache_ttl: Duration::from_secs(5),
         },
         None,
@@ -80,6 +81,7 @@ fn rbac_needs_the_api() {
         allow_namespaces: Vec::new(),
         token_audiences: Vec::new(),
         pod_ip: false,
+        pod_node: None,
         cache_ttl: Duration::from_secs(5),
     };
     assert!(Authorizer::new(settings.clone(), None).is_err());

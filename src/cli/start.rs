@@ -161,7 +161,12 @@ pub struct SourceArgs {
 
     /// Take resources from another flagd-proxy at this address (host:port) over the sync
     /// protocol instead of the Kubernetes API: a node-local tier in front of central proxies.
-    #[arg(long, value_name = "HOST:PORT", env = "FLAGD_PROXY_UPSTREAM", conflicts_with_all = ["manifests", "kube_api_server"])]
+    #[arg(
+        long,
+        value_name = "HOST:PORT",
+        env = "FLAGD_PROXY_UPSTREAM",
+        conflicts_with = "manifests"
+    )]
     pub upstream: Option<String>,
 
     /// Connect to the upstream with TLS (system roots, or --upstream-ca-path).
@@ -178,6 +183,7 @@ pub struct SourceArgs {
     pub upstream_ca_path: Option<PathBuf>,
 
     /// Kubernetes API server URL. Without it: KUBECONFIG if set, else the in-cluster configuration.
+    /// With --upstream, the API is used only to authorize clients (--authz).
     #[arg(long, value_name = "URL", env = "FLAGD_PROXY_KUBE_API_SERVER")]
     pub kube_api_server: Option<String>,
 
@@ -221,21 +227,25 @@ pub struct SourceArgs {
 impl From<SourceArgs> for SourceSettings {
     /// Manifest files when given, else the upstream when given, else the Kubernetes API.
     fn from(args: SourceArgs) -> Self {
+        let kube = KubeSettings {
+            api_server: args.kube_api_server,
+            ca_path: args.kube_ca_path,
+            token_path: args.kube_token_path,
+        };
         if !args.manifests.is_empty() {
             SourceSettings::Manifests(args.manifests)
         } else if let Some(address) = args.upstream {
-            SourceSettings::Upstream(UpstreamSettings {
-                address,
-                tls: args.upstream_tls,
-                ca_path: args.upstream_ca_path,
-            })
+            SourceSettings::Upstream {
+                settings: UpstreamSettings {
+                    address,
+                    tls: args.upstream_tls,
+                    ca_path: args.upstream_ca_path,
+                },
+                kube,
+            }
         } else {
             SourceSettings::Kubernetes {
-                settings: KubeSettings {
-                    api_server: args.kube_api_server,
-                    ca_path: args.kube_ca_path,
-                    token_path: args.kube_token_path,
-                },
+                settings: kube,
                 events: args.events,
             }
         }
@@ -321,6 +331,16 @@ pub struct AuthzArgs {
     #[arg(long, env = "FLAGD_PROXY_AUTHZ_POD_IP")]
     pub authz_pod_ip: bool,
 
+    /// With --authz-pod-ip: only pods scheduled on this node identify clients, and only they are
+    /// watched (the node tier sets it to its own node, from the downward API's spec.nodeName).
+    #[arg(
+        long,
+        value_name = "NODE",
+        env = "FLAGD_PROXY_AUTHZ_POD_NODE",
+        requires = "authz_pod_ip"
+    )]
+    pub authz_pod_node: Option<String>,
+
     /// How long authorization decisions are cached; open streams are checked again this often.
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_AUTHZ_CACHE_TTL", default_value = duration_text(authz::DEFAULT_CACHE_TTL), value_parser = humantime::parse_duration)]
     pub authz_cache_ttl: Duration,
@@ -333,6 +353,7 @@ impl From<AuthzArgs> for AuthzSettings {
             allow_namespaces: args.authz_allow_namespaces,
             token_audiences: args.authz_token_audiences,
             pod_ip: args.authz_pod_ip,
+            pod_node: args.authz_pod_node.filter(|node| !node.is_empty()),
             cache_ttl: args.authz_cache_ttl,
         }
     }

@@ -602,7 +602,10 @@ fn flags_become_component_settings() {
         "3s 7s 7s Some((300s, 10s)) 9 100 Namespace [\"a\", \"b\"] cert.pem \
          [(\"region\", \"eu\")] Some(\"/run/flagd.sock\") 0o600"
     );
-    let SourceSettings::Upstream(upstream) = &given.source else {
+    let SourceSettings::Upstream {
+        settings: upstream, ..
+    } = &given.source
+    else {
         panic!("expected the upstream source: {:?}", given.source)
     };
     assert_eq!(

@@ -2,7 +2,9 @@
 //! an address.
 //!
 //! Pod addresses are answered from a watch over running pods (started only with
-//! `--authz-pod-ip`), so a connection costs the API server nothing. The watch keeps, per pod,
+//! `--authz-pod-ip`), so a connection costs the API server nothing. With `--authz-pod-node`
+//! (the node tier) the watch and the lists cover only the pods scheduled on that node: a pod
+//! elsewhere does not identify a client there, and each node proxy watches its own pods only. The watch keeps, per pod,
 //! only its namespace, ServiceAccount, uid and addresses. A pod leaves the index when it is
 //! deleted, stops running (the watch is limited to `status.phase=Running`, so the API server
 //! reports that as a deletion) or starts terminating. Events arrive in the order the API server
@@ -24,12 +26,20 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, PostParams};
 use kube::runtime::watcher;
 
-use crate::authz::{AuthzError, Identity, PodOwner, Reviewer};
+use crate::authz::{AuthzError, AuthzSettings, Identity, PodOwner, Reviewer};
 use crate::backoff::Backoff;
 use crate::selector::{GROUP, ResourceKey};
 
 /// Only running pods own an address.
 const RUNNING: &str = "status.phase=Running";
+
+/// The field selector of the pods that may own an address: running ones, on `node` if given.
+fn pod_fields(node: Option<&str>) -> String {
+    match node {
+        Some(node) => format!("{RUNNING},spec.nodeName={node}"),
+        None => RUNNING.to_owned(),
+    }
+}
 
 /// [`Reviewer`] backed by the Kubernetes API.
 pub struct KubeReviewer {
@@ -37,6 +47,8 @@ pub struct KubeReviewer {
     token_audiences: Vec<String>,
     /// The pod index, when pod addresses identify clients.
     pods: Option<Arc<Mutex<PodIndex>>>,
+    /// The field selector of the pods watched and listed (see [`pod_fields`]).
+    pod_fields: String,
     /// Ends the pod watch when the reviewer goes.
     _watch: Option<AbortOnDrop>,
 }
@@ -50,19 +62,25 @@ impl Drop for AbortOnDrop {
 }
 
 impl KubeReviewer {
-    /// With `pod_ip`, starts the pod watch (on the current Tokio runtime).
-    pub fn new(client: kube::Client, token_audiences: Vec<String>, pod_ip: bool) -> Self {
-        let (pods, watch) = if pod_ip {
+    /// With `pod_ip` in the settings, starts the pod watch (on the current Tokio runtime).
+    pub fn new(client: kube::Client, settings: &AuthzSettings) -> Self {
+        let pod_fields = pod_fields(settings.pod_node.as_deref());
+        let (pods, watch) = if settings.pod_ip {
             let index = Arc::new(Mutex::new(PodIndex::default()));
-            let task = tokio::spawn(watch_pods(client.clone(), index.clone()));
+            let task = tokio::spawn(watch_pods(
+                client.clone(),
+                pod_fields.clone(),
+                index.clone(),
+            ));
             (Some(index), Some(AbortOnDrop(task)))
         } else {
             (None, None)
         };
         Self {
             client,
-            token_audiences,
+            token_audiences: settings.token_audiences.clone(),
             pods,
+            pod_fields,
             _watch: watch,
         }
     }
@@ -157,9 +175,10 @@ impl Reviewer for KubeReviewer {
             }
         }
         let client = self.client.clone();
+        let fields = format!("{},status.podIP={ip}", self.pod_fields);
         async move {
             let pods = Api::<Pod>::all(client)
-                .list(&ListParams::default().fields(&format!("status.podIP={ip}")))
+                .list(&ListParams::default().fields(&fields))
                 .await
                 .map_err(|e| {
                     AuthzError::Unavailable(format!("listing pods by address failed: {e}"))
@@ -311,13 +330,13 @@ impl PodIndex {
 
 /// Keeps `index` current. A failed watch is started over (after a backoff) with a fresh list, and
 /// until that list is complete the index is not used.
-async fn watch_pods(client: kube::Client, index: Arc<Mutex<PodIndex>>) {
+async fn watch_pods(client: kube::Client, fields: String, index: Arc<Mutex<PodIndex>>) {
     let api = Api::<Pod>::all(client);
     let mut backoff = Backoff::new();
     loop {
         let mut events = std::pin::pin!(watcher(
             api.clone(),
-            watcher::Config::default().fields(RUNNING)
+            watcher::Config::default().fields(&fields)
         ));
         while let Some(event) = events.next().await {
             let mut index = crate::locks::lock(&index);
@@ -374,6 +393,15 @@ mod tests {
         index.event(watcher::Event::InitDone);
         assert!(index.synced);
         index
+    }
+
+    #[test]
+    fn the_node_tier_watches_only_the_running_pods_of_its_node() {
+        assert_eq!(pod_fields(None), "status.phase=Running");
+        assert_eq!(
+            pod_fields(Some("node-7")),
+            "status.phase=Running,spec.nodeName=node-7"
+        );
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Authorization in the cluster: by pod address and by projected service-account token.
+//! Authorization in the cluster: by pod address and by projected service-account token, and both
+//! tiers of the chart authorizing together.
 
 use super::*;
 
@@ -27,10 +28,7 @@ fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
     reader_and_stranger(cluster, ns);
     let uri = format!("flagd-proxy-svc-authz.{proxy_ns}.svc.cluster.local:8015");
     let selector = format!("core.openfeature.dev/{ns}/demo");
-    let before = wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
-        unauthorized_rejections(cluster, &proxy_ns)
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let before = rejections_so_far(cluster, &proxy_ns);
     cluster.apply(&unprobed_flagd(
         ns,
         "reader",
@@ -53,15 +51,7 @@ fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
     let reader = single_pod_ip(cluster, ns, "app=reader");
     wait_for_color(cluster, &reader, "red");
     // The stranger's requests are refused as unauthorized (it retries, so the count grows) ...
-    wait_for("an unauthorized rejection", CLUSTER_TIMEOUT, || {
-        let now = unauthorized_rejections(cluster, &proxy_ns)?;
-        if now > before {
-            Ok(())
-        } else {
-            Err(format!("rejected {now}"))
-        }
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_rejections_beyond(cluster, &proxy_ns, before);
     // ... and it has no flag to evaluate, while its neighbour follows an edit.
     let stranger = single_pod_ip(cluster, ns, "app=stranger");
     set_default_color(cluster, ns, "demo", "blue");
@@ -110,10 +100,7 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
     // The Go provider does not recover from a failed first connection: start the clients once
     // the Service routes to a proxy.
     wait_for_proxy_service(cluster, proxy_ns, "flagd-proxy-svc");
-    let before = wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
-        unauthorized_rejections(cluster, proxy_ns)
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    let before = rejections_so_far(cluster, proxy_ns);
 
     let env = vec![
         json!({"name": "FLAGD_HOST",
@@ -137,15 +124,7 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
     wait_for_client_line(cluster, ns, "reader", "VALUE red");
     // The stranger's token authenticates, but its account may not get the FeatureFlag: refused
     // as unauthorized (it retries, so the count grows) ...
-    wait_for("an unauthorized rejection", CLUSTER_TIMEOUT, || {
-        let now = unauthorized_rejections(cluster, proxy_ns)?;
-        if now > before {
-            Ok(())
-        } else {
-            Err(format!("rejected {now}"))
-        }
-    })
-    .unwrap_or_else(|e| panic!("{e}"));
+    wait_for_rejections_beyond(cluster, proxy_ns, before);
     // A token of the allowed account issued for another audience does not authenticate.
     cluster.apply(&go_client(
         ns,
@@ -175,5 +154,73 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
                 .any(|l| l.starts_with("READY") || l.starts_with("VALUE")),
             "{refused} synced: {log}"
         );
+    }
+}
+
+#[test]
+fn node_tier_authorizes_the_pods_of_its_node_while_the_central_trusts_it() {
+    let Some(cluster) = cluster_or_skip() else {
+        return;
+    };
+    let cluster: &Cluster = &cluster;
+    let Some(helm) = helm_binary() else {
+        return;
+    };
+    let Some(flagd_image) = cluster.flagd_image() else {
+        return;
+    };
+    cluster.install_crds();
+    // Both tiers authorize by pod address: the central lets the node proxies (their
+    // ServiceAccount may get FeatureFlags) read for their pods, and each node proxy lets a pod
+    // of its node read its own namespace.
+    let proxy_ns = "flagd-proxy-node-authz";
+    cluster.restricted_namespace(proxy_ns);
+    helm_install(
+        cluster,
+        &helm,
+        "flagd-proxy",
+        proxy_ns,
+        &[
+            "mode=both",
+            "central.replicas=1",
+            "central.authz.mode=rbac",
+            "central.authz.podIP=true",
+            "node.authz.mode=namespace",
+            "node.authz.podIP=true",
+        ]
+        .map(str::to_owned),
+    );
+    let (own, other) = ("cluster-node-own", "cluster-node-other");
+    for ns in [own, other] {
+        cluster.restricted_namespace(ns);
+    }
+    cluster.apply(&feature_flag(own, "demo", "red"));
+    let uri = format!("flagd-proxy-node.{proxy_ns}.svc.cluster.local:8015");
+    let selector = format!("core.openfeature.dev/{own}/demo");
+    let before = rejections_so_far(cluster, proxy_ns);
+    for ns in [own, other] {
+        cluster.apply(&unprobed_flagd(
+            ns,
+            "flagd",
+            "default",
+            &flagd_image,
+            &uri,
+            &selector,
+        ));
+    }
+    cluster.wait_rollout(own, "flagd");
+    cluster.wait_rollout(other, "flagd");
+
+    let reader = single_pod_ip(cluster, own, "app=flagd");
+    wait_for_color(cluster, &reader, "red");
+    // The pod of the other namespace is refused by its node proxy ...
+    wait_for_rejections_beyond(cluster, proxy_ns, before);
+    // ... and never has the flag, while the pod of the namespace follows an edit.
+    let stranger = single_pod_ip(cluster, other, "app=flagd");
+    set_default_color(cluster, own, "demo", "blue");
+    wait_for_color(cluster, &reader, "blue");
+    match evaluate_once(cluster, &stranger) {
+        Evaluation::Value(value) => panic!("the other namespace's pod evaluated color={value}"),
+        Evaluation::Refused(_) | Evaluation::NoAnswer(_) => {}
     }
 }

@@ -211,6 +211,29 @@ pub(crate) fn unauthorized_rejections(cluster: &Cluster, proxy_ns: &str) -> Resu
     Ok(total)
 }
 
+/// How many requests the proxies in `proxy_ns` have refused as unauthorized so far (once their
+/// metrics answer).
+pub(crate) fn rejections_so_far(cluster: &Cluster, proxy_ns: &str) -> u64 {
+    wait_for("the proxies' metrics", CLUSTER_TIMEOUT, || {
+        unauthorized_rejections(cluster, proxy_ns)
+    })
+    .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Waits until the proxies in `proxy_ns` have refused more requests as unauthorized than
+/// `before` (a refused client retries, so the count grows).
+pub(crate) fn wait_for_rejections_beyond(cluster: &Cluster, proxy_ns: &str, before: u64) {
+    wait_for("an unauthorized rejection", CLUSTER_TIMEOUT, || {
+        let now = unauthorized_rejections(cluster, proxy_ns)?;
+        if now > before {
+            Ok(())
+        } else {
+            Err(format!("rejected {now}"))
+        }
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
+}
+
 /// `helm install RELEASE charts/flagd-proxy` into `ns` with the proxy image under test and
 /// `sets`, waiting until every workload is ready.
 pub(crate) fn helm_install(

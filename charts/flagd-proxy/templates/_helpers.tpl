@@ -91,6 +91,68 @@ Naming, labels and the parts shared by both tiers.
 {{- end -}}
 {{- end -}}
 
+{{/* The checks of one tier's authz values (dict "name" "central.authz" "authz" VALUES). */}}
+{{- define "flagd-proxy.validateAuthz" -}}
+{{- $authz := .authz -}}
+{{- if and (eq $authz.mode "none") (or $authz.podIP $authz.tokenAudiences $authz.allowNamespaces) -}}
+{{- fail (printf "%s.podIP, tokenAudiences and allowNamespaces need %s.mode namespace or rbac" .name .name) -}}
+{{- end -}}
+{{- if and $authz.allowNamespaces (ne $authz.mode "namespace") -}}
+{{- fail (printf "%s.allowNamespaces is for %s.mode=namespace" .name .name) -}}
+{{- end -}}
+{{- end -}}
+
+{{/* The --authz arguments of one tier's authz values. */}}
+{{- define "flagd-proxy.authzArgs" -}}
+{{- if ne .mode "none" }}
+- --authz
+- {{ .mode }}
+{{- with .allowNamespaces }}
+- --authz-allow-namespaces
+- {{ join "," . | quote }}
+{{- end }}
+{{- with .tokenAudiences }}
+- --authz-token-audiences
+- {{ join "," . | quote }}
+{{- end }}
+{{- if .podIP }}
+- --authz-pod-ip
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The ClusterRole rules one tier's authz values need. */}}
+{{- define "flagd-proxy.authzRules" -}}
+{{- if ne .mode "none" }}
+# authz: check the tokens clients send (TokenReview) ...
+- apiGroups:
+    - authentication.k8s.io
+  resources:
+    - tokenreviews
+  verbs:
+    - create
+{{- end }}
+{{- if eq .mode "rbac" }}
+# ... and ask the API server whether a client may get a FeatureFlag ...
+- apiGroups:
+    - authorization.k8s.io
+  resources:
+    - subjectaccessreviews
+  verbs:
+    - create
+{{- end }}
+{{- if .podIP }}
+# ... and find the pod that owns a client's address.
+- apiGroups:
+    - ""
+  resources:
+    - pods
+  verbs:
+    - list
+    - watch
+{{- end }}
+{{- end -}}
+
 {{/* Checks across values that the schema cannot express with a clear message. */}}
 {{- define "flagd-proxy.validate" -}}
 {{- if and (eq .Values.mode "node") (not .Values.node.upstream.address) -}}
@@ -122,15 +184,25 @@ Naming, labels and the parts shared by both tiers.
 {{- fail "central.podDisruptionBudget: set either minAvailable or maxUnavailable (the other to null), not both" -}}
 {{- end -}}
 {{- end -}}
+{{- include "flagd-proxy.validateAuthz" (dict "name" "central.authz" "authz" .Values.central.authz) -}}
+{{- include "flagd-proxy.validateAuthz" (dict "name" "node.authz" "authz" .Values.node.authz) -}}
 {{- $authz := .Values.central.authz -}}
-{{- if and (eq $authz.mode "none") (or $authz.podIP $authz.tokenAudiences $authz.allowNamespaces) -}}
-{{- fail "central.authz.podIP, tokenAudiences and allowNamespaces need central.authz.mode namespace or rbac" -}}
-{{- end -}}
-{{- if and $authz.allowNamespaces (ne $authz.mode "namespace") -}}
-{{- fail "central.authz.allowNamespaces is for central.authz.mode=namespace" -}}
-{{- end -}}
 {{- if and (ne $authz.mode "none") (not (include "flagd-proxy.central" .)) -}}
-{{- fail "central.authz needs the central tier (mode central or both): the node tier has no Kubernetes API access" -}}
+{{- fail "central.authz is for the central tier (mode central or both); the node tier's is node.authz" -}}
+{{- end -}}
+{{- if and (ne .Values.node.authz.mode "none") (not (include "flagd-proxy.node" .)) -}}
+{{- fail "node.authz is for the node tier (mode node or both)" -}}
+{{- end -}}
+{{- if and (eq .Values.mode "both") (ne $authz.mode "none") -}}
+{{- if ne $authz.mode "rbac" -}}
+{{- fail "mode=both with central.authz: use central.authz.mode=rbac (node proxies read FeatureFlags of every namespace for their pods; the chart grants them get on FeatureFlags, which namespace mode cannot express)" -}}
+{{- end -}}
+{{- if not $authz.podIP -}}
+{{- fail "mode=both with central.authz needs central.authz.podIP: node proxies send no token and are identified at the central tier by their pod address" -}}
+{{- end -}}
+{{- if eq .Values.node.authz.mode "none" -}}
+{{- fail "mode=both with central.authz needs node.authz too: the central tier serves the node tier every FeatureFlag, so each node proxy must authorize the pods of its node itself" -}}
+{{- end -}}
 {{- end -}}
 {{- if and (include "flagd-proxy.flagdEnabled" .) (not .Values.flagd.featureFlags) -}}
 {{- fail "flagd.deployment.enabled / flagd.daemonset.enabled need flagd.featureFlags: the FeatureFlags flagd serves, as namespace/name" -}}
