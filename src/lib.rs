@@ -26,6 +26,7 @@ pub mod net;
 pub mod protocol;
 pub mod selector;
 pub mod server;
+pub mod settings;
 pub mod source;
 pub mod status;
 pub mod telemetry;

@@ -1,5 +1,5 @@
 //! The `flagd-proxy` command: parses the command line, sets up logging, turns the `start`
-//! arguments into [`Settings`](flagd_proxy::app::Settings) and runs the library's
+//! arguments into [`Settings`](flagd_proxy::settings::Settings) and runs the library's
 //! [`app`](flagd_proxy::app) until a stop signal.
 #![forbid(unsafe_code)]
 
@@ -77,7 +77,7 @@ fn status(args: &StatusArgs) -> ExitCode {
 
 fn start(args: StartArgs) -> ExitCode {
     init_logging(args.log.log_format, args.log.debug);
-    let settings = app::Settings::from(args);
+    let settings = flagd_proxy::settings::Settings::from(args);
     // One TLS crypto provider for the sync port and the Kubernetes client.
     let _ = rustls::crypto::ring::default_provider().install_default();
     let runtime = match tokio::runtime::Runtime::new() {

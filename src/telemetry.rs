@@ -56,6 +56,8 @@ pub struct OtlpSettings {
     /// Resource attributes added to (or replacing) `service.name`, `service.instance.id` and
     /// `service.version`.
     pub resource_attributes: Vec<(String, String)>,
+    /// `service.instance.id`: the pod's name (`--pod-name`); the host name without it.
+    pub instance: Option<String>,
 }
 
 impl Default for OtlpSettings {
@@ -66,6 +68,7 @@ impl Default for OtlpSettings {
             ca_file: None,
             interval: DEFAULT_INTERVAL,
             resource_attributes: Vec::new(),
+            instance: None,
         }
     }
 }
@@ -160,7 +163,7 @@ impl Exporter {
             spans: rx,
             metrics,
             interval: settings.interval,
-            resource: resource(&settings.resource_attributes),
+            resource: resource(&settings.resource_attributes, settings.instance.as_deref()),
             started: SystemTime::now(),
             warnings: Warnings::default(),
         };
@@ -265,11 +268,10 @@ impl Warnings {
 }
 
 /// The proxy as an OpenTelemetry resource: `service.name` flagd-proxy, `service.instance.id`
-/// the pod (POD_NAME) or host name, `service.version`; `extra` adds or replaces attributes.
-fn resource(extra: &[(String, String)]) -> Resource {
-    let instance = std::env::var("POD_NAME")
-        .ok()
-        .filter(|name| !name.is_empty())
+/// the pod (`instance`) or host name, `service.version`; `extra` adds or replaces attributes.
+fn resource(extra: &[(String, String)], instance: Option<&str>) -> Resource {
+    let instance = instance
+        .map(str::to_owned)
         .or_else(host_name)
         .unwrap_or_else(|| "unknown".to_owned());
     let mut attributes: Vec<(String, String)> = vec![

@@ -48,6 +48,17 @@ fn sources_speak_the_protocol_not_the_wire() {
     assert!(protocol.is_empty(), "protocol imports {protocol:?}");
 }
 
+/// The command line builds the settings; only `main` hands them to the app that runs them.
+#[test]
+fn the_command_line_builds_settings_and_never_runs_the_app() {
+    let graph = module_graph();
+    let cli = graph.get("cli").expect("a cli module");
+    assert!(!cli.contains("app"), "cli imports {cli:?}");
+    assert!(cli.contains("settings"), "cli imports {cli:?}");
+    let settings = graph.get("settings").expect("a settings module");
+    assert!(!settings.contains("app"), "settings imports {settings:?}");
+}
+
 #[test]
 fn no_import_circle_among_modules() {
     let graph = module_graph();

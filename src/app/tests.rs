@@ -1,4 +1,10 @@
 //! Tests of the settings checks made before anything listens, and of the drain.
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
 use super::*;
 
 #[test]

@@ -11,7 +11,6 @@ use std::time::Duration;
 use clap::{ArgAction, Args};
 
 use super::LogFormat;
-use crate::app::{self, ServeSettings, Settings, SourceSettings};
 use crate::authz::{self, AuthzSettings};
 use crate::budget;
 use crate::hub::{self, HubOptions};
@@ -19,6 +18,7 @@ use crate::kubernetes::KubeSettings;
 use crate::management::{self, ManagementOptions};
 use crate::net::tls::TlsFiles;
 use crate::server::{self, ServerOptions};
+use crate::settings::{self, ServeSettings, Settings, SourceSettings};
 use crate::source::upstream::UpstreamSettings;
 use crate::telemetry::{self, OtlpSettings};
 use crate::wire::compression::{self, CompressionMode, CompressionSettings};
@@ -55,8 +55,10 @@ pub struct StartArgs {
 impl From<StartArgs> for Settings {
     fn from(args: StartArgs) -> Self {
         let server = ServerOptions::from(args.server);
+        let serve = ServeSettings::from(args.serve);
+        let otlp = args.otlp.into_settings(serve.pod_name.clone());
         Settings {
-            serve: args.serve.into(),
+            serve,
             source: args.source.into(),
             tls: args.tls.into_settings(),
             authz: args.authz.into(),
@@ -65,7 +67,7 @@ impl From<StartArgs> for Settings {
             server,
             compression: args.sync.compression_settings(),
             context_values: args.sync.context_values,
-            otlp: args.otlp.into_settings(),
+            otlp,
         }
     }
 }
@@ -75,7 +77,7 @@ impl From<StartArgs> for Settings {
 #[command(next_help_heading = "Listening")]
 pub struct ServeArgs {
     /// Port of the gRPC sync service (flagd.sync.v1, the legacy sync.v1, and gRPC health).
-    #[arg(short = 'p', long, env = "FLAGD_PROXY_PORT", default_value_t = app::DEFAULT_PORT)]
+    #[arg(short = 'p', long, env = "FLAGD_PROXY_PORT", default_value_t = settings::DEFAULT_PORT)]
     pub port: u16,
 
     /// Port of the management service: /healthz, /readyz, /metrics, /status and gRPC health.
@@ -85,12 +87,12 @@ pub struct ServeArgs {
         long,
         alias = "metrics-port",
         env = "FLAGD_PROXY_MANAGEMENT_PORT",
-        default_value_t = app::DEFAULT_MANAGEMENT_PORT
+        default_value_t = settings::DEFAULT_MANAGEMENT_PORT
     )]
     pub management_port: u16,
 
     /// Address both ports listen on. Use 127.0.0.1 to accept local clients only.
-    #[arg(long, env = "FLAGD_PROXY_BIND_ADDRESS", default_value_t = app::DEFAULT_BIND_ADDRESS)]
+    #[arg(long, env = "FLAGD_PROXY_BIND_ADDRESS", default_value_t = settings::DEFAULT_BIND_ADDRESS)]
     pub bind_address: IpAddr,
 
     /// Also serve both sync protocols and gRPC health on a unix domain socket at this path
@@ -100,7 +102,7 @@ pub struct ServeArgs {
     pub sync_socket_path: Option<PathBuf>,
 
     /// Permission bits of the unix socket file, in octal (who may connect).
-    #[arg(long, value_name = "MODE", env = "FLAGD_PROXY_SYNC_SOCKET_MODE", default_value = format!("{:04o}", app::DEFAULT_SYNC_SOCKET_MODE), value_parser = crate::net::listener::parse_mode, requires = "sync_socket_path")]
+    #[arg(long, value_name = "MODE", env = "FLAGD_PROXY_SYNC_SOCKET_MODE", default_value = format!("{:04o}", settings::DEFAULT_SYNC_SOCKET_MODE), value_parser = crate::net::listener::parse_mode, requires = "sync_socket_path")]
     pub sync_socket_mode: u32,
 
     /// Serve the sync protocols on the unix socket only, not on --port (the management port
@@ -113,8 +115,14 @@ pub struct ServeArgs {
     pub sync_socket_only: bool,
 
     /// How long shutdown waits for streams to close after ending them with UNAVAILABLE.
-    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_SHUTDOWN_TIMEOUT", default_value = duration_text(app::DEFAULT_SHUTDOWN_TIMEOUT), value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_SHUTDOWN_TIMEOUT", default_value = duration_text(settings::DEFAULT_SHUTDOWN_TIMEOUT), value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
+
+    /// The name of this proxy's pod (the downward API's metadata.name): the reporting instance
+    /// of the Kubernetes Events it records and its OpenTelemetry service.instance.id (the host
+    /// name without it).
+    #[arg(long, value_name = "NAME", env = "POD_NAME")]
+    pub pod_name: Option<String>,
 }
 
 impl From<ServeArgs> for ServeSettings {
@@ -127,6 +135,7 @@ impl From<ServeArgs> for ServeSettings {
             sync_socket_mode: args.sync_socket_mode,
             sync_socket_only: args.sync_socket_only,
             shutdown_timeout: args.shutdown_timeout,
+            pod_name: args.pod_name.filter(|name| !name.is_empty()),
         }
     }
 }
@@ -208,15 +217,15 @@ pub struct SourceArgs {
     /// Record Kubernetes Events on FeatureFlag resources that are served: a Warning when a new
     /// version is rejected or served with warnings (a flag flagd may not evaluate), a Normal
     /// one when it is valid again. Needs create and patch on
-    /// events (events.k8s.io); the reporting instance is the POD_NAME environment variable (the
-    /// pod name, from the downward API). `--events=false` turns it off.
+    /// events (events.k8s.io); the reporting instance is --pod-name. `--events=false` turns it
+    /// off.
     #[arg(
         long,
         value_name = "BOOL",
         env = "FLAGD_PROXY_EVENTS",
         num_args = 0..=1,
         require_equals = true,
-        default_value_t = app::DEFAULT_EVENTS,
+        default_value_t = settings::DEFAULT_EVENTS,
         default_missing_value = "true",
         action = ArgAction::Set,
         value_parser = clap::builder::BoolishValueParser::new()
@@ -686,7 +695,7 @@ pub struct OtlpArgs {
     pub otlp_interval: Duration,
 
     /// A resource attribute of everything exported, added to service.name (flagd-proxy),
-    /// service.instance.id (POD_NAME, else the host name) and service.version, or replacing
+    /// service.instance.id (--pod-name, else the host name) and service.version, or replacing
     /// one of them. Repeatable or comma-separated.
     #[arg(
         long = "otlp-resource-attribute",
@@ -700,14 +709,15 @@ pub struct OtlpArgs {
 }
 
 impl OtlpArgs {
-    /// The export settings, when an endpoint is given.
-    pub fn into_settings(self) -> Option<OtlpSettings> {
+    /// The export settings, when an endpoint is given; `instance` is the pod's name.
+    pub fn into_settings(self, instance: Option<String>) -> Option<OtlpSettings> {
         Some(OtlpSettings {
             endpoint: self.otlp_endpoint?,
             headers: self.otlp_headers,
             ca_file: self.otlp_ca_file,
             interval: self.otlp_interval,
             resource_attributes: self.otlp_resource_attributes,
+            instance,
         })
     }
 }

@@ -516,11 +516,11 @@ fn docs_match_the_definitions() {
 /// `Default`: a default is written once, beside the component's settings, and both use it.
 #[test]
 fn empty_command_line_gives_every_components_default() {
-    use crate::app::{ServeSettings, SourceSettings};
     use crate::authz::AuthzSettings;
     use crate::hub::HubOptions;
     use crate::management::ManagementOptions;
     use crate::server::ServerOptions;
+    use crate::settings::{ServeSettings, SourceSettings};
 
     let args = start_args(Cli::try_parse_from(["flagd-proxy", "start"]).expect("parses"));
     assert_eq!(ServeSettings::from(args.serve), ServeSettings::default());
@@ -547,23 +547,23 @@ fn empty_command_line_gives_every_components_default() {
         crate::telemetry::OtlpSettings::default().interval
     );
     assert!(
-        args.otlp.into_settings().is_none(),
+        args.otlp.into_settings(None).is_none(),
         "OTLP is off by default"
     );
     // And all of them together.
-    let settings = crate::app::Settings::from(start_args(
+    let settings = crate::settings::Settings::from(start_args(
         Cli::try_parse_from(["flagd-proxy", "start"]).expect("parses"),
     ));
     assert_eq!(
         format!("{settings:?}"),
-        format!("{:?}", crate::app::Settings::default())
+        format!("{:?}", crate::settings::Settings::default())
     );
 }
 
 /// Flags land in the settings of their component.
 #[test]
 fn flags_become_component_settings() {
-    use crate::app::{Settings, SourceSettings};
+    use crate::settings::{Settings, SourceSettings};
 
     let settings = |line: &[&str]| {
         Settings::from(start_args(
@@ -630,7 +630,9 @@ fn flags_become_component_settings() {
         "--otlp-ca-file=ca.pem",
         "--otlp-interval=5s",
         "--otlp-resource-attribute=deployment.environment=prod",
+        "--pod-name=flagd-proxy-7",
     ]);
+    assert_eq!(otlp.serve.pod_name.as_deref(), Some("flagd-proxy-7"));
     assert_eq!(
         otlp.otlp,
         Some(crate::telemetry::OtlpSettings {
@@ -642,13 +644,14 @@ fn flags_become_component_settings() {
             ca_file: Some("ca.pem".into()),
             interval: Duration::from_secs(5),
             resource_attributes: vec![("deployment.environment".into(), "prod".into())],
+            instance: Some("flagd-proxy-7".into()),
         })
     );
     // The other OTLP flags mean nothing without an endpoint.
     assert!(Cli::try_parse_from(["flagd-proxy", "start", "--otlp-header=a=b"]).is_err());
 }
 
-fn settings_summary(settings: &crate::app::Settings) -> String {
+fn settings_summary(settings: &crate::settings::Settings) -> String {
     format!(
         "{:?} {:?} {:?} {:?} {} {} {:?} {:?} {} {:?} {:?} {:#o}",
         settings.management.header_timeout,
@@ -681,7 +684,7 @@ fn otlp_settings_come_from_the_config_file() {
         &[],
     )
     .expect("parses");
-    let otlp = args.otlp.into_settings().expect("OTLP is on");
+    let otlp = args.otlp.into_settings(None).expect("OTLP is on");
     assert_eq!(otlp.endpoint, "http://collector:4317");
     assert_eq!(
         otlp.headers,

@@ -8,6 +8,7 @@
 //! the listener is dropped, if it is still this socket's (the same inode).
 use std::future::Future;
 use std::io;
+use std::net::SocketAddr;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -59,6 +60,25 @@ pub enum SocketError {
         #[source]
         source: io::Error,
     },
+}
+
+/// Connections the kernel may queue on the sync port before they are accepted. When every
+/// client reconnects at once (a restart, a network blip), tokio's default of 1,024 overflows and
+/// the kernel drops further SYNs, which clients send again only after a second; Go's listeners
+/// take the kernel's maximum, as this does (Linux caps it at `net.core.somaxconn`).
+pub const SYNC_BACKLOG: u32 = 65_535;
+/// The management port sees probes and scrapes only: tokio's default backlog.
+pub const MANAGEMENT_BACKLOG: u32 = 1024;
+
+/// A listener on `addr` like `TcpListener::bind`, with `backlog` pending connections.
+pub fn listen_tcp(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = match addr {
+        SocketAddr::V4(_) => tokio::net::TcpSocket::new_v4()?,
+        SocketAddr::V6(_) => tokio::net::TcpSocket::new_v6()?,
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
 }
 
 /// A bound unix socket whose file is removed on drop.

@@ -134,7 +134,7 @@ fn otlp_export_is_an_opt_in_of_both_tiers() {
         let flagd_proxy::cli::Command::Start(start) = cli.command else {
             panic!("{args:?} is not start");
         };
-        let otlp = start.otlp.into_settings().expect("OTLP is on");
+        let otlp = start.otlp.into_settings(None).expect("OTLP is on");
         assert_eq!(otlp.endpoint, "https://otel-collector.monitoring:4317");
         assert_eq!(otlp.interval, std::time::Duration::from_secs(10));
         assert_eq!(

@@ -1,0 +1,306 @@
+//! The proxy between start and shutdown: the hub, the servers, readiness and the drain.
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tonic_health::ServingStatus;
+use tonic_health::server::HealthReporter;
+
+use super::{Bound, Prepared, RunError};
+use crate::hub::Hub;
+use crate::management::{self, Readiness};
+use crate::net::listener::SyncListener;
+use crate::server;
+use crate::wire::SyncService;
+
+impl Bound {
+    pub fn sync_addr(&self) -> std::io::Result<SocketAddr> {
+        match &self.sync {
+            Some(sync) => sync.local_addr(),
+            None => Err(std::io::Error::other(
+                "the sync port is off (--sync-socket-only)",
+            )),
+        }
+    }
+
+    pub fn management_addr(&self) -> std::io::Result<SocketAddr> {
+        self.management.local_addr()
+    }
+
+    /// Serves until `shutdown` is cancelled; then readiness goes false, every stream ends with
+    /// `UNAVAILABLE`, and the servers drain for at most the shutdown timeout.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
+        let shutdown_timeout = self.prepared.serve.shutdown_timeout;
+        let mut running = self.start();
+        running.set_serving(true).await;
+        running.log_serving();
+        let early = tokio::select! {
+            () = shutdown.cancelled() => None,
+            result = &mut running.sync_task => Some(result),
+        };
+        running.set_serving(false).await;
+        running.stop(early, shutdown_timeout).await
+    }
+
+    /// Starts the hub, the management server and the sync server (not yet reported healthy).
+    fn start(self) -> Running {
+        let listening = self.listening();
+        let Bound {
+            prepared,
+            sync,
+            socket,
+            management,
+        } = self;
+        let Prepared {
+            hub: hub_options,
+            server: server_options,
+            management: management_options,
+            context_values,
+            compression,
+            metrics,
+            source,
+            tls,
+            authz,
+            events,
+            otlp,
+            ..
+        } = prepared;
+        let (exporter, spans) = otlp.unzip();
+        let hub = Hub::traced(source.clone(), hub_options, metrics, spans);
+        if let Some(events) = events {
+            hub.record_events(Arc::new(events));
+        }
+        let readiness = Readiness::default();
+        let otlp_done = CancellationToken::new();
+        let otlp_task = exporter.map(|exporter| {
+            let (hub, readiness) = (hub.clone(), readiness.clone());
+            let collect = move || {
+                hub.metrics()
+                    .collect_observed(|metrics| management::observe(metrics, &hub, &readiness))
+            };
+            tokio::spawn(exporter.run(collect, otlp_done.clone()))
+        });
+        let (health, health_service) = tonic_health::server::health_reporter();
+        let management_done = CancellationToken::new();
+        let management_task = tokio::spawn(management::run(
+            management,
+            management::router(
+                hub.clone(),
+                source,
+                readiness.clone(),
+                tonic::service::Routes::new(health_service.clone()),
+            ),
+            management_options,
+            hub.metrics().clone(),
+            management_done.clone(),
+        ));
+        let streams_end = CancellationToken::new();
+        let drain_end = CancellationToken::new();
+        let service = SyncService::new(hub, streams_end.clone())
+            .with_authorizer(authz)
+            .with_context_values(&context_values)
+            .with_compression(compression);
+        if let Some(tls) = &tls {
+            tls.spawn_reloader(streams_end.clone());
+        }
+        let listeners = sync.map(SyncListener::Tcp).into_iter();
+        let sync_task = tokio::spawn(server::run(
+            listeners.chain(socket.map(SyncListener::Unix)).collect(),
+            tls,
+            service,
+            health_service,
+            server_options,
+            streams_end.clone(),
+            drain_end.clone(),
+        ));
+        Running {
+            readiness,
+            health,
+            streams_end,
+            drain_end,
+            sync_task,
+            management_task,
+            management_done,
+            otlp_task,
+            otlp_done,
+            listening,
+        }
+    }
+
+    /// Where the proxy is about to serve.
+    fn listening(&self) -> Listening {
+        Listening {
+            sync: self.sync.as_ref().and_then(|sync| sync.local_addr().ok()),
+            socket: self.socket.as_ref().map(|socket| socket.path().to_owned()),
+            management: self.management.local_addr().ok(),
+            tls: self.prepared.tls.is_some(),
+            source: self.prepared.source.name(),
+            available: available(&self.prepared.source.status()),
+        }
+    }
+}
+
+/// The selectors a source's status lists (`selectors`) and its count of resources, if it lists
+/// them (the manifests source does: it knows every resource at start).
+fn available(status: &serde_json::Value) -> Option<(Vec<String>, u64)> {
+    let selectors = status.get("selectors")?.as_array()?;
+    let selectors: Vec<String> = selectors
+        .iter()
+        .filter_map(|s| s.as_str().map(str::to_owned))
+        .collect();
+    let count = status
+        .get("resources")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(selectors.len() as u64);
+    Some((selectors, count))
+}
+
+/// The services whose gRPC health the proxy reports: the server as a whole and both sync
+/// protocols.
+const HEALTH_SERVICES: [&str; 3] = [
+    "",
+    "flagd.sync.v1.FlagSyncService",
+    "sync.v1.FlagSyncService",
+];
+
+/// The proxy between start and shutdown.
+struct Running {
+    readiness: Readiness,
+    health: HealthReporter,
+    /// Ends every sync stream with `UNAVAILABLE`.
+    streams_end: CancellationToken,
+    /// Closes every sync connection still open (the shutdown timeout has passed).
+    drain_end: CancellationToken,
+    sync_task: JoinHandle<Result<(), server::ServerError>>,
+    management_task: JoinHandle<std::io::Result<()>>,
+    management_done: CancellationToken,
+    /// The OTLP exporter, which exports once more when `otlp_done` is cancelled.
+    otlp_task: Option<JoinHandle<()>>,
+    otlp_done: CancellationToken,
+    listening: Listening,
+}
+
+/// Where the proxy serves, for the log.
+struct Listening {
+    sync: Option<SocketAddr>,
+    socket: Option<PathBuf>,
+    management: Option<SocketAddr>,
+    tls: bool,
+    source: &'static str,
+    /// Resources the source knows of at start (`selectors` in its status), and how many.
+    available: Option<(Vec<String>, u64)>,
+}
+
+impl Running {
+    /// Readiness and the gRPC health of every service, together.
+    async fn set_serving(&self, serving: bool) {
+        if !serving {
+            self.readiness.set(false);
+        }
+        let status = if serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        for service in HEALTH_SERVICES {
+            self.health.set_service_status(service, status).await;
+        }
+        if serving {
+            self.readiness.set(true);
+        }
+    }
+
+    fn log_serving(&self) {
+        let listening = &self.listening;
+        let shown = |address: Option<String>| address.unwrap_or_else(|| "off".to_owned());
+        tracing::info!(
+            sync = %shown(listening.sync.map(|a| a.to_string())),
+            sync_socket = %shown(listening.socket.as_ref().map(|p| p.display().to_string())),
+            management = %shown(listening.management.map(|a| a.to_string())),
+            tls = listening.tls,
+            source = listening.source,
+            "flagd-proxy is serving"
+        );
+        if let Some((selectors, count)) = &listening.available {
+            let Some(first) = selectors.first() else {
+                tracing::info!(
+                    source = listening.source,
+                    "no FeatureFlag to serve yet; clients that ask for one get it once it appears"
+                );
+                return;
+            };
+            let uri = match (listening.sync, &listening.socket) {
+                (Some(address), _) => address.to_string(),
+                (None, Some(path)) => format!("unix://{}", path.display()),
+                (None, None) => String::new(),
+            };
+            tracing::info!(
+                count,
+                selectors = %selectors.join(", "),
+                "FeatureFlags served (selectors); try one with flagd: flagd start --sources \
+                 '[{{\"uri\":\"{uri}\",\"provider\":\"grpc\",\"selector\":\"{first}\"}}]'"
+            );
+        }
+    }
+
+    /// Ends the streams, waits for the sync server (unless it has already ended, with `early`)
+    /// for at most `timeout`, then stops the management server.
+    async fn stop(
+        mut self,
+        early: Option<Result<Result<(), server::ServerError>, tokio::task::JoinError>>,
+        timeout: Duration,
+    ) -> Result<(), RunError> {
+        self.streams_end.cancel();
+        let result = match early {
+            Some(result) => server_result(result),
+            None => {
+                tracing::info!(?timeout, "shutting down: ending streams with UNAVAILABLE");
+                match tokio::time::timeout(timeout, &mut self.sync_task).await {
+                    Ok(result) => server_result(result),
+                    Err(_) => {
+                        tracing::warn!("shutdown timeout reached; closing remaining connections");
+                        self.drain_end.cancel();
+                        // The connections end as they are next polled, which is at once.
+                        match tokio::time::timeout(CLOSE_GRACE, &mut self.sync_task).await {
+                            Ok(result) => server_result(result),
+                            Err(_) => {
+                                self.sync_task.abort();
+                                Ok(())
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        self.management_done.cancel();
+        let management = self.management_task.await;
+        // The last export, with the spans and metrics of the drain.
+        self.otlp_done.cancel();
+        if let Some(otlp) = self.otlp_task {
+            let _ = otlp.await;
+        }
+        if let Ok(Err(error)) = management {
+            return Err(RunError::Management(error));
+        }
+        tracing::info!("stopped");
+        result
+    }
+}
+
+/// How long the closed connections are given to end after the shutdown timeout.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// What a server task's end means for the proxy: its error, or its panic resumed here; a
+/// cancelled task is no error.
+fn server_result(
+    result: Result<Result<(), server::ServerError>, tokio::task::JoinError>,
+) -> Result<(), RunError> {
+    match result {
+        Ok(inner) => inner.map_err(RunError::from),
+        Err(join) if join.is_panic() => std::panic::resume_unwind(join.into_panic()),
+        Err(_) => Ok(()),
+    }
+}
