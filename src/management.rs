@@ -21,7 +21,7 @@ use crate::hub::Source;
 use crate::hub::{Availability, Hub};
 use crate::metrics::{Metrics, STATE_INVALID, WatchedResource};
 use crate::net::connection::{Connection, Stream};
-use crate::net::deadlines::first_bytes;
+use crate::net::deadlines::request_starts_within;
 use crate::net::limits::{AddressLimit, TotalLimit};
 use crate::net::listener::next_accepted;
 use crate::net::room::Room;
@@ -155,7 +155,7 @@ pub async fn run(
         let header_timeout = options.header_timeout;
         tokio::spawn(async move {
             let serve = async {
-                if !first_bytes(&tcp, true, header_timeout).await {
+                if !request_starts_within(&tcp, true, header_timeout).await {
                     return;
                 }
                 let io = ticket.heard(Connection::new(

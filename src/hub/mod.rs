@@ -236,7 +236,7 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
     let events = inner
         .events
         .get()
-        .map(|sink| Arc::from(sink.watch(key.clone())));
+        .map(|sink| Arc::from(sink.reporter_for(key.clone())));
     let publisher = Publisher::new(
         inner.source.name(),
         key.clone(),

@@ -33,7 +33,7 @@ pub trait Source: Send + Sync + 'static {
 /// Kubernetes, Events on the object).
 pub trait EventSink: Send + Sync + 'static {
     /// Starts reporting for one watched resource; reporting stops when the handle is dropped.
-    fn watch(&self, key: ResourceKey) -> Box<dyn ResourceEventSink>;
+    fn reporter_for(&self, key: ResourceKey) -> Box<dyn ResourceEventSink>;
 }
 
 /// One watched resource's reporting.

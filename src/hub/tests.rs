@@ -621,7 +621,7 @@ async fn only_an_invalid_resource_without_a_version_ends_subscriptions() {
 struct RecordedEvents(Arc<Mutex<Vec<String>>>);
 
 impl EventSink for RecordedEvents {
-    fn watch(&self, _key: ResourceKey) -> Box<dyn ResourceEventSink> {
+    fn reporter_for(&self, _key: ResourceKey) -> Box<dyn ResourceEventSink> {
         Box::new(self.clone())
     }
 }

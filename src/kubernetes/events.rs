@@ -79,7 +79,7 @@ impl EventRecorder {
     }
 
     /// Starts recording for one watched resource; writing stops when the handle is dropped.
-    pub fn watch(&self, key: ResourceKey) -> ResourceEvents {
+    pub fn reporter_for(&self, key: ResourceKey) -> ResourceEvents {
         let (tx, rx) = watch::channel(None);
         tokio::spawn(write_events(self.inner.clone(), key, rx));
         ResourceEvents {
@@ -90,8 +90,8 @@ impl EventRecorder {
 }
 
 impl EventSink for EventRecorder {
-    fn watch(&self, key: ResourceKey) -> Box<dyn ResourceEventSink> {
-        Box::new(EventRecorder::watch(self, key))
+    fn reporter_for(&self, key: ResourceKey) -> Box<dyn ResourceEventSink> {
+        Box::new(EventRecorder::reporter_for(self, key))
     }
 }
 

@@ -20,7 +20,11 @@ pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 /// server reads under its own header timeout. False when that does not arrive within
 /// `deadline`, or the peer closes or fails first: the connection should be dropped. Nothing is
 /// consumed.
-pub(crate) async fn first_bytes(tcp: &TcpStream, http1: bool, deadline: Duration) -> bool {
+pub(crate) async fn request_starts_within(
+    tcp: &TcpStream,
+    http1: bool,
+    deadline: Duration,
+) -> bool {
     /// How often a connection that has sent part of the preface is looked at again.
     const RECHECK: Duration = Duration::from_millis(25);
     let wait = async {
@@ -261,7 +265,7 @@ mod tests {
     use super::*;
 
     #[tokio::test]
-    async fn first_bytes_waits_for_the_preface_or_http1() {
+    async fn a_request_starts_with_the_preface_or_http1() {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -282,7 +286,7 @@ mod tests {
                 .expect("write");
             let wait = if want { deadline } else { short };
             assert_eq!(
-                first_bytes(&server, http1, wait).await,
+                request_starts_within(&server, http1, wait).await,
                 want,
                 "{sent:?} http1={http1}"
             );
