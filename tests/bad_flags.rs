@@ -185,15 +185,12 @@ async fn a_broken_first_version_ends_streams_with_the_reason_until_it_is_fixed()
 mod kubernetes {
     use super::*;
 
-    use std::time::Duration;
-
     use k8s_openapi::api::events::v1::Event;
     use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use kube::Api;
     use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
     use support::control_plane::{self, ControlPlane, feature_flag_resource};
-    use support::{EVENT_TIMEOUT, eventually};
-    use tokio::time::Instant;
+    use support::eventually;
 
     const NS: &str = "warned";
 
@@ -227,15 +224,18 @@ mod kubernetes {
             .create(&PostParams::default(), &binding)
             .await
             .expect("creating the ClusterRoleBinding");
-        let deadline = Instant::now() + EVENT_TIMEOUT;
         for verb in ["create", "patch"] {
-            while !cp
-                .service_account_may("flagd", "proxy", verb, "events.k8s.io", "events", NS)
-                .await
-            {
-                assert!(Instant::now() < deadline, "the grant never took effect");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            eventually("the grant takes effect", || async {
+                if cp
+                    .service_account_may("flagd", "proxy", verb, "events.k8s.io", "events", NS)
+                    .await
+                {
+                    Ok(())
+                } else {
+                    Err(format!("may not {verb} events yet"))
+                }
+            })
+            .await;
         }
     }
 
@@ -243,24 +243,21 @@ mod kubernetes {
     async fn wait_for_event(cp: &ControlPlane, name: &str, reason: &str) -> String {
         let api: Api<Event> = Api::namespaced(cp.admin_client(), NS);
         let params = ListParams::default();
-        let deadline = Instant::now() + EVENT_TIMEOUT;
-        loop {
-            let list = eventually("listing Events", || api.list(&params)).await;
-            let found = list.items.into_iter().find(|e| {
-                e.reason.as_deref() == Some(reason)
-                    && e.regarding.as_ref().is_some_and(|r| {
-                        r.kind.as_deref() == Some("FeatureFlag") && r.name.as_deref() == Some(name)
-                    })
-            });
-            if let Some(event) = found {
-                return event.note.unwrap_or_default();
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no {reason} Event about {NS}/{name}"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        eventually("the Event", || async {
+            let list = api.list(&params).await.map_err(|e| e.to_string())?;
+            list.items
+                .into_iter()
+                .find(|e| {
+                    e.reason.as_deref() == Some(reason)
+                        && e.regarding.as_ref().is_some_and(|r| {
+                            r.kind.as_deref() == Some("FeatureFlag")
+                                && r.name.as_deref() == Some(name)
+                        })
+                })
+                .map(|event| event.note.unwrap_or_default())
+                .ok_or_else(|| format!("no {reason} Event about {NS}/{name} yet"))
+        })
+        .await
     }
 
     /// A first version with a flag that uses an unknown operator is served, and the resource

@@ -126,16 +126,12 @@ async fn a_refused_first_version_is_passed_on_by_the_node_tier() {
     );
 
     write_manifest(dir.path(), "default", "demo", colors("blue"));
-    let mut last = Err(status);
-    for _ in 0..60 {
+    let served = support::eventually("served once fixed", || async {
         let mut again = open_demo(node.port).await;
-        last = next_color(&mut again).await;
-        if last.is_ok() {
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    }
-    assert_eq!(last.expect("served once fixed"), "blue");
+        next_color(&mut again).await
+    })
+    .await;
+    assert_eq!(served, "blue");
 }
 
 /// The node tier asks its central proxy for gzip, and compresses again (once per version) for

@@ -115,12 +115,15 @@ async fn watches_share_http2_connections_to_the_api_server() {
     // Sockets that lost the race to become the HTTP/2 connection close at once; wait them out.
     let pid = proxy.pid();
     let want = RESOURCES.div_ceil(100);
-    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
-    let mut connections = connections_to(pid, cp.port());
-    while connections != want && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
-        connections = connections_to(pid, cp.port());
-    }
+    let connections = support::eventually("the losing sockets close", || async {
+        let connections = connections_to(pid, cp.port());
+        if connections == want {
+            Ok(connections)
+        } else {
+            Err(format!("{connections} connections, not {want}"))
+        }
+    })
+    .await;
     assert_eq!(
         connections, want,
         "{RESOURCES} watches over {connections} connections to the API server"

@@ -143,18 +143,15 @@ async fn demo_status(proxy: &Proxy) -> serde_json::Value {
 
 /// Waits until `/status` shows `default/demo` with this availability; what it shows then.
 async fn wait_for_demo(proxy: &Proxy, availability: &str) -> serde_json::Value {
-    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
-    loop {
+    support::eventually("the resource's availability", || async {
         let status = demo_status(proxy).await;
         if status["availability"] == availability {
-            return status;
+            Ok(status)
+        } else {
+            Err(format!("{SELECTOR} is not {availability}: {status}"))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "{SELECTOR} never became {availability}: {status}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
 }
 
 #[tokio::test]

@@ -79,13 +79,24 @@ pub const EVENT_TIMEOUT: Duration = Duration::from_secs(60);
 /// Calls `call` until it succeeds, printing each failure, for calls that may fail while a
 /// server settles (a fresh CRD, RBAC caches, a restarted API server); panics after
 /// [`EVENT_TIMEOUT`].
-pub async fn eventually<T, E, F, Fut>(what: &str, mut call: F) -> T
+pub async fn eventually<T, E, F, Fut>(what: &str, call: F) -> T
 where
     E: std::fmt::Display,
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = Result<T, E>>,
 {
-    let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
+    eventually_within(what, EVENT_TIMEOUT, call).await
+}
+
+/// [`eventually`] with another bound than [`EVENT_TIMEOUT`] (still a hang guard, never a
+/// measurement).
+pub async fn eventually_within<T, E, F, Fut>(what: &str, timeout: Duration, mut call: F) -> T
+where
+    E: std::fmt::Display,
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, E>>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
     loop {
         match call().await {
             Ok(value) => return value,

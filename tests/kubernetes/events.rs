@@ -43,25 +43,25 @@ async fn grant_events_as_deployed(cp: &ControlPlane) {
         .create(&PostParams::default(), &binding)
         .await
         .expect("creating the events ClusterRoleBinding");
-    let deadline = Instant::now() + EVENT_TIMEOUT;
     for verb in ["create", "patch"] {
-        while !cp
-            .service_account_may(
-                "flagd",
-                "proxy",
-                verb,
-                "events.k8s.io",
-                "events",
-                "anywhere",
-            )
-            .await
-        {
-            assert!(
-                Instant::now() < deadline,
-                "the events grant never took effect"
-            );
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+        support::eventually("the events grant takes effect", || async {
+            let may = cp
+                .service_account_may(
+                    "flagd",
+                    "proxy",
+                    verb,
+                    "events.k8s.io",
+                    "events",
+                    "anywhere",
+                )
+                .await;
+            if may {
+                Ok(())
+            } else {
+                Err(format!("may not {verb} events yet"))
+            }
+        })
+        .await;
     }
 }
 
@@ -123,24 +123,22 @@ async fn wait_for_events(
     type_: &str,
     count: usize,
 ) -> k8s_openapi::api::events::v1::Event {
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    loop {
-        let mut events: Vec<_> = events_about(cp, ns, name)
-            .await
-            .into_iter()
+    support::eventually("the Events", || async {
+        let all = events_about(cp, ns, name).await;
+        let mut events: Vec<_> = all
+            .iter()
             .filter(|e| e.type_.as_deref() == Some(type_))
+            .cloned()
             .collect();
-        if events.len() >= count {
-            events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
-            return events.pop().expect("one");
+        events.sort_by_key(|e| e.event_time.as_ref().map(|t| t.0));
+        match events.pop() {
+            Some(newest) if events.len() + 1 >= count => Ok(newest),
+            _ => Err(format!(
+                "no {count} {type_} Events about {ns}/{name}: {all:#?}"
+            )),
         }
-        assert!(
-            Instant::now() < deadline,
-            "no {count} {type_} Events about {ns}/{name}: {:#?}",
-            events_about(cp, ns, name).await
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    })
+    .await
 }
 
 /// Someone who applies an invalid FeatureFlag that is being served gets a Warning Event on it
@@ -232,19 +230,20 @@ async fn rejected_versions_are_told_with_events_on_the_resource() {
         break_flag(&cp, "events", "demo", &format!("nope-{i}")).await;
     }
     // The newest problem is told, whatever was skipped on the way.
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    while !events_about(&cp, "events", "demo").await.iter().any(|e| {
-        e.note
-            .as_deref()
-            .is_some_and(|n| n.contains("defaultVariant \"nope-99\""))
-    }) {
-        assert!(
-            Instant::now() < deadline,
-            "no Warning names the last problem: {:#?}",
-            events_about(&cp, "events", "demo").await
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    support::eventually("a Warning names the last problem", || async {
+        let events = events_about(&cp, "events", "demo").await;
+        let named = events.iter().any(|e| {
+            e.note
+                .as_deref()
+                .is_some_and(|n| n.contains("defaultVariant \"nope-99\""))
+        });
+        if named {
+            Ok(())
+        } else {
+            Err(format!("not yet: {events:#?}"))
+        }
+    })
+    .await;
     fix_flag(&cp, "events", "demo", "green").await;
     wait_for_variant(&mut stream, "green").await;
     wait_for_events(&cp, "events", "demo", "Normal", 2).await;

@@ -121,22 +121,14 @@ async fn wait_for_log_line(proxy: &Proxy, needles: &[&str]) -> String {
 
 /// Waits until one log line contains every needle, for at most `timeout` (a hang guard).
 async fn wait_for_log_line_within(proxy: &Proxy, needles: &[&str], timeout: Duration) -> String {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(line) = proxy
-            .log_text()
-            .lines()
-            .find(|l| needles.iter().all(|n| l.contains(n)))
-        {
-            return line.to_owned();
+    support::eventually_within("a log line with all the needles", timeout, || async {
+        let log = proxy.log_text();
+        match log.lines().find(|l| needles.iter().all(|n| l.contains(n))) {
+            Some(line) => Ok(line.to_owned()),
+            None => Err(format!("no log line with all of {needles:?}:\n{log}")),
         }
-        assert!(
-            Instant::now() < deadline,
-            "no log line with all of {needles:?}:\n{}",
-            proxy.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 async fn start_proxy_with_flags(cp: &ControlPlane, extra: &[&str]) -> Proxy {
