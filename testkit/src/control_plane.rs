@@ -21,30 +21,34 @@
 //! Both server processes run under a small `sh` wrapper that holds a pipe from the test process and
 //! kills the server when that pipe closes, so nothing outlives a test binary that is interrupted.
 
-use std::collections::hash_map::RandomState;
 use std::fmt;
-use std::fs::{self, File, OpenOptions};
-use std::hash::{BuildHasher, Hasher};
-use std::io::{Read, Seek, SeekFrom};
-use std::net::TcpListener;
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
-use k8s_openapi::api::authorization::v1::SubjectAccessReview;
 use k8s_openapi::api::core::v1::Namespace;
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, RoleBinding};
+use k8s_openapi::api::rbac::v1::ClusterRole;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Client;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, PostParams,
 };
-use kube::config::{KubeConfigOptions, Kubeconfig};
-use kube::{Client, Config};
 use serde_json::json;
 use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+mod binaries;
+mod credentials;
+mod processes;
+mod rbac;
+
+pub use self::binaries::{
+    Binaries, TestDataMissing, bin_dir, cache_dir, find_binaries, test_data, test_data_or_skip,
+};
+use self::credentials::{client_from_kubeconfig, write_credentials};
+pub use self::processes::free_port;
+use self::processes::{Supervised, log_mentions_port_clash, tail, wait_for_etcd};
 use crate::scrape::sum_samples;
 pub use crate::scrape::{connections_to, sum_long_running_watches};
 
@@ -158,98 +162,6 @@ impl std::error::Error for ControlPlaneError {}
 impl From<anyhow::Error> for ControlPlaneError {
     fn from(err: anyhow::Error) -> Self {
         ControlPlaneError::Startup(err)
-    }
-}
-
-/// Paths of the two server binaries.
-#[derive(Debug, Clone)]
-pub struct Binaries {
-    pub kube_apiserver: PathBuf,
-    pub etcd: PathBuf,
-}
-
-/// The directory the binaries are taken from: `FLAGD_PROXY_KUBE_BIN_DIR`, else
-/// `${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}/bin`.
-pub fn bin_dir() -> PathBuf {
-    match non_empty_env("FLAGD_PROXY_KUBE_BIN_DIR") {
-        Some(dir) => PathBuf::from(dir),
-        None => cache_dir().join("bin"),
-    }
-}
-
-/// Where the test installers keep what they build and fetch:
-/// `${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}`.
-pub fn cache_dir() -> PathBuf {
-    match non_empty_env("FLAGD_PROXY_CACHE") {
-        Some(dir) => PathBuf::from(dir),
-        None => {
-            let home = non_empty_env("HOME").unwrap_or_else(|| "/root".to_owned());
-            Path::new(&home).join(".cache").join("flagd-proxy")
-        }
-    }
-}
-
-/// Public data a test reads that is not kept in the repository and is not in the cache.
-#[derive(Debug)]
-pub struct TestDataMissing {
-    pub path: PathBuf,
-}
-
-impl fmt::Display for TestDataMissing {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "test data {} is missing; run scripts/fetch-test-data.sh (it downloads the modules \
-             listed in tests/data/modules.txt with `go mod download` and links them under \
-             ${{FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}}/test-data)",
-            self.path.display()
-        )
-    }
-}
-
-impl std::error::Error for TestDataMissing {}
-
-/// The one place that resolves downloaded test data: `relative` under the folder
-/// `scripts/fetch-test-data.sh` fills (`$FLAGD_PROXY_TEST_DATA`, else `<cache>/test-data`), e.g.
-/// `flagd-schemas/json/test/flags` or `open-feature-operator/config/crd/bases`.
-pub fn test_data(relative: &str) -> Result<PathBuf, TestDataMissing> {
-    let root = match non_empty_env("FLAGD_PROXY_TEST_DATA") {
-        Some(dir) => PathBuf::from(dir),
-        None => cache_dir().join("test-data"),
-    };
-    let path = root.join(relative);
-    if path.exists() {
-        Ok(path)
-    } else {
-        Err(TestDataMissing { path })
-    }
-}
-
-/// [`test_data`] for a test that cannot run without it: panics under `CI`, else prints a skip
-/// notice and returns `None`.
-pub fn test_data_or_skip(relative: &str) -> Option<PathBuf> {
-    crate::skip::require(test_data(relative))
-}
-
-/// Looks for `kube-apiserver` and `etcd` in `dir`.
-pub fn find_binaries(dir: &Path) -> Result<Binaries, ControlPlaneError> {
-    let kube_apiserver = dir.join("kube-apiserver");
-    let etcd = dir.join("etcd");
-    let missing: Vec<PathBuf> = [&kube_apiserver, &etcd]
-        .into_iter()
-        .filter(|p| !p.is_file())
-        .cloned()
-        .collect();
-    if missing.is_empty() {
-        Ok(Binaries {
-            kube_apiserver,
-            etcd,
-        })
-    } else {
-        Err(ControlPlaneError::BinariesMissing {
-            bin_dir: dir.to_path_buf(),
-            missing,
-        })
     }
 }
 
@@ -573,75 +485,6 @@ impl ControlPlane {
         self.dir.path()
     }
 
-    /// Binds the proxy ClusterRole to the proxy identity cluster-wide and waits until RBAC
-    /// honours it.
-    pub async fn grant_proxy_cluster_wide(&self) {
-        let binding: ClusterRoleBinding = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "ClusterRoleBinding",
-            "metadata": { "name": PROXY_BINDING },
-            "roleRef": proxy_role_ref(),
-            "subjects": [proxy_subject()],
-        }))
-        .expect("building the ClusterRoleBinding");
-        Api::<ClusterRoleBinding>::all(self.admin_client.clone())
-            .create(&PostParams::default(), &binding)
-            .await
-            .expect("creating the proxy's ClusterRoleBinding");
-        self.wait_for_access(None, |allowed, _| allowed)
-            .await
-            .expect("waiting for the cluster-wide grant to take effect");
-    }
-
-    /// Removes the cluster-wide binding and waits until RBAC no longer uses it.
-    pub async fn revoke_proxy_cluster_wide(&self) {
-        Api::<ClusterRoleBinding>::all(self.admin_client.clone())
-            .delete(PROXY_BINDING, &DeleteParams::default())
-            .await
-            .expect("deleting the proxy's ClusterRoleBinding");
-        let marker = format!("ClusterRoleBinding \"{PROXY_BINDING}\"");
-        self.wait_for_access(None, |allowed, reason| {
-            !(allowed && reason.contains(&marker))
-        })
-        .await
-        .expect("waiting for the cluster-wide revocation to take effect");
-    }
-
-    /// Binds the proxy ClusterRole to the proxy identity in namespace `ns` (a RoleBinding) and
-    /// waits until RBAC honours it.
-    pub async fn grant_proxy_namespace(&self, ns: &str) {
-        let binding: RoleBinding = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": { "name": PROXY_BINDING, "namespace": ns },
-            "roleRef": proxy_role_ref(),
-            "subjects": [proxy_subject()],
-        }))
-        .expect("building the RoleBinding");
-        Api::<RoleBinding>::namespaced(self.admin_client.clone(), ns)
-            .create(&PostParams::default(), &binding)
-            .await
-            .unwrap_or_else(|e| panic!("creating the proxy's RoleBinding in {ns}: {e}"));
-        // Allowed by anything (this binding, or a cluster-wide one) is all a test needs.
-        self.wait_for_access(Some(ns), |allowed, _| allowed)
-            .await
-            .unwrap_or_else(|e| panic!("waiting for the grant in {ns} to take effect: {e:#}"));
-    }
-
-    /// Deletes the RoleBinding in `ns` and waits until RBAC no longer uses it.
-    pub async fn revoke_proxy_namespace(&self, ns: &str) {
-        Api::<RoleBinding>::namespaced(self.admin_client.clone(), ns)
-            .delete(PROXY_BINDING, &DeleteParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("deleting the proxy's RoleBinding in {ns}: {e}"));
-        let marker = format!("RoleBinding \"{PROXY_BINDING}/{ns}\"");
-        self.wait_for_access(Some(ns), |allowed, reason| {
-            !(allowed && reason.contains(&marker))
-        })
-        .await
-        .unwrap_or_else(|e| panic!("waiting for the revocation in {ns} to take effect: {e:#}"));
-    }
-
     /// Creates namespace `ns` (an existing one is fine).
     pub async fn create_namespace(&self, ns: &str) {
         let namespace: Namespace = serde_json::from_value(json!({
@@ -835,79 +678,6 @@ impl ControlPlane {
         Ok(())
     }
 
-    /// Asks the API server (SubjectAccessReview) whether the ServiceAccount `name` of namespace
-    /// `sa_ns` may `verb` `resource` (of API group `group`, "" for the core group) in namespace
-    /// `ns`, with the groups a token of that ServiceAccount carries.
-    pub async fn service_account_may(
-        &self,
-        sa_ns: &str,
-        name: &str,
-        verb: &str,
-        group: &str,
-        resource: &str,
-        ns: &str,
-    ) -> bool {
-        let review: SubjectAccessReview = serde_json::from_value(json!({
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": format!("system:serviceaccount:{sa_ns}:{name}"),
-                "groups": [
-                    "system:serviceaccounts",
-                    format!("system:serviceaccounts:{sa_ns}"),
-                    "system:authenticated",
-                ],
-                "resourceAttributes": {"group": group, "resource": resource, "verb": verb, "namespace": ns},
-            },
-        }))
-        .expect("building a SubjectAccessReview");
-        Api::<SubjectAccessReview>::all(self.admin_client.clone())
-            .create(&PostParams::default(), &review)
-            .await
-            .expect("SubjectAccessReview")
-            .status
-            .is_some_and(|s| s.allowed)
-    }
-
-    /// Asks the apiserver (SubjectAccessReview) whether the proxy identity may list featureflags
-    /// in `ns` (or cluster-wide) until `done(allowed, reason)` holds.
-    async fn wait_for_access(
-        &self,
-        ns: Option<&str>,
-        done: impl Fn(bool, &str) -> bool,
-    ) -> anyhow::Result<()> {
-        let api: Api<SubjectAccessReview> = Api::all(self.admin_client.clone());
-        let review: SubjectAccessReview = serde_json::from_value(json!({
-            "apiVersion": "authorization.k8s.io/v1",
-            "kind": "SubjectAccessReview",
-            "spec": {
-                "user": PROXY_USER,
-                "groups": PROXY_GROUPS,
-                "resourceAttributes": {
-                    "group": GROUP,
-                    "resource": "featureflags",
-                    "verb": "list",
-                    "namespace": ns.unwrap_or(""),
-                },
-            },
-        }))
-        .context("building a SubjectAccessReview")?;
-        self.wait_until("RBAC to reflect the change", || async {
-            let answer = api.create(&PostParams::default(), &review).await?;
-            let status = answer.status.unwrap_or_default();
-            let reason = status.reason.unwrap_or_default();
-            if done(status.allowed, &reason) {
-                anyhow::Ok(Ok(()))
-            } else {
-                anyhow::Ok(Err(format!(
-                    "allowed={}, reason={reason:?}",
-                    status.allowed
-                )))
-            }
-        })
-        .await
-    }
-
     /// Polls `check` until it returns `Ok(Ok(_))`; `Ok(Err(why))` means "not yet", `Err` aborts.
     async fn wait_until<T, F, Fut>(&self, what: &str, mut check: F) -> anyhow::Result<T>
     where
@@ -959,164 +729,6 @@ impl Drop for ControlPlane {
     }
 }
 
-/// Runs a server process under `sh`, which kills it when the pipe on the wrapper's stdin closes:
-/// on [`Supervised::stop`], or when the test process dies. The wrapper's exit status is the
-/// server's.
-const SUPERVISOR_SCRIPT: &str = r#"
-exec 3<&0 </dev/null
-"$@" 3<&- &
-server=$!
-(
-  read -r _ <&3
-  kill -KILL "$server" 2>/dev/null
-) &
-watcher=$!
-exec 3<&-
-wait "$server"
-status=$?
-kill "$watcher" 2>/dev/null
-exit "$status"
-"#;
-
-struct Supervised {
-    name: &'static str,
-    child: Child,
-    lifeline: Option<ChildStdin>,
-    log: PathBuf,
-    exit: Option<ExitStatus>,
-}
-
-impl Supervised {
-    fn spawn(
-        name: &'static str,
-        program: &Path,
-        args: &[String],
-        log: &Path,
-        cwd: &Path,
-    ) -> anyhow::Result<Self> {
-        let log_file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .with_context(|| format!("opening {}", log.display()))?;
-        let log_file_2 = log_file
-            .try_clone()
-            .with_context(|| format!("opening {}", log.display()))?;
-        let mut child = Command::new("sh")
-            .arg("-c")
-            .arg(SUPERVISOR_SCRIPT)
-            .arg(name)
-            .arg(program)
-            .args(args)
-            .current_dir(cwd)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::from(log_file))
-            .stderr(Stdio::from(log_file_2))
-            .spawn()
-            .with_context(|| format!("starting {} under sh", program.display()))?;
-        let lifeline = child.stdin.take();
-        Ok(Supervised {
-            name,
-            child,
-            lifeline,
-            log: log.to_path_buf(),
-            exit: None,
-        })
-    }
-
-    /// The exit status if the process has ended.
-    fn exited(&mut self) -> Option<ExitStatus> {
-        if self.exit.is_none() {
-            self.exit = self.child.try_wait().ok().flatten();
-        }
-        self.exit
-    }
-
-    /// An error naming the process, with the end of its log.
-    fn failure(&self, what: &str) -> anyhow::Error {
-        anyhow!(
-            "{} {what}\n---- last lines of {} ----\n{}",
-            self.name,
-            self.log.display(),
-            tail(&self.log, 30)
-        )
-    }
-
-    /// Kills the server and reaps the wrapper.
-    fn stop(&mut self) {
-        // Closing the pipe makes the wrapper kill the server and exit with its status.
-        drop(self.lifeline.take());
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while self.exited().is_none() {
-            if Instant::now() >= deadline {
-                eprintln!(
-                    "{} (wrapper pid {}) did not stop; killing the wrapper",
-                    self.name,
-                    self.child.id()
-                );
-                let _ = self.child.kill();
-                let _ = self.child.wait();
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
-}
-
-impl Drop for Supervised {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// Polls etcd's `/health` until it reports healthy.
-async fn wait_for_etcd(etcd: &mut Supervised, port: u16) -> anyhow::Result<()> {
-    let deadline = Instant::now() + READY_TIMEOUT;
-    let mut pause = Duration::from_millis(50);
-    loop {
-        if let Some(status) = etcd.exited() {
-            return Err(etcd.failure(&format!("exited ({status}) before becoming healthy")));
-        }
-        let last = match tokio::time::timeout(PROBE_TIMEOUT, plain_http_get(port, "/health")).await
-        {
-            Ok(Ok(body)) if body.contains("\"health\":\"true\"") => return Ok(()),
-            Ok(Ok(body)) => body,
-            Ok(Err(e)) => e.to_string(),
-            Err(_) => "timed out".to_owned(),
-        };
-        if Instant::now() >= deadline {
-            return Err(etcd.failure(&format!(
-                "not healthy after {READY_TIMEOUT:?}; last /health answer: {last}"
-            )));
-        }
-        tokio::time::sleep(pause).await;
-        pause = (pause * 2).min(Duration::from_millis(500));
-    }
-}
-
-/// A minimal HTTP/1.0 GET to 127.0.0.1:`port`, returning the whole response.
-async fn plain_http_get(port: u16, path: &str) -> std::io::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    Ok(String::from_utf8_lossy(&response).into_owned())
-}
-
-fn proxy_role_ref() -> serde_json::Value {
-    json!({
-        "apiGroup": "rbac.authorization.k8s.io",
-        "kind": "ClusterRole",
-        "name": PROXY_CLUSTER_ROLE,
-    })
-}
-
-fn proxy_subject() -> serde_json::Value {
-    json!({ "kind": "ServiceAccount", "name": "proxy", "namespace": "flagd" })
-}
-
 /// Reads and parses the two CRD files.
 fn load_crds(dir: &Path) -> anyhow::Result<Vec<CustomResourceDefinition>> {
     CRD_FILES
@@ -1130,201 +742,4 @@ fn load_crds(dir: &Path) -> anyhow::Result<Vec<CustomResourceDefinition>> {
             })
         })
         .collect()
-}
-
-/// Files written before the servers start.
-struct Credentials {
-    ca_cert: PathBuf,
-    serving_cert: PathBuf,
-    serving_key: PathBuf,
-    sa_private_key: PathBuf,
-    sa_public_key: PathBuf,
-    token_csv: PathBuf,
-    proxy_token: PathBuf,
-    admin_kubeconfig: PathBuf,
-    proxy_kubeconfig: PathBuf,
-}
-
-/// Writes a CA, the apiserver's serving certificate, the service-account key pair, the token file
-/// and both kubeconfigs into `root`.
-fn write_credentials(root: &Path, apiserver_port: u16) -> anyhow::Result<Credentials> {
-    use rcgen::{
-        BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer,
-        KeyPair, KeyUsagePurpose,
-    };
-
-    let pki = root.join("pki");
-    fs::create_dir_all(&pki).context("creating the pki directory")?;
-
-    let ca_key = KeyPair::generate().context("generating the CA key")?;
-    let mut ca_params = CertificateParams::new(Vec::<String>::new()).context("CA parameters")?;
-    ca_params
-        .distinguished_name
-        .push(DnType::CommonName, "flagd-proxy test control plane CA");
-    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca_params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca_params
-        .self_signed(&ca_key)
-        .context("self-signing the CA")?;
-    let ca_issuer = Issuer::new(ca_params, ca_key);
-
-    let serving_key = KeyPair::generate().context("generating the serving key")?;
-    let mut serving_params =
-        CertificateParams::new(vec!["127.0.0.1".to_owned(), "localhost".to_owned()])
-            .context("serving certificate parameters")?;
-    serving_params
-        .distinguished_name
-        .push(DnType::CommonName, "kube-apiserver");
-    serving_params.key_usages = vec![
-        KeyUsagePurpose::DigitalSignature,
-        KeyUsagePurpose::KeyEncipherment,
-    ];
-    serving_params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let serving_cert = serving_params
-        .signed_by(&serving_key, &ca_issuer)
-        .context("signing the serving certificate")?;
-
-    let sa_key = KeyPair::generate().context("generating the service-account key")?;
-
-    let admin_token = random_token();
-    let proxy_token = random_token();
-
-    let files = Credentials {
-        ca_cert: pki.join("ca.crt"),
-        serving_cert: pki.join("apiserver.crt"),
-        serving_key: pki.join("apiserver.key"),
-        sa_private_key: pki.join("service-account.key"),
-        sa_public_key: pki.join("service-account.pub"),
-        token_csv: pki.join("tokens.csv"),
-        proxy_token: root.join("proxy.token"),
-        admin_kubeconfig: root.join("admin.kubeconfig"),
-        proxy_kubeconfig: root.join("proxy.kubeconfig"),
-    };
-    let server = format!("https://127.0.0.1:{apiserver_port}");
-    let writes: [(&Path, String); 9] = [
-        (&files.ca_cert, ca_cert.pem()),
-        (
-            &files.serving_cert,
-            format!("{}{}", serving_cert.pem(), ca_cert.pem()),
-        ),
-        (&files.serving_key, serving_key.serialize_pem()),
-        (&files.sa_private_key, sa_key.serialize_pem()),
-        (&files.sa_public_key, sa_key.public_key_pem()),
-        (
-            &files.token_csv,
-            format!(
-                "{admin_token},admin,admin-uid,\"system:masters\"\n\
-                 {proxy_token},{PROXY_USER},proxy-uid,\"{}\"\n",
-                PROXY_GROUPS.join(",")
-            ),
-        ),
-        (&files.proxy_token, proxy_token.clone()),
-        (
-            &files.admin_kubeconfig,
-            kubeconfig_yaml(&server, &files.ca_cert, "admin", &admin_token)?,
-        ),
-        (
-            &files.proxy_kubeconfig,
-            kubeconfig_yaml(&server, &files.ca_cert, "flagd-proxy", &proxy_token)?,
-        ),
-    ];
-    for (path, contents) in writes {
-        fs::write(path, contents).with_context(|| format!("writing {}", path.display()))?;
-    }
-    Ok(files)
-}
-
-fn kubeconfig_yaml(server: &str, ca: &Path, user: &str, token: &str) -> anyhow::Result<String> {
-    let config = json!({
-        "apiVersion": "v1",
-        "kind": "Config",
-        "clusters": [{
-            "name": "test-control-plane",
-            "cluster": { "server": server, "certificate-authority": ca.display().to_string() },
-        }],
-        "users": [{ "name": user, "user": { "token": token } }],
-        "contexts": [{
-            "name": user,
-            "context": { "cluster": "test-control-plane", "user": user, "namespace": "default" },
-        }],
-        "current-context": user,
-    });
-    serde_norway::to_string(&config).context("serialising a kubeconfig")
-}
-
-async fn client_from_kubeconfig(path: &Path) -> anyhow::Result<Client> {
-    let kubeconfig =
-        Kubeconfig::read_from(path).with_context(|| format!("reading {}", path.display()))?;
-    let config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-        .await
-        .with_context(|| format!("loading {}", path.display()))?;
-    Client::try_from(config).with_context(|| format!("building a client from {}", path.display()))
-}
-
-/// A hard-to-guess token; only processes on this machine ever see it.
-fn random_token() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or_default();
-    (0..2)
-        .map(|i| {
-            let mut hasher = RandomState::new().build_hasher();
-            hasher.write_u128(nanos);
-            hasher.write_u32(std::process::id());
-            hasher.write_u32(i);
-            format!("{:016x}", hasher.finish())
-        })
-        .collect()
-}
-
-/// A port on 127.0.0.1 that was free a moment ago and that this process has not handed out
-/// before (the kernel may offer a just-released port again, which two servers of one test would
-/// then both try to bind).
-pub fn free_port() -> anyhow::Result<u16> {
-    static HANDED_OUT: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
-    for _ in 0..100 {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).context("binding 127.0.0.1:0")?;
-        let port = listener
-            .local_addr()
-            .context("reading the bound port")?
-            .port();
-        let mut handed_out = HANDED_OUT.lock().unwrap_or_else(|e| e.into_inner());
-        if !handed_out.contains(&port) {
-            handed_out.push(port);
-            return Ok(port);
-        }
-    }
-    anyhow::bail!("127.0.0.1 kept offering ports this process already handed out")
-}
-
-fn log_mentions_port_clash(log: &Path) -> bool {
-    tail(log, 200).contains("address already in use")
-}
-
-/// The last `lines` lines of a file (at most its last 64 KiB).
-fn tail(path: &Path, lines: usize) -> String {
-    let read = || -> std::io::Result<String> {
-        let mut file = File::open(path)?;
-        let len = file.metadata()?.len();
-        file.seek(SeekFrom::Start(len.saturating_sub(64 * 1024)))?;
-        let mut bytes = Vec::new();
-        file.read_to_end(&mut bytes)?;
-        Ok(String::from_utf8_lossy(&bytes).into_owned())
-    };
-    match read() {
-        Ok(text) => {
-            let all: Vec<&str> = text.lines().collect();
-            all[all.len().saturating_sub(lines)..].join("\n")
-        }
-        Err(e) => format!("(could not read {}: {e})", path.display()),
-    }
-}
-
-fn non_empty_env(name: &str) -> Option<String> {
-    std::env::var(name).ok().filter(|v| !v.is_empty())
 }
