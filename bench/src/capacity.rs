@@ -148,8 +148,9 @@ pub(crate) fn delivery_us(c: &UnitCosts, bytes: usize, shared: bool, gzip: bool)
     small + (bytes as f64 - 1024.0) * per_byte
 }
 
-/// CPU per version of a document of `bytes` at the central (from the API server) and at a node
-/// proxy (from the central, which decodes and validates it as the files source does) (ms).
+/// CPU per version of a document of `bytes` (ms): from the API server (`kubernetes`; a node
+/// proxy, which decodes and validates an object that arrives on a stream as the Kubernetes
+/// source does, is taken to pay the same) or from manifest files (also read and parsed).
 fn version_ms(c: &UnitCosts, bytes: usize, kubernetes: bool) -> f64 {
     let small = match (kubernetes, c.ms_per_version_kubernetes) {
         (true, Some(ms)) => ms,
@@ -232,9 +233,8 @@ pub(crate) fn plan_with(c: &UnitCosts, a: &Assumptions, cluster: Cluster, replic
                 + c.kib_per_connection)
                 / 1024.0;
         plan.node_cpu_ms =
-            version_ms(c, bytes, false) + per_node * delivery_us(c, bytes, false, false) / 1e3;
-        plan.node_hop_ms =
-            hop_ms(c, bytes, plan.node_cpu_ms, a.node_cores, false) + a.hop_network_ms;
+            version_ms(c, bytes, true) + per_node * delivery_us(c, bytes, false, false) / 1e3;
+        plan.node_hop_ms = hop_ms(c, bytes, plan.node_cpu_ms, a.node_cores) + a.hop_network_ms;
     } else {
         plan.central_connections = cluster.sidecars as f64 / r;
         plan.central_streams = plan.central_connections;
@@ -244,8 +244,7 @@ pub(crate) fn plan_with(c: &UnitCosts, a: &Assumptions, cluster: Cluster, replic
             + plan.central_connections * delivery_us(c, bytes, false, false) / 1e3;
     }
     plan.central_rss_mib += resources as f64 * (watch_kib + version_kib) / 1024.0;
-    plan.central_hop_ms =
-        hop_ms(c, bytes, plan.central_cpu_ms, a.central_cores, true) + a.hop_network_ms;
+    plan.central_hop_ms = hop_ms(c, bytes, plan.central_cpu_ms, a.central_cores) + a.hop_network_ms;
     plan.p99_ms = a.tail * (a.source_ms + plan.central_hop_ms + plan.node_hop_ms);
     plan.central_request_mib = request_mib(plan.central_rss_mib, a);
     plan.central_millicores = a.edits_per_second * plan.central_cpu_ms;
@@ -258,8 +257,8 @@ pub(crate) fn plan_with(c: &UnitCosts, a: &Assumptions, cluster: Cluster, replic
 
 /// Time for one process to send a version to all its streams (ms): the work per version runs
 /// once, on one core; the deliveries spread over the cores.
-fn hop_ms(c: &UnitCosts, bytes: usize, cpu_ms: f64, cores: f64, central: bool) -> f64 {
-    let version = version_ms(c, bytes, central);
+fn hop_ms(c: &UnitCosts, bytes: usize, cpu_ms: f64, cores: f64) -> f64 {
+    let version = version_ms(c, bytes, true);
     version + (cpu_ms - version) / cores.max(0.1)
 }
 

@@ -15,7 +15,12 @@ pub(crate) const DOCUMENTS: [usize; 2] = [1024, 102_400];
 /// resources.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Measured {
+    /// How the check's table names the run.
+    pub(crate) run: &'static str,
     pub(crate) source: SourceKind,
+    /// Node proxies, and subscribers on each.
+    pub(crate) nodes: f64,
+    pub(crate) per_node: f64,
     pub(crate) central_cpu_s: f64,
     pub(crate) nodes_cpu_s: f64,
     pub(crate) load_generator_cpu_s: Option<f64>,
@@ -24,9 +29,12 @@ pub(crate) struct Measured {
     pub(crate) p99_ms: f64,
 }
 
-pub(crate) const MEASURED: [Measured; 2] = [
+pub(crate) const MEASURED: [Measured; 3] = [
     Measured {
+        run: "files, 50 × 2,000",
         source: SourceKind::Files,
+        nodes: 50.0,
+        per_node: 2_000.0,
         central_cpu_s: 0.045,
         nodes_cpu_s: 2.284,
         load_generator_cpu_s: Some(0.786),
@@ -35,7 +43,10 @@ pub(crate) const MEASURED: [Measured; 2] = [
         p99_ms: 3171.0,
     },
     Measured {
+        run: "Kubernetes, 50 × 2,000",
         source: SourceKind::Kubernetes,
+        nodes: 50.0,
+        per_node: 2_000.0,
         central_cpu_s: 0.021,
         nodes_cpu_s: 2.000,
         load_generator_cpu_s: None,
@@ -43,11 +54,22 @@ pub(crate) const MEASURED: [Measured; 2] = [
         node_rss_mib: 23.5,
         p99_ms: 3708.0,
     },
+    // The same on 2026-12-02 (docs/capacity.md), 10 node proxies × 1,000, load average 9 to 11.
+    Measured {
+        run: "Kubernetes, 10 × 1,000",
+        source: SourceKind::Kubernetes,
+        nodes: 10.0,
+        per_node: 1_000.0,
+        central_cpu_s: 0.011,
+        nodes_cpu_s: 0.207,
+        load_generator_cpu_s: Some(0.104),
+        central_rss_mib: 17.2,
+        node_rss_mib: 18.5,
+        p99_ms: 1418.8,
+    },
 ];
 
-/// The shape of the measured run.
-const CHECK_NODES: f64 = 50.0;
-const CHECK_PER_NODE: f64 = 2_000.0;
+/// The shape of the measured runs besides their node proxies and subscribers.
 const CHECK_RESOURCES: f64 = 20.0;
 const CHECK_STREAMS_PER_CONNECTION: f64 = 10.0;
 const CHECK_CORES: f64 = 2.0;
@@ -65,27 +87,27 @@ pub(crate) struct Predicted {
     pub(crate) p99_ms: f64,
 }
 
-pub(crate) fn predict(c: &UnitCosts, a: &Assumptions, source: SourceKind) -> Predicted {
-    let kubernetes = source == SourceKind::Kubernetes;
+pub(crate) fn predict(c: &UnitCosts, a: &Assumptions, m: &Measured) -> Predicted {
+    let kubernetes = m.source == SourceKind::Kubernetes;
+    let (nodes, per_node) = (m.nodes, m.per_node);
     let version = version_ms(c, 1024, kubernetes) / 1e3;
-    let node_version = version_ms(c, 1024, false) / 1e3;
+    let node_version = version_ms(c, 1024, true) / 1e3;
     let shared = c.us_per_delivery_shared / 1e6;
-    let per_resource = CHECK_PER_NODE / CHECK_RESOURCES;
-    let central_cpu_s = CHECK_RESOURCES * (version + CHECK_NODES * shared);
-    let nodes_cpu_s = CHECK_NODES * CHECK_RESOURCES * (node_version + per_resource * shared);
-    let load_generator_cpu_s =
-        CHECK_NODES * CHECK_PER_NODE * c.us_load_generator_per_delivery / 1e6;
+    let per_resource = per_node / CHECK_RESOURCES;
+    let central_cpu_s = CHECK_RESOURCES * (version + nodes * shared);
+    let nodes_cpu_s = nodes * CHECK_RESOURCES * (node_version + per_resource * shared);
+    let load_generator_cpu_s = nodes * per_node * c.us_load_generator_per_delivery / 1e6;
     let version_kib = a.version_copies;
     let watch = if kubernetes {
         c.kib_per_watch_kubernetes.unwrap_or(c.kib_per_watch_files)
     } else {
         c.kib_per_watch_files
     };
-    let central_kib = CHECK_NODES * c.kib_per_connection
-        + CHECK_NODES * CHECK_RESOURCES * c.kib_per_stream
+    let central_kib = nodes * c.kib_per_connection
+        + nodes * CHECK_RESOURCES * c.kib_per_stream
         + CHECK_RESOURCES * (watch + version_kib);
-    let node_kib = CHECK_PER_NODE / CHECK_STREAMS_PER_CONNECTION * c.kib_per_connection
-        + CHECK_PER_NODE * c.kib_per_stream
+    let node_kib = per_node / CHECK_STREAMS_PER_CONNECTION * c.kib_per_connection
+        + per_node * c.kib_per_stream
         + CHECK_RESOURCES * (c.kib_per_stream + version_kib)
         + c.kib_per_connection;
     // Files: the source reads a directory again once its renames settle (50 ms).
@@ -212,10 +234,10 @@ fn headline(c: &UnitCosts, a: &Assumptions) -> String {
 /// Predicted against measured, for the two-tier run's shape.
 pub(crate) fn check_table(c: &UnitCosts, a: &Assumptions) -> String {
     let mut out = String::from(
-        "| source | quantity | predicted | measured | predicted / measured |\n|---|---|---:|---:|---:|\n",
+        "| run | quantity | predicted | measured | predicted / measured |\n|---|---|---:|---:|---:|\n",
     );
     for m in MEASURED {
-        let p = predict(c, a, m.source);
+        let p = predict(c, a, &m);
         let rows = [
             (
                 "central CPU per update (s)",
@@ -257,7 +279,7 @@ pub(crate) fn check_table(c: &UnitCosts, a: &Assumptions) -> String {
         for (name, predicted, measured, digits) in rows {
             out.push_str(&format!(
                 "| {} | {name} | {predicted:.digits$} | {} | {} |\n",
-                m.source.label(),
+                m.run,
                 fmt_opt(measured, digits),
                 fmt_opt(measured.map(|m| predicted / m), 2),
             ));
@@ -286,7 +308,7 @@ mod tests {
         let p = predict(
             &super::super::tests::costs(),
             &Assumptions::default(),
-            SourceKind::Files,
+            &MEASURED[0],
         );
         // 1,000 versions × 100 deliveries against 20 versions × 50 deliveries.
         assert!(p.nodes_cpu_s > 20.0 * p.central_cpu_s, "{p:?}");
