@@ -303,6 +303,31 @@ mod tests {
         );
     }
 
+    /// docs/capacity.md shows the tables the model makes of the costs it was measured with.
+    #[test]
+    fn the_documented_tables_are_the_models() {
+        let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+        let read = |name: &str| {
+            std::fs::read_to_string(docs.join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+        };
+        let json: Value = serde_json::from_str(&read("capacity-costs.json")).expect("JSON");
+        let costs: UnitCosts = serde_json::from_value(json["costs"].clone()).expect("costs");
+        let page = read("capacity.md");
+        let a = Assumptions::default();
+        let tables = [
+            cluster_table(&costs, &a),
+            headline(&costs, &a),
+            check_table(&costs, &a),
+        ];
+        for line in tables
+            .iter()
+            .flat_map(|t| t.lines())
+            .filter(|l| !l.is_empty())
+        {
+            assert!(page.contains(line), "docs/capacity.md lacks {line:?}");
+        }
+    }
+
     #[test]
     fn the_check_predicts_more_cpu_at_the_node_tier_than_at_the_central() {
         let p = predict(
