@@ -2,7 +2,7 @@
 
 use super::*;
 
-#[derive(Debug, Parser)]
+#[derive(Clone, Debug, Parser)]
 #[command(
     name = "flagd-proxy-bench",
     about = "Fan-out benchmark: this flagd-proxy against the Go flagd-proxy, over loopback"
@@ -246,6 +246,19 @@ pub(crate) struct Args {
     #[arg(long, conflicts_with = "soak")]
     pub(crate) tiers: bool,
 
+    /// Measure the unit costs the capacity model is built from (docs/capacity.md): short runs
+    /// of this proxy alone on manifest files that differ in one thing (subscribers, streams per
+    /// connection, document, gzip, TLS, resources); with `--source kubernetes` among the
+    /// sources, also the memory and CPU of watches on a kube-apiserver. Prints the costs; writes
+    /// them with `--json` for `--capacity`.
+    #[arg(long, conflicts_with_all = ["soak", "tiers"])]
+    pub(crate) costs: bool,
+
+    /// Print the capacity model's tables (docs/capacity.md) from the unit costs in FILE (the
+    /// JSON of `--costs --json FILE`), and its check against the measured two-tier run.
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["soak", "tiers", "costs"])]
+    pub(crate) capacity: Option<PathBuf>,
+
     /// Tiers: node proxies.
     #[arg(long, default_value_t = 50)]
     pub(crate) tier_nodes: usize,
@@ -262,7 +275,8 @@ pub(crate) struct Args {
     /// project's proxy only (unless --go-proxy-bin is given). Exits non-zero if a subscriber
     /// missed an update, ended stale or lost its stream. With `--soak`: a soak of a few seconds
     /// (2,000 updates, 200 connects, 24 lifecycles, 40 steady subscribers on 8 resources). With
-    /// `--tiers`: 2 node proxies × 10 subscribers over 2 resources, with the faults.
+    /// `--tiers`: 2 node proxies × 10 subscribers over 2 resources, with the faults. With
+    /// `--costs`: every probe at a few hundred to 2,000 subscribers.
     #[arg(long)]
     pub(crate) smoke: bool,
 }

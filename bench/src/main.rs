@@ -9,7 +9,9 @@
 //! `storm.rs`). Prints a Markdown table and can write JSON. With `--soak`, it soaks this proxy
 //! instead: hours of churn compressed, with the proxy's resources sampled and required to come
 //! back to their baseline (see `soak.rs`). With `--tiers`, it measures the two tiers as a
-//! system: a central proxy feeding node proxies, and their faults (see `tiers.rs`).
+//! system: a central proxy feeding node proxies, and their faults (see `tiers.rs`). With
+//! `--costs`, it measures the unit costs the capacity model is built from (see `costs.rs`), and
+//! `--capacity FILE` computes the model from them (see `capacity.rs`).
 //!
 //! A run that finds the proxy under test incorrect (a subscriber missed an update, ended on an old
 //! version or lost its stream; or the run itself failed) still prints and writes its report, then
@@ -45,6 +47,8 @@ use flagd_proxy::protocol::client::flagd_sync_v1::SyncFlagsRequest;
 use flagd_proxy_testkit::control_plane::{self, ControlPlane, free_port};
 
 mod args;
+mod capacity;
+mod costs;
 mod floor;
 mod load;
 mod phases;
@@ -100,6 +104,9 @@ fn main() -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let mut args = Args::parse();
+    if let Some(path) = &args.capacity {
+        return capacity::report::main(path, args.markdown.as_deref());
+    }
     args.apply_smoke();
     if args.subscribers == 0 || args.streams_per_connection == 0 || args.source_addrs == 0 {
         bail!("--subscribers, --streams-per-connection and --source-addrs must be positive");
@@ -107,15 +114,19 @@ fn main() -> anyhow::Result<ExitCode> {
     if args.resources.contains(&0) {
         bail!("--resources must be positive");
     }
-    raise_fd_limit(args.subscribers + args.first_snapshot_samples + 1024)?;
+    // The costs' probes open up to 8,000 subscribers whatever --subscribers says.
+    let most = if args.costs { 8_000 } else { args.subscribers };
+    raise_fd_limit(most.max(args.subscribers) + args.first_snapshot_samples + 1024)?;
     load::ACCEPT_GZIP.store(args.accept_gzip, std::sync::atomic::Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.max(1))
         .enable_all()
         .build()?;
-    if args.soak || args.tiers {
+    if args.soak || args.tiers || args.costs {
         let status = if args.soak {
             runtime.block_on(soak::main(&args))?
+        } else if args.costs {
+            runtime.block_on(costs::main(&args))?
         } else {
             runtime.block_on(tiers::main(&args))?
         };

@@ -52,6 +52,17 @@ fn benchmark_smoke_run_on_kubernetes_passes_its_checks() {
 /// A folder of its own under cargo's temporary folder, removed on drop.
 struct Scratch(PathBuf);
 
+impl Scratch {
+    /// `<name>-<pid>` under cargo's temporary folder, made.
+    fn new(name: &str) -> Self {
+        let scratch = Scratch(
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id())),
+        );
+        std::fs::create_dir_all(&scratch.0).expect("scratch folder");
+        scratch
+    }
+}
+
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
@@ -97,11 +108,7 @@ exec {proxy} "${{args[@]}}"
 /// how.
 #[test]
 fn benchmark_smoke_run_fails_when_the_proxy_misses_updates() {
-    let scratch = Scratch(
-        Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("bench-frozen-proxy-{}", std::process::id())),
-    );
-    std::fs::create_dir_all(&scratch.0).expect("scratch folder");
+    let scratch = Scratch::new("bench-frozen-proxy");
     let replace = format!(
         r#"frozen="$(mktemp -d -p {scratch})"
     cp -R "$2/." "$frozen/"
@@ -174,10 +181,7 @@ fn soak_smoke(proxy: &Path, markdown: &Path) -> std::process::Output {
 /// final version.
 #[test]
 fn soak_smoke_run_returns_to_its_baseline() {
-    let scratch = Scratch(
-        Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("bench-soak-{}", std::process::id())),
-    );
-    std::fs::create_dir_all(&scratch.0).expect("scratch folder");
+    let scratch = Scratch::new("bench-soak");
     let markdown = scratch.0.join("soak.md");
     let output = soak_smoke(&proxy_bin(), &markdown);
     let (stdout, context) = outputs(&output);
@@ -204,11 +208,7 @@ fn soak_smoke_run_returns_to_its_baseline() {
 /// say so in its report, and name the quantity on standard error.
 #[test]
 fn soak_smoke_run_fails_when_watches_are_left_behind() {
-    let scratch = Scratch(
-        Path::new(env!("CARGO_TARGET_TMPDIR"))
-            .join(format!("bench-soak-leaky-{}", std::process::id())),
-    );
-    std::fs::create_dir_all(&scratch.0).expect("scratch folder");
+    let scratch = Scratch::new("bench-soak-leaky");
     let wrapper = wrapper(
         &scratch.0,
         "leaky-flagd-proxy",
@@ -271,5 +271,51 @@ fn tiers_smoke_run_delivers_every_version_through_both_tiers() {
             stdout.contains(needle),
             "{needle:?} not in the report:\n{context}"
         );
+    }
+}
+
+/// The unit costs at small scale (`--costs --smoke`, manifest files): every probe passes this
+/// proxy's correctness checks, every cost comes out positive, and `--capacity` computes the
+/// model from the JSON written. Which values they have is not checked (a debug build, a shared
+/// machine).
+#[test]
+fn costs_smoke_run_measures_every_cost_and_feeds_the_model() {
+    let scratch = Scratch::new("bench-costs");
+    let json = scratch.0.join("costs.json");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
+        .args(["--costs", "--smoke", "--proxy-bin"])
+        .arg(proxy_bin())
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run flagd-proxy-bench");
+    let (_, context) = outputs(&output);
+    assert!(output.status.success(), "{context}");
+    let written: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the costs are written"))
+            .expect("the costs are JSON");
+    let costs = written["costs"].as_object().expect("a costs object");
+    // Measured with Kubernetes only: a smoke run reads manifest files.
+    let files_only = ["kib_per_watch_kubernetes", "ms_per_version_kubernetes"];
+    for (name, value) in costs {
+        if files_only.contains(&name.as_str()) {
+            assert!(value.is_null(), "{name}: {value}");
+            continue;
+        }
+        let value = value.as_f64().unwrap_or(f64::NAN);
+        assert!(value > 0.0, "{name} = {value}, not positive:\n{context}");
+    }
+    let model = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
+        .arg("--capacity")
+        .arg(&json)
+        .output()
+        .expect("run flagd-proxy-bench --capacity");
+    let (stdout, context) = outputs(&model);
+    assert!(model.status.success(), "{context}");
+    for needle in [
+        "| C1 | 100 | 10000 | 1 KiB |",
+        "| C12 | 5000 | 100000 | 100 KiB |",
+    ] {
+        assert!(stdout.contains(needle), "{needle:?} not in:\n{context}");
     }
 }
