@@ -38,11 +38,11 @@ impl Sizes {
     fn of(args: &Args) -> Self {
         if args.smoke {
             Sizes {
-                few: 500,
-                many: 2_000,
-                large: 300,
-                resources: 500,
-                updates: 6,
+                few: 200,
+                many: 800,
+                large: 100,
+                resources: 200,
+                updates: 4,
             }
         } else {
             Sizes {

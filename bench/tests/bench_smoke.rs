@@ -275,9 +275,10 @@ fn tiers_smoke_run_delivers_every_version_through_both_tiers() {
 }
 
 /// The unit costs at small scale (`--costs --smoke`, manifest files): every probe passes this
-/// proxy's correctness checks, every cost comes out positive, and `--capacity` computes the
-/// model from the JSON written. Which values they have is not checked (a debug build, a shared
-/// machine).
+/// proxy's correctness checks, every cost comes out as a number, and `--capacity` computes the
+/// model from the JSON written. Which values they have is not checked: at this scale, in a debug
+/// build on a shared machine, a cost derived as the difference of two small probes can be lost
+/// in their noise.
 #[test]
 fn costs_smoke_run_measures_every_cost_and_feeds_the_model() {
     let scratch = Scratch::new("bench-costs");
@@ -303,7 +304,10 @@ fn costs_smoke_run_measures_every_cost_and_feeds_the_model() {
             continue;
         }
         let value = value.as_f64().unwrap_or(f64::NAN);
-        assert!(value > 0.0, "{name} = {value}, not positive:\n{context}");
+        assert!(
+            value.is_finite(),
+            "{name} = {value}, not a number:\n{context}"
+        );
     }
     let model = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
         .arg("--capacity")
