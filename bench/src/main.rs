@@ -9,7 +9,9 @@
 //! `storm.rs`). Prints a Markdown table and can write JSON. With `--soak`, it soaks this proxy
 //! instead: hours of churn compressed, with the proxy's resources sampled and required to come
 //! back to their baseline (see `soak.rs`). With `--tiers`, it measures the two tiers as a
-//! system: a central proxy feeding node proxies, and their faults (see `tiers.rs`).
+//! system: a central proxy feeding node proxies, and their faults (see `tiers.rs`). With
+//! `--authz-storm`, it counts the API requests this proxy's authorization makes when thousands
+//! of clients of a few identities connect and reconnect at once (see `authz_storm.rs`).
 //!
 //! A run that finds the proxy under test incorrect (a subscriber missed an update, ended on an old
 //! version or lost its stream; or the run itself failed) still prints and writes its report, then
@@ -45,6 +47,7 @@ use flagd_proxy::protocol::client::flagd_sync_v1::SyncFlagsRequest;
 use flagd_proxy_testkit::control_plane::{self, ControlPlane, free_port};
 
 mod args;
+mod authz_storm;
 mod floor;
 mod load;
 mod phases;
@@ -113,11 +116,13 @@ fn main() -> anyhow::Result<ExitCode> {
         .worker_threads(args.threads.max(1))
         .enable_all()
         .build()?;
-    if args.soak || args.tiers {
+    if args.soak || args.tiers || args.authz_storm {
         let status = if args.soak {
             runtime.block_on(soak::main(&args))?
-        } else {
+        } else if args.tiers {
             runtime.block_on(tiers::main(&args))?
+        } else {
+            runtime.block_on(authz_storm::main(&args))?
         };
         runtime.shutdown_background();
         return Ok(ExitCode::from(status));

@@ -25,6 +25,17 @@ pub(crate) fn machine() -> Value {
     })
 }
 
+/// The machine of [`machine`] in words: CPUs, their model, memory and kernel.
+pub(crate) fn machine_line(m: &Value) -> String {
+    format!(
+        "{} CPUs ({}), {} GiB, Linux {}",
+        m["cpus"],
+        m["cpu_model"].as_str().unwrap_or("?"),
+        m["memory_gib"],
+        m["kernel"].as_str().unwrap_or("?"),
+    )
+}
+
 pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()

@@ -103,26 +103,13 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
     };
     let problems = report::problems(&sittings);
     let markdown = summary.markdown(&sittings, &problems);
-    println!("{markdown}");
-    if let Some(path) = &args.markdown {
-        std::fs::write(path, &markdown).with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &args.json {
-        let json = summary.json(&sittings, &problems);
-        std::fs::write(path, serde_json::to_string_pretty(&json)?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if !args.keep_workdir {
-        let _ = std::fs::remove_dir_all(&workdir);
-    }
-    for problem in &problems {
-        eprintln!("flagd-proxy-bench: FAILED: {problem}");
-    }
-    Ok(if problems.is_empty() {
-        0
-    } else {
-        EXIT_INCORRECT
-    })
+    publish(
+        args,
+        &workdir,
+        &markdown,
+        || summary.json(&sittings, &problems),
+        &problems,
+    )
 }
 
 /// One source: the flat runs, the hop runs and the two tiers, one after the other.
