@@ -185,8 +185,8 @@ impl Summary<'_> {
              running pod at 127.0.0.10–127.0.0.{last}, and its clients connect from that address \
              and read their namespace's FeatureFlag. A fresh proxy per mode, with {}. API \
              requests: the API server's own `apiserver_request_total` (and, for watches still \
-             open, `apiserver_longrunning_requests`), from just before a phase until its last \
-             client is served. Target: authorization requests (TokenReviews, \
+             open, `apiserver_longrunning_requests`), from just before a phase's clients start \
+             until they have gone and the proxy has closed their connections. Target: authorization requests (TokenReviews, \
              SubjectAccessReviews, pod lists, watches and gets) ≤ identities × 2 + {TARGET_SLACK} \
              = {} in each phase.\n\n\
              Machine: {}; load average before {}, after {}; the sitting took {:.0} s.\n\n",
