@@ -4,16 +4,19 @@ use flagd_proxy_testkit as support;
 
 use std::time::Duration;
 
-use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Pod, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::RoleBinding;
+use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use serde_json::json;
 use support::client::{
     Client, assert_status, channel as plain_channel, next_message, tls_channel, v1, with_selector,
 };
 use support::control_plane::{
     ControlPlane, feature_flag_object, feature_flag_resource, start_or_skip,
+};
+use support::identities::{
+    grant_flag_reading, grant_review_permissions, running_pod, running_pod_on,
+    service_account_token,
 };
 use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
 use tonic::Code;
@@ -133,35 +136,6 @@ async fn api_based_modes_need_the_kubernetes_api() {
     );
 }
 
-/// The proxy's extra permissions for the API-based modes (as deploy/components/authz grants).
-async fn grant_review_permissions(cp: &ControlPlane) {
-    let client = cp.admin_client();
-    let role: ClusterRole = serde_json::from_value(json!({
-        "metadata": {"name": "flagd-proxy-authz-test"},
-        "rules": [
-            {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
-            {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
-            {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
-        ]
-    }))
-    .expect("role");
-    Api::<ClusterRole>::all(client.clone())
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("create role");
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "flagd-proxy-authz-test"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flagd-proxy-authz-test"},
-        "subjects": [{"kind": "ServiceAccount", "namespace": "flagd", "name": "proxy"}]
-    }))
-    .expect("binding");
-    Api::<ClusterRoleBinding>::all(client)
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("create binding");
-    cp.grant_proxy_cluster_wide().await;
-}
-
 async fn create_flag(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
     let api: Api<DynamicObject> =
         Api::namespaced_with(cp.admin_client(), ns, &feature_flag_resource());
@@ -169,29 +143,6 @@ async fn create_flag(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
     api.create(&PostParams::default(), &object)
         .await
         .expect("create FeatureFlag");
-}
-
-async fn service_account_token(cp: &ControlPlane, ns: &str, name: &str) -> String {
-    let accounts: Api<ServiceAccount> = Api::namespaced(cp.admin_client(), ns);
-    let account: ServiceAccount =
-        serde_json::from_value(json!({"metadata": {"name": name}})).expect("sa");
-    accounts
-        .create(&PostParams::default(), &account)
-        .await
-        .expect("create ServiceAccount");
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![],
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let issued = accounts
-        .create_token_request(name, &PostParams::default(), &request)
-        .await
-        .expect("token");
-    issued.status.expect("status").token
 }
 
 /// The review permissions, namespaces team-a and team-b with a FeatureFlag "flags" each, and a
@@ -213,40 +164,6 @@ async fn connect_from(proxy: &Proxy, address: &str) -> Channel {
         .connect()
         .await
         .unwrap_or_else(|e| panic!("connect from {address}: {e}"))
-}
-
-/// Creates a pod in `ns` running as ServiceAccount `account` with the address `ip`, the way the
-/// kubelet would report it.
-async fn running_pod(cp: &ControlPlane, ns: &str, name: &str, account: &str, ip: &str) {
-    running_pod_on(cp, None, ns, name, account, ip).await;
-}
-
-/// [`running_pod`], scheduled on `node` when given.
-async fn running_pod_on(
-    cp: &ControlPlane,
-    node: Option<&str>,
-    ns: &str,
-    name: &str,
-    account: &str,
-    ip: &str,
-) {
-    let pods: Api<Pod> = Api::namespaced(cp.admin_client(), ns);
-    let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": name},
-        "spec": {
-            "serviceAccountName": account,
-            "nodeName": node,
-            "containers": [{"name": "app", "image": "example.invalid/app"}]
-        }
-    }))
-    .expect("pod");
-    pods.create(&PostParams::default(), &pod)
-        .await
-        .expect("create pod");
-    let status = json!({"status": {"phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}]}});
-    pods.patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
-        .await
-        .expect("pod status");
 }
 
 /// Requests the API server has counted (its own `apiserver_request_total`) of these kinds.
@@ -450,26 +367,14 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     .expect_err("no RBAC");
     assert_status(&denied, Code::PermissionDenied, "RBAC does not allow get");
 
-    let role: Role = serde_json::from_value(json!({
-        "metadata": {"name": "read-flags"},
-        "rules": [{"apiGroups": ["core.openfeature.dev"], "resources": ["featureflags"], "verbs": ["get"]}]
-    }))
-    .expect("role");
-    Api::<Role>::namespaced(cp.admin_client(), "team-b")
-        .create(&PostParams::default(), &role)
-        .await
-        .expect("role");
-    let binding: RoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "web-reads-flags"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "read-flags"},
-        "subjects": [{"kind": "ServiceAccount", "namespace": "team-a", "name": "web"}]
-    }))
-    .expect("binding");
+    grant_flag_reading(
+        &cp,
+        "team-b",
+        "web-reads-flags",
+        json!({"kind": "ServiceAccount", "namespace": "team-a", "name": "web"}),
+    )
+    .await;
     let bindings: Api<RoleBinding> = Api::namespaced(cp.admin_client(), "team-b");
-    bindings
-        .create(&PostParams::default(), &binding)
-        .await
-        .expect("binding");
     // RBAC takes effect asynchronously in the API server; ask until it does (cache TTL is short).
     let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
     let mut stream = loop {

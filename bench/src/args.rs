@@ -271,12 +271,37 @@ pub(crate) struct Args {
     #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
     pub(crate) tier_outage: Duration,
 
+    /// Authorization in a reconnect storm instead of the fan-out scenarios (see
+    /// docs/benchmarks.md, "Authorization in a reconnect storm"): on the test control plane,
+    /// `--subscribers` clients of `--authz-identities` identities connect to this proxy, then
+    /// all drop and reconnect within `--storm-spread`, once per mode of `--authz-modes` (a fresh
+    /// proxy each); the API requests the API server counted in each phase, against the target
+    /// of 2 per identity plus 10.
+    #[arg(long, conflicts_with_all = ["soak", "tiers"])]
+    pub(crate) authz_storm: bool,
+
+    /// Authz storm: client identities, each a ServiceAccount with a token and a running pod
+    /// whose address is 127.0.0.(10 + i); they live in up to 4 namespaces with a FeatureFlag
+    /// each, and read their own namespace's.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u8).range(1..=240))]
+    pub(crate) authz_identities: u8,
+
+    /// Authz storm: the authorization modes (comma-separated list: a fresh proxy each).
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "none,namespace-token,rbac-token,namespace-pod-ip,rbac-pod-ip"
+    )]
+    pub(crate) authz_modes: Vec<authz_storm::Mode>,
+
     /// A quick correctness run: 50 subscribers, 3 paced updates, a 3-update burst, 1 KiB, this
     /// project's proxy only (unless --go-proxy-bin is given). Exits non-zero if a subscriber
     /// missed an update, ended stale or lost its stream. With `--soak`: a soak of a few seconds
     /// (2,000 updates, 200 connects, 24 lifecycles, 40 steady subscribers on 8 resources). With
     /// `--tiers`: 2 node proxies × 10 subscribers over 2 resources, with the faults. With
-    /// `--costs`: every probe at a few hundred to 2,000 subscribers.
+    /// `--costs`: every probe at a few hundred subscribers. With
+    /// `--authz-storm`: 2 identities × 20 clients.
     #[arg(long)]
     pub(crate) smoke: bool,
 }
@@ -313,6 +338,10 @@ impl Args {
         self.storm_timeout = Duration::from_secs(30);
         if self.go_proxy_bin.is_none() {
             self.no_go = true;
+        }
+        if self.authz_storm {
+            self.subscribers = 40;
+            self.authz_identities = 2;
         }
         if self.tiers {
             self.subscribers = 20;

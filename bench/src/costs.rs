@@ -177,7 +177,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
         json!({"machine": machine(), "load_before": load_before, "load_after": loadavg(),
             "costs": costs, "runs": runs})
     };
-    crate::report::finish(args, &markdown, json, &workdir, &problems)
+    crate::verdict::publish(args, &workdir, &markdown, json, &problems)
 }
 
 /// What one unit of each thing costs this proxy; `None` where its probe did not run.

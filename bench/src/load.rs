@@ -139,6 +139,16 @@ pub(crate) async fn open_stream(
     channel: Channel,
     selector: &str,
 ) -> Result<tonic::Streaming<u64>, Status> {
+    open_stream_as(channel, selector, None).await
+}
+
+/// [`open_stream`], with `authorization` (`Bearer <token>`) in the request's metadata when
+/// given.
+pub(crate) async fn open_stream_as(
+    channel: Channel,
+    selector: &str,
+    authorization: Option<&tonic::metadata::AsciiMetadataValue>,
+) -> Result<tonic::Streaming<u64>, Status> {
     let mut grpc = tonic::client::Grpc::new(channel);
     if ACCEPT_GZIP.load(std::sync::atomic::Ordering::Relaxed) {
         grpc = grpc.accept_compressed(tonic::codec::CompressionEncoding::Gzip);
@@ -146,10 +156,15 @@ pub(crate) async fn open_stream(
     grpc.ready()
         .await
         .map_err(|e| Status::unavailable(e.to_string()))?;
-    let request = Request::new(SyncFlagsRequest {
+    let mut request = Request::new(SyncFlagsRequest {
         provider_id: "flagd-proxy-bench".into(),
         selector: selector.to_owned(),
     });
+    if let Some(value) = authorization {
+        request
+            .metadata_mut()
+            .insert("authorization", value.clone());
+    }
     let path = http::uri::PathAndQuery::from_static(SYNC_PATH);
     Ok(grpc
         .server_streaming(request, path, SeqCodec)

@@ -11,7 +11,9 @@
 //! back to their baseline (see `soak.rs`). With `--tiers`, it measures the two tiers as a
 //! system: a central proxy feeding node proxies, and their faults (see `tiers.rs`). With
 //! `--costs`, it measures the unit costs the capacity model is built from (see `costs.rs`), and
-//! `--capacity FILE` computes the model from them (see `capacity.rs`).
+//! `--capacity FILE` computes the model from them (see `capacity.rs`). With
+//! `--authz-storm`, it counts the API requests this proxy's authorization makes when thousands
+//! of clients of a few identities connect and reconnect at once (see `authz_storm.rs`).
 //!
 //! A run that finds the proxy under test incorrect (a subscriber missed an update, ended on an old
 //! version or lost its stream; or the run itself failed) still prints and writes its report, then
@@ -47,6 +49,7 @@ use flagd_proxy::protocol::client::flagd_sync_v1::SyncFlagsRequest;
 use flagd_proxy_testkit::control_plane::{self, ControlPlane, free_port};
 
 mod args;
+mod authz_storm;
 mod capacity;
 mod costs;
 mod floor;
@@ -122,13 +125,15 @@ fn main() -> anyhow::Result<ExitCode> {
         .worker_threads(args.threads.max(1))
         .enable_all()
         .build()?;
-    if args.soak || args.tiers || args.costs {
+    if args.soak || args.tiers || args.costs || args.authz_storm {
         let status = if args.soak {
             runtime.block_on(soak::main(&args))?
         } else if args.costs {
             runtime.block_on(costs::main(&args))?
-        } else {
+        } else if args.tiers {
             runtime.block_on(tiers::main(&args))?
+        } else {
+            runtime.block_on(authz_storm::main(&args))?
         };
         runtime.shutdown_background();
         return Ok(ExitCode::from(status));

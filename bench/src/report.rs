@@ -25,6 +25,17 @@ pub(crate) fn machine() -> Value {
     })
 }
 
+/// The machine of [`machine`] in words: CPUs, their model, memory and kernel.
+pub(crate) fn machine_line(m: &Value) -> String {
+    format!(
+        "{} CPUs ({}), {} GiB, Linux {}",
+        m["cpus"],
+        m["cpu_model"].as_str().unwrap_or("?"),
+        m["memory_gib"],
+        m["kernel"].as_str().unwrap_or("?"),
+    )
+}
+
 pub(crate) fn loadavg() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .unwrap_or_default()
@@ -32,37 +43,6 @@ pub(crate) fn loadavg() -> String {
         .take(3)
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// Prints the report, writes it (`--markdown`) and the JSON (`--json`, made only then), removes
-/// the working directory unless it is kept, and names each problem on standard error; the exit
-/// status (1 when there is a problem).
-pub(crate) fn finish(
-    args: &Args,
-    markdown: &str,
-    json: impl FnOnce() -> Value,
-    workdir: &Path,
-    problems: &[String],
-) -> anyhow::Result<u8> {
-    println!("{markdown}");
-    if let Some(path) = &args.markdown {
-        std::fs::write(path, markdown).with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&json())?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
-    if !args.keep_workdir {
-        let _ = std::fs::remove_dir_all(workdir);
-    }
-    for problem in problems {
-        eprintln!("flagd-proxy-bench: FAILED: {problem}");
-    }
-    Ok(if problems.is_empty() {
-        0
-    } else {
-        EXIT_INCORRECT
-    })
 }
 
 pub(crate) fn fmt_opt(v: Option<f64>, digits: usize) -> String {

@@ -498,11 +498,8 @@ fn markdown(report: &SoakReport) -> String {
     let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
     let mut out = String::from("## flagd-proxy soak\n\n");
     out.push_str(&format!(
-        "Machine: {} CPUs ({}), {} GiB, Linux {}. Load average before: {}; after: {}. Duration: {:.0} s (warm-up {:.0} s, churn {:.0} s, cool-down {:.0} s).\n\n",
-        m["cpus"],
-        m["cpu_model"].as_str().unwrap_or("?"),
-        m["memory_gib"],
-        m["kernel"].as_str().unwrap_or("?"),
+        "Machine: {}. Load average before: {}; after: {}. Duration: {:.0} s (warm-up {:.0} s, churn {:.0} s, cool-down {:.0} s).\n\n",
+        machine_line(m),
         report.load_average_before,
         report.load_average_after,
         report.seconds_total,

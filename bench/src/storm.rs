@@ -305,7 +305,7 @@ fn probe_readyz(
 
 /// `GET /readyz` on the management port (2 s to connect, 2 s to answer): whether it answered
 /// 200.
-fn readyz(port: u16) -> std::io::Result<bool> {
+pub fn readyz(port: u16) -> std::io::Result<bool> {
     use std::io::{Read, Write};
     let address = std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, port));
     let mut stream = std::net::TcpStream::connect_timeout(&address, Duration::from_secs(2))?;

@@ -103,11 +103,11 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
     };
     let problems = report::problems(&sittings);
     let markdown = summary.markdown(&sittings, &problems);
-    crate::report::finish(
+    publish(
         args,
+        &workdir,
         &markdown,
         || summary.json(&sittings, &problems),
-        &workdir,
         &problems,
     )
 }

@@ -15,6 +15,37 @@ use super::*;
 /// The exit status of a run that found the proxy under test incorrect.
 pub(crate) const EXIT_INCORRECT: u8 = 1;
 
+/// Prints the report, writes it (`--markdown`) and its JSON (`--json`), removes the working
+/// directory unless it is kept, and names each problem on standard error; the exit status (1
+/// when there is a problem).
+pub(crate) fn publish(
+    args: &Args,
+    workdir: &Path,
+    markdown: &str,
+    json: impl FnOnce() -> Value,
+    problems: &[String],
+) -> anyhow::Result<u8> {
+    println!("{markdown}");
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, markdown).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&json())?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !args.keep_workdir {
+        let _ = std::fs::remove_dir_all(workdir);
+    }
+    for problem in problems {
+        eprintln!("flagd-proxy-bench: FAILED: {problem}");
+    }
+    Ok(if problems.is_empty() {
+        0
+    } else {
+        EXIT_INCORRECT
+    })
+}
+
 /// One proxy found incorrect in one scenario.
 #[derive(Debug, Clone, serde::Serialize)]
 pub(crate) struct Failure {

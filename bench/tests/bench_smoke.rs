@@ -2,12 +2,15 @@
 //! (every subscriber gets every paced update and ends on the final version of a burst), with
 //! both sources: manifest files, and FeatureFlag resources on the test control plane. A proxy
 //! that misses updates fails the run. A short soak (`--soak --smoke`) comes back to its
-//! baseline, and one whose watches outlive it fails. The smoke runs report timings but assert
-//! none.
+//! baseline, and one whose watches outlive it fails. The authorization storm counts the API
+//! requests each mode makes and keeps them within its target. The smoke runs report timings but
+//! assert none.
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use flagd_proxy_testkit::control_plane::{ControlPlaneError, bin_dir, find_binaries};
+use flagd_proxy_testkit::control_plane::{
+    ControlPlaneError, OPERATOR_CRDS, bin_dir, find_binaries, test_data,
+};
 use flagd_proxy_testkit::proxy_bin;
 
 /// Runs `flagd-proxy-bench --smoke` with `extra` and checks its verdict and that the scenario ran
@@ -322,4 +325,71 @@ fn costs_smoke_run_measures_every_cost_and_feeds_the_model() {
     ] {
         assert!(stdout.contains(needle), "{needle:?} not in:\n{context}");
     }
+}
+
+/// The authorization storm at tiny scale (`--authz-storm --smoke`: 2 identities × 20 clients)
+/// in two modes: every client is served in both phases, the API server's counts come out, and
+/// they are within the target (2 per identity + 10). With tokens and RBAC, the cold phase
+/// reviews each identity's token and access at least once.
+#[test]
+fn authz_storm_smoke_run_counts_api_requests_within_the_target() {
+    if let Err(err @ ControlPlaneError::BinariesMissing { .. }) = find_binaries(&bin_dir()) {
+        flagd_proxy_testkit::skip::skip(format_args!("no control plane: {err}"));
+        return;
+    }
+    if flagd_proxy_testkit::skip::require(test_data(OPERATOR_CRDS)).is_none() {
+        return;
+    }
+    let scratch = Scratch::new("bench-authz");
+    let json = scratch.0.join("authz.json");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
+        .args([
+            "--authz-storm",
+            "--smoke",
+            "--authz-modes",
+            "rbac-token,namespace-pod-ip",
+        ])
+        .arg("--proxy-bin")
+        .arg(proxy_bin())
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run flagd-proxy-bench");
+    let (stdout, context) = outputs(&output);
+    assert!(output.status.success(), "{context}");
+    assert!(
+        stdout.contains("## Authorization in a reconnect storm")
+            && stdout.contains("Verdict: every client served in every phase"),
+        "{context}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
+            .expect("JSON");
+    assert_eq!(report["target"], 2 * 2 + 10, "{report}");
+    let modes = report["modes"].as_array().expect("modes");
+    assert_eq!(modes.len(), 2, "{report}");
+    let requests =
+        |phase: &serde_json::Value, key: &str| phase["requests"][key].as_u64().unwrap_or(0);
+    for mode in modes {
+        for phase in [&mode["cold"], &mode["storm"]] {
+            assert_eq!(phase["clients"], 40, "{mode}");
+            assert_eq!(phase["served"], 40, "{mode}");
+            let authz: u64 = [
+                "POST tokenreviews",
+                "POST subjectaccessreviews",
+                "LIST pods",
+                "WATCH pods",
+                "GET pods",
+            ]
+            .iter()
+            .map(|key| requests(phase, key))
+            .sum();
+            assert!(authz <= 14, "{authz} authorization requests: {mode}");
+        }
+    }
+    // A fresh proxy has decided nothing yet: its first clients' identities and access are
+    // reviewed in the cold phase.
+    let rbac = &modes[0]["cold"];
+    assert!(requests(rbac, "POST tokenreviews") >= 2, "{rbac}");
+    assert!(requests(rbac, "POST subjectaccessreviews") >= 2, "{rbac}");
 }

@@ -50,7 +50,7 @@ use self::credentials::{client_from_kubeconfig, write_credentials};
 pub use self::processes::free_port;
 use self::processes::{Supervised, log_mentions_port_clash, tail, wait_for_etcd};
 use crate::scrape::sum_samples;
-pub use crate::scrape::{connections_to, sum_long_running_watches};
+pub use crate::scrape::{RequestCounts, connections_to, sum_long_running_watches};
 
 /// API group of the OpenFeature custom resources.
 pub const GROUP: &str = "core.openfeature.dev";
@@ -524,6 +524,16 @@ impl ControlPlane {
             .await
             .expect("reading the apiserver's /metrics");
         sum_samples(&text, "apiserver_request_total", verb, resource)
+    }
+
+    /// Every request count the API server keeps and the watches open on it, by verb and
+    /// resource: two readings tell what was asked in between ([`RequestCounts::since`]).
+    pub async fn request_counts(&self) -> RequestCounts {
+        let text = self
+            .admin_get("/metrics")
+            .await
+            .expect("reading the apiserver's /metrics");
+        RequestCounts::parse(&text)
     }
 
     /// Polls `open_watches(resource)` until it equals `want` (within a hang guard of a minute).

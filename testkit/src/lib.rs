@@ -1,8 +1,8 @@
 //! Helpers for flagd-proxy's integration tests and benchmark: run the proxy binary, write
 //! manifests, make certificates, talk to the proxy with a gRPC sync client, and run a
-//! Kubernetes control plane ([`control_plane`]) or a cluster ([`cluster`]), run a real Prometheus
-//! ([`prometheus`]) or OpenTelemetry Collector ([`otelcol`]), and break the path to a server
-//! ([`relay`]).
+//! Kubernetes control plane ([`control_plane`]) with client identities on it ([`identities`]) or
+//! a cluster ([`cluster`]), run a real Prometheus ([`prometheus`]) or OpenTelemetry Collector
+//! ([`otelcol`]), and break the path to a server ([`relay`]).
 //!
 //! Integration tests take it in as `use flagd_proxy_testkit as support;`.
 
@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod control_plane;
 pub mod flag_sets;
 pub mod helm;
+pub mod identities;
 pub mod otelcol;
 pub mod prometheus;
 pub mod raw_h2;

@@ -1,6 +1,8 @@
 //! Reading what a process exposes: samples of the API server's Prometheus text format, and the
 //! TCP connections a process holds (from `/proc`).
 
+use std::collections::BTreeMap;
+
 /// Sums `apiserver_longrunning_requests` samples with `verb="WATCH"` and the given resource.
 pub fn sum_long_running_watches(metrics: &str, resource: &str) -> u64 {
     sum_samples(metrics, "apiserver_longrunning_requests", "WATCH", resource)
@@ -9,29 +11,91 @@ pub fn sum_long_running_watches(metrics: &str, resource: &str) -> u64 {
 /// Sum of the samples of the apiserver metric `name` with labels `verb` and `resource`, over all
 /// other labels.
 pub(crate) fn sum_samples(metrics: &str, name: &str, verb: &str, resource: &str) -> u64 {
+    let total: f64 = samples(metrics, name)
+        .filter(|(labels, _)| {
+            label(labels, "verb") == Some(verb) && label(labels, "resource") == Some(resource)
+        })
+        .map(|(_, value)| value)
+        .sum();
+    total.max(0.0).round() as u64
+}
+
+/// The samples of metric `name`: their labels and values.
+fn samples<'a>(
+    metrics: &'a str,
+    name: &str,
+) -> impl Iterator<Item = (Vec<(String, String)>, f64)> + 'a {
     let prefix = format!("{name}{{");
-    let mut total = 0.0_f64;
-    for line in metrics.lines() {
-        let Some(rest) = line.strip_prefix(&prefix) else {
-            continue;
-        };
-        let Some((labels, value)) = rest.rsplit_once('}') else {
-            continue;
-        };
-        let labels = parse_labels(labels);
-        let label = |name: &str| {
-            labels
-                .iter()
-                .find(|(k, _)| k == name)
-                .map(|(_, v)| v.as_str())
-        };
-        if label("verb") == Some(verb) && label("resource") == Some(resource) {
-            // A sample may carry a timestamp after the value.
-            let value = value.split_whitespace().next().unwrap_or("0");
-            total += value.parse::<f64>().unwrap_or(0.0);
+    metrics.lines().filter_map(move |line| {
+        let (labels, value) = line.strip_prefix(&prefix)?.rsplit_once('}')?;
+        // A sample may carry a timestamp after the value.
+        let value = value.split_whitespace().next()?.parse::<f64>().ok()?;
+        Some((parse_labels(labels), value))
+    })
+}
+
+fn label<'a>(labels: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    labels
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+/// What the API server has counted at one moment: `apiserver_request_total` by verb and
+/// resource (summed over the other labels), and the watches open
+/// (`apiserver_longrunning_requests`, verb `WATCH`) by resource.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RequestCounts {
+    pub answered: BTreeMap<(String, String), u64>,
+    pub open_watches: BTreeMap<String, u64>,
+}
+
+impl RequestCounts {
+    /// Reads them from the API server's `/metrics` text.
+    pub fn parse(metrics: &str) -> Self {
+        let mut answered = BTreeMap::<(String, String), f64>::new();
+        for (labels, value) in samples(metrics, "apiserver_request_total") {
+            let key = |name| label(&labels, name).unwrap_or_default().to_owned();
+            *answered.entry((key("verb"), key("resource"))).or_default() += value;
+        }
+        let mut open_watches = BTreeMap::<String, f64>::new();
+        for (labels, value) in samples(metrics, "apiserver_longrunning_requests") {
+            if label(&labels, "verb") == Some("WATCH") {
+                let resource = label(&labels, "resource").unwrap_or_default().to_owned();
+                *open_watches.entry(resource).or_default() += value;
+            }
+        }
+        let round = |v: f64| v.max(0.0).round() as u64;
+        RequestCounts {
+            answered: answered.into_iter().map(|(k, v)| (k, round(v))).collect(),
+            open_watches: open_watches
+                .into_iter()
+                .map(|(k, v)| (k, round(v)))
+                .collect(),
         }
     }
-    total.max(0.0).round() as u64
+
+    /// The requests made between `before` and these counts, by verb and resource: those
+    /// answered in between, plus, for watches, the rise in open ones (the API server counts a
+    /// watch in `apiserver_request_total` only once it has ended).
+    pub fn since(&self, before: &RequestCounts) -> BTreeMap<(String, String), u64> {
+        let mut made = BTreeMap::new();
+        for (key, count) in &self.answered {
+            let was = before.answered.get(key).copied().unwrap_or(0);
+            if *count > was {
+                made.insert(key.clone(), count - was);
+            }
+        }
+        for (resource, open) in &self.open_watches {
+            let was = before.open_watches.get(resource).copied().unwrap_or(0);
+            if *open > was {
+                *made
+                    .entry(("WATCH".to_owned(), resource.clone()))
+                    .or_default() += open - was;
+            }
+        }
+        made
+    }
 }
 
 /// The TCP connections process `pid` holds to 127.0.0.1:`port` (from /proc: its socket file
@@ -102,4 +166,49 @@ fn parse_labels(text: &str) -> Vec<(String, String)> {
         labels.push((name.trim().to_owned(), value));
     }
     labels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BEFORE: &str = r#"# TYPE apiserver_request_total counter
+apiserver_request_total{code="201",component="apiserver",group="authentication.k8s.io",resource="tokenreviews",scope="resource",subresource="",verb="POST",version="v1"} 3
+apiserver_request_total{code="200",component="apiserver",group="",resource="pods",scope="cluster",subresource="",verb="LIST",version="v1"} 1
+apiserver_request_total{code="200",component="apiserver",group="",resource="",scope="",subresource="/metrics",verb="GET",version=""} 7
+apiserver_longrunning_requests{component="apiserver",group="",resource="pods",scope="cluster",subresource="",verb="WATCH",version="v1"} 1
+"#;
+
+    const AFTER: &str = r#"apiserver_request_total{code="201",component="apiserver",group="authentication.k8s.io",resource="tokenreviews",scope="resource",subresource="",verb="POST",version="v1"} 5
+apiserver_request_total{code="500",component="apiserver",group="authentication.k8s.io",resource="tokenreviews",scope="resource",subresource="",verb="POST",version="v1"} 1
+apiserver_request_total{code="200",component="apiserver",group="",resource="pods",scope="cluster",subresource="",verb="LIST",version="v1"} 1
+apiserver_request_total{code="200",component="apiserver",group="",resource="pods",scope="cluster",subresource="",verb="WATCH",version="v1"} 1
+apiserver_request_total{code="200",component="apiserver",group="",resource="",scope="",subresource="/metrics",verb="GET",version=""} 8
+apiserver_longrunning_requests{component="apiserver",group="",resource="pods",scope="cluster",subresource="",verb="WATCH",version="v1"} 2
+"#;
+
+    fn key(verb: &str, resource: &str) -> (String, String) {
+        (verb.to_owned(), resource.to_owned())
+    }
+
+    #[test]
+    fn requests_made_between_two_readings_by_verb_and_resource() {
+        let before = RequestCounts::parse(BEFORE);
+        let after = RequestCounts::parse(AFTER);
+        assert_eq!(before.answered[&key("POST", "tokenreviews")], 3);
+        let made = after.since(&before);
+        assert_eq!(
+            made,
+            BTreeMap::from([
+                (key("GET", ""), 1),
+                (key("POST", "tokenreviews"), 3),
+                // One watch ended, and two more are open than before.
+                (key("WATCH", "pods"), 2),
+            ])
+        );
+        assert_eq!(
+            sum_samples(AFTER, "apiserver_request_total", "POST", "tokenreviews"),
+            6
+        );
+    }
 }
