@@ -1,8 +1,8 @@
 //! The command line: the `flagd-proxy` command, its subcommands, and [`parse_from`], which
-//! applies the `--config` file. The flags of `start` live in `start.rs` (one group per component,
-//! each turned into that component's settings); the Markdown reference in `docs.rs`. Every flag
-//! has an environment variable; `docs/cli.md` is generated from these definitions
-//! (`flagd-proxy generate-cli-docs`) and checked by a test.
+//! applies the `--config` file. The flags of `start` live in `start.rs` and `start/` (one group
+//! per component, each turned into that component's settings); the Markdown reference in
+//! `docs.rs`. Every flag has an environment variable; `docs/cli.md` is generated from these
+//! definitions (`flagd-proxy generate-cli-docs`) and checked by a test.
 //!
 //! `--config FILE` supplies values for the flags of `start` from a YAML or JSON file, as the Go
 //! flagd-proxy's `--config` does: a flag given on the command line or through its environment

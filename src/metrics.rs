@@ -1,66 +1,29 @@
 //! Prometheus metrics, registered once and shared by every part of the proxy.
+//!
+//! This file holds [`Metrics`], the registration of its families and the scrape (text and
+//! protobuf); the label sets are in `labels.rs`, the families of errors and refusals in
+//! `errors.rs`, the gauges of the watched resources in `resources.rs` and the process metrics
+//! in `process.rs`.
 use std::sync::atomic::AtomicU64;
 
-use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::{Metric, Registry};
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ProtocolLabels {
-    pub protocol: &'static str,
-}
+mod errors;
+mod labels;
+mod process;
+mod resources;
 
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct EncodingLabels {
-    pub encoding: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct AcceptLabels {
-    /// `yes` when the client listed gzip in `grpc-accept-encoding`, `no` otherwise.
-    pub accepts_gzip: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ResourceLabels {
-    pub namespace: String,
-    pub name: String,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SourceErrorLabels {
-    pub source: &'static str,
-    pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct PortLabels {
-    pub port: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct KindLabels {
-    pub kind: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct ReasonLabels {
-    pub reason: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct StateLabels {
-    pub state: &'static str,
-}
-
-#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-pub struct SignalLabels {
-    /// `metrics` or `traces`.
-    pub signal: &'static str,
-}
+pub use errors::REJECT_REASONS;
+pub use labels::{
+    AcceptLabels, EncodingLabels, KindLabels, PortLabels, ProtocolLabels, ReasonLabels,
+    ResourceLabels, SignalLabels, SourceErrorLabels, StateLabels,
+};
+use process::ProcessCollector;
+pub use resources::{STATE_INVALID, WatchedResource};
 
 /// The metrics in Prometheus' protobuf data model, as the OTLP exporter reads them.
 pub use prometheus_client::encoding::prometheus_protobuf::prometheus_data_model as data_model;
@@ -288,41 +251,6 @@ impl Metrics {
         }
     }
 
-    /// Sets the gauges of the watched resources from `resources`: each resource's state (as
-    /// `/status` names it; every one of `states` is reported, 0 when no resource is in it) and
-    /// subscribers. Called when scraped.
-    pub fn observe_resources<'a>(
-        &self,
-        states: &[&'static str],
-        resources: impl IntoIterator<Item = WatchedResource<'a>>,
-    ) {
-        let mut counts: Vec<(&'static str, i64)> = states.iter().map(|s| (*s, 0)).collect();
-        self.watched_resources.clear();
-        self.version_rejected.clear();
-        self.subscribers.clear();
-        for resource in resources {
-            match counts.iter_mut().find(|(s, _)| *s == resource.state) {
-                Some((_, count)) => *count += 1,
-                None => counts.push((resource.state, 1)),
-            }
-            let labels = ResourceLabels {
-                namespace: resource.namespace.to_owned(),
-                name: resource.name.to_owned(),
-            };
-            if resource.state == STATE_INVALID {
-                self.version_rejected.get_or_create(&labels).set(1);
-            }
-            self.subscribers
-                .get_or_create(&labels)
-                .set(i64::try_from(resource.subscribers).unwrap_or(i64::MAX));
-        }
-        for (state, count) in counts {
-            self.watched_resources
-                .get_or_create(&StateLabels { state })
-                .set(count);
-        }
-    }
-
     /// What compression sends and saves.
     #[allow(clippy::type_complexity)]
     fn compression_metrics(
@@ -370,33 +298,6 @@ impl Metrics {
         (failures, dropped)
     }
 
-    /// Source errors and refused requests.
-    fn error_metrics(
-        proxy: &mut Registry,
-    ) -> (
-        Family<SourceErrorLabels, Counter>,
-        Family<ReasonLabels, Counter>,
-    ) {
-        let source_errors = registered(
-            proxy,
-            "source_errors",
-            "Errors reading from a source",
-            Family::default(),
-        );
-        let rejected_requests: Family<ReasonLabels, Counter> = registered(
-            proxy,
-            "rejected_requests",
-            "Requests refused, by reason",
-            Family::default(),
-        );
-        // Every reason from the start, at 0: a first refusal is then an increase that rate()
-        // and increase() see, not the start of a series.
-        for reason in REJECT_REASONS {
-            drop(rejected_requests.get_or_create(&ReasonLabels { reason }));
-        }
-        (source_errors, rejected_requests)
-    }
-
     /// The Prometheus text exposition of every metric after `observe` has set the gauges that
     /// are set when scraped; one scrape at a time, so none sees another's half-set gauges.
     pub fn encode_observed(&self, observe: impl FnOnce(&Self)) -> String {
@@ -433,113 +334,6 @@ impl Metrics {
     pub fn observe_propagation(&self, elapsed: std::time::Duration) {
         self.propagation_seconds.observe(elapsed.as_secs_f64());
     }
-
-    pub fn reject(&self, reason: &'static str) {
-        debug_assert!(
-            REJECT_REASONS.contains(&reason),
-            "{reason} is not in REJECT_REASONS"
-        );
-        self.rejected_requests
-            .get_or_create(&ReasonLabels { reason })
-            .inc();
-    }
-
-    pub fn source_error(&self, source: &'static str, kind: &'static str) {
-        self.source_errors
-            .get_or_create(&SourceErrorLabels { source, kind })
-            .inc();
-    }
-}
-
-/// Every `reason` of `flagd_proxy_rejected_requests_total`: the limits (named after their flags)
-/// and the refusals that are not limits (a client not allowed to read, a selector that is not
-/// one).
-pub const REJECT_REASONS: [&str; 12] = [
-    "max_watches",
-    "max_waiting_resources",
-    "max_connections",
-    "max_connections_per_address",
-    "max_pending_requests_per_address",
-    "max_management_connections",
-    "max_management_connections_per_address",
-    "max_header_bytes",
-    "max_request_bytes",
-    "memory_budget",
-    "unauthorized",
-    "invalid_selector",
-];
-
-/// One watched resource, as [`Metrics::observe_resources`] reports it.
-pub struct WatchedResource<'a> {
-    pub namespace: &'a str,
-    pub name: &'a str,
-    pub state: &'static str,
-    pub subscribers: usize,
-}
-
-/// The state of a resource whose newest version is refused (see [`Metrics::observe_resources`]).
-pub const STATE_INVALID: &str = "invalid";
-
-/// Clock ticks per second of the CPU times in `/proc/self/stat` (`USER_HZ`: 100 on every Linux
-/// architecture, whatever the kernel's own tick rate).
-const USER_HZ: f64 = 100.0;
-
-/// The process' CPU time and resident memory, read from `/proc/self` when scraped, under the
-/// names every Prometheus client uses (`process_cpu_seconds_total`,
-/// `process_resident_memory_bytes`), so the usual dashboards and alerts work without cAdvisor.
-/// Nothing is exported where `/proc` cannot be read.
-#[derive(Debug)]
-struct ProcessCollector;
-
-impl ProcessCollector {
-    /// User plus system CPU seconds, from `/proc/self/stat`.
-    fn cpu_seconds() -> Option<f64> {
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        // The command name (field 2) may hold spaces; the fields after it start past its ')'.
-        let rest = &stat[stat.rfind(')')? + 1..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
-        let utime: f64 = fields.get(11)?.parse().ok()?;
-        let stime: f64 = fields.get(12)?.parse().ok()?;
-        Some((utime + stime) / USER_HZ)
-    }
-
-    /// Resident memory in bytes, from `VmRSS` in `/proc/self/status`.
-    fn resident_bytes() -> Option<i64> {
-        let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-        let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
-    }
-}
-
-impl prometheus_client::collector::Collector for ProcessCollector {
-    fn encode(
-        &self,
-        mut encoder: prometheus_client::encoding::DescriptorEncoder,
-    ) -> Result<(), std::fmt::Error> {
-        use prometheus_client::metrics::counter::ConstCounter;
-        use prometheus_client::metrics::gauge::ConstGauge;
-        if let Some(seconds) = Self::cpu_seconds() {
-            let help = "User and system CPU time of the proxy process, in seconds";
-            encode_one(
-                &mut encoder,
-                "process_cpu_seconds",
-                help,
-                ConstCounter::new(seconds),
-            )?;
-        }
-        if let Some(bytes) = Self::resident_bytes() {
-            let help = "Resident memory of the proxy process, in bytes";
-            encode_one(
-                &mut encoder,
-                "process_resident_memory_bytes",
-                help,
-                ConstGauge::new(bytes),
-            )?;
-        }
-        Ok(())
-    }
 }
 
 /// Registers `metric` under `name` and returns it (metrics are handles; the clone is the same
@@ -549,88 +343,5 @@ fn registered<M: Metric + Clone>(registry: &mut Registry, name: &str, help: &str
     metric
 }
 
-/// Encodes one metric without labels under `name`.
-fn encode_one(
-    encoder: &mut prometheus_client::encoding::DescriptorEncoder,
-    name: &str,
-    help: &str,
-    metric: impl prometheus_client::encoding::EncodeMetric,
-) -> Result<(), std::fmt::Error> {
-    let metric_encoder = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
-    metric.encode(metric_encoder)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_refusal_reason_is_exported_from_the_start() {
-        let text = Metrics::new().encode();
-        for reason in REJECT_REASONS {
-            let line = format!("flagd_proxy_rejected_requests_total{{reason=\"{reason}\"}} 0");
-            assert!(text.contains(&line), "{line} in {text}");
-        }
-    }
-
-    #[test]
-    fn process_metrics_are_exported() {
-        let text = Metrics::new().encode();
-        let value = |name: &str| -> f64 {
-            text.lines()
-                .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-                .unwrap_or_else(|| panic!("no {name} in {text}"))
-                .parse()
-                .expect("a number")
-        };
-        assert!(value("process_resident_memory_bytes") > 0.0);
-        assert!(value("process_cpu_seconds_total") >= 0.0);
-    }
-
-    #[test]
-    fn resources_are_counted_by_state_and_refused_versions_named() {
-        let metrics = Metrics::new();
-        let states = ["present", "invalid"];
-        let resource = |namespace, name, state, subscribers| WatchedResource {
-            namespace,
-            name,
-            state,
-            subscribers,
-        };
-        metrics.observe_resources(
-            &states,
-            [
-                resource("a", "one", "present", 3),
-                resource("b", "two", "invalid", 1),
-                resource("c", "three", "absent", 0),
-            ],
-        );
-        let text = metrics.encode();
-        for line in [
-            "flagd_proxy_watched_resources{state=\"present\"} 1",
-            "flagd_proxy_watched_resources{state=\"invalid\"} 1",
-            "flagd_proxy_watched_resources{state=\"absent\"} 1",
-            "flagd_proxy_version_rejected{namespace=\"b\",name=\"two\"} 1",
-            "flagd_proxy_subscribers{namespace=\"a\",name=\"one\"} 3",
-        ] {
-            assert!(text.contains(line), "{line} in {text}");
-        }
-        // Fixed: the series goes, and the count of a listed state stays, at 0.
-        metrics.observe_resources(&states, [resource("b", "two", "present", 2)]);
-        let text = metrics.encode();
-        assert!(!text.contains("flagd_proxy_version_rejected{"), "{text}");
-        assert!(
-            text.contains("flagd_proxy_watched_resources{state=\"invalid\"} 0"),
-            "{text}"
-        );
-        assert!(
-            text.contains("flagd_proxy_watched_resources{state=\"present\"} 1"),
-            "{text}"
-        );
-        assert!(!text.contains("state=\"absent\""), "{text}");
-        assert!(
-            !text.contains("flagd_proxy_subscribers{namespace=\"a\""),
-            "{text}"
-        );
-    }
-}
+mod tests;

@@ -1,10 +1,11 @@
 //! Property tests: arbitrary JSON, biased towards the `FeatureFlag` shape, never makes the
 //! conversion panic, and whatever it accepts is a document clients can use.
+use super::warnings::KNOWN_OPERATORS;
 use super::*;
 use crate::document::{DOCUMENT_KEYS, FLAG_KEYS};
 use proptest::prelude::*;
 use proptest::sample::select;
-use serde_json::json;
+use serde_json::{Map, Value, json};
 
 /// An object of the fields that are present, and one `extra` field.
 fn present<const N: usize>(

@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::parsing::{Cancel, SMALL_FILE_BYTES};
 use super::*;
+use crate::locks::lock;
 
 /// Holds the parses of files named `large*` until it is opened; counts the parses under way
 /// (and the most at once) and those of large files started.

@@ -1,0 +1,197 @@
+//! Reading a running proxy's state: `/status` and `/metrics` fetched over plain HTTP/1.1 from
+//! its management port, the Prometheus samples parsed, and both gathered into a [`Report`].
+use std::collections::BTreeMap;
+
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::{Memory, REQUEST_TIMEOUT, Report, ResourceReport, StatusError, Watches};
+
+/// What `/status` says (the fields this command reads; others are kept in `source_status`).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct StatusPage {
+    ready: bool,
+    source: String,
+    #[serde(default)]
+    source_status: Value,
+    #[serde(default)]
+    resources: Vec<StatusResource>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(super) struct StatusResource {
+    selector: String,
+    availability: String,
+    reason: Option<String>,
+    version: Option<u64>,
+    bytes: Option<u64>,
+    subscribers: u64,
+    #[serde(default)]
+    version_age_seconds: Option<f64>,
+}
+
+/// Reads the state of the proxy whose management port is at `address` (`host:port`).
+pub async fn fetch(address: &str) -> Result<Report, StatusError> {
+    let status = get(address, "/status").await?;
+    let metrics = get(address, "/metrics").await?;
+    let page: StatusPage = serde_json::from_slice(&status).map_err(|source| StatusError::Json {
+        address: address.to_owned(),
+        source,
+    })?;
+    Ok(Report::new(
+        address,
+        page,
+        &Samples::parse(&String::from_utf8_lossy(&metrics)),
+    ))
+}
+
+/// One HTTP/1.1 GET on a connection of its own: the body of a 200 answer.
+async fn get(address: &str, path: &'static str) -> Result<Bytes, StatusError> {
+    let timeout = || StatusError::Timeout {
+        address: address.to_owned(),
+        path,
+    };
+    tokio::time::timeout(REQUEST_TIMEOUT, get_unbounded(address, path))
+        .await
+        .map_err(|_| timeout())?
+}
+
+async fn get_unbounded(address: &str, path: &'static str) -> Result<Bytes, StatusError> {
+    let http = |source| StatusError::Http {
+        address: address.to_owned(),
+        path,
+        source,
+    };
+    let tcp = tokio::net::TcpStream::connect(address)
+        .await
+        .map_err(|source| StatusError::Connect {
+            address: address.to_owned(),
+            source,
+        })?;
+    let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .map_err(http)?;
+    let connection = tokio::spawn(connection);
+    let request = hyper::Request::get(path)
+        .header(hyper::header::HOST, address)
+        .body(Empty::<Bytes>::new())
+        .expect("a GET with a path and a host is a valid request");
+    let response = sender.send_request(request).await.map_err(http)?;
+    let status = response.status();
+    let body = response.into_body().collect().await.map_err(http)?;
+    connection.abort();
+    if status != hyper::StatusCode::OK {
+        return Err(StatusError::Status {
+            address: address.to_owned(),
+            path,
+            status,
+        });
+    }
+    Ok(body.to_bytes())
+}
+
+/// The samples of a Prometheus text exposition: (name, labels, value).
+pub(super) struct Samples(Vec<(String, BTreeMap<String, String>, f64)>);
+
+impl Samples {
+    /// Reads `name{label="value",...} number` lines; comments and lines it cannot read are
+    /// skipped (this proxy's label values hold no quotes or commas).
+    pub(super) fn parse(text: &str) -> Self {
+        let samples = text
+            .lines()
+            .filter(|line| !line.starts_with('#'))
+            .filter_map(|line| {
+                let (series, value) = line.rsplit_once(' ')?;
+                let value: f64 = value.trim().parse().ok()?;
+                let (name, labels) = match series.split_once('{') {
+                    Some((name, labels)) => (name, labels.strip_suffix('}')?),
+                    None => (series, ""),
+                };
+                let labels = labels
+                    .split(',')
+                    .filter(|pair| !pair.is_empty())
+                    .filter_map(|pair| {
+                        let (key, value) = pair.split_once('=')?;
+                        Some((key.to_owned(), value.trim_matches('"').to_owned()))
+                    })
+                    .collect();
+                Some((name.to_owned(), labels, value))
+            })
+            .collect();
+        Self(samples)
+    }
+
+    /// The value of an unlabelled sample.
+    fn value(&self, name: &str) -> Option<f64> {
+        self.0
+            .iter()
+            .find(|(n, labels, _)| n == name && labels.is_empty())
+            .map(|(_, _, value)| *value)
+    }
+
+    /// Samples of `name` (only those above 0 unless `zeros`), keyed by the values of `labels`
+    /// (joined with `/`).
+    fn by(&self, name: &str, labels: &[&str], zeros: bool) -> BTreeMap<String, u64> {
+        self.0
+            .iter()
+            .filter(|(n, _, value)| n == name && (zeros || *value > 0.0))
+            .map(|(_, set, value)| {
+                let key: Vec<&str> = labels
+                    .iter()
+                    .map(|label| set.get(*label).map_or("", String::as_str))
+                    .collect();
+                (key.join("/"), *value as u64)
+            })
+            .collect()
+    }
+}
+
+impl Report {
+    pub(super) fn new(address: &str, page: StatusPage, samples: &Samples) -> Self {
+        let count = |name: &str| samples.value(name).map_or(0, |v| v as u64);
+        let resources = page
+            .resources
+            .into_iter()
+            .map(|r| ResourceReport {
+                selector: r.selector,
+                state: r.availability,
+                version: r.version,
+                version_age_seconds: r.version_age_seconds,
+                bytes: r.bytes,
+                subscribers: r.subscribers,
+                last_error: r.reason,
+            })
+            .collect();
+        Report {
+            address: address.to_owned(),
+            ready: page.ready,
+            source: page.source,
+            source_status: page.source_status,
+            resources,
+            watches: Watches {
+                active: count("flagd_proxy_upstream_watches"),
+                waiting: count("flagd_proxy_waiting_resources"),
+            },
+            connections: samples.by("flagd_proxy_open_connections", &["port"], true),
+            limits_hit: samples.by("flagd_proxy_rejected_requests_total", &["reason"], false),
+            memory: Memory {
+                budget: count("flagd_proxy_memory_budget_bytes"),
+                charged: samples.by("flagd_proxy_memory_charged_bytes", &["kind"], true),
+            },
+            invalid_versions: samples.by(
+                "flagd_proxy_invalid_documents_total",
+                &["namespace", "name"],
+                false,
+            ),
+            certificate_expires_at: samples
+                .value("flagd_proxy_tls_certificate_expiry_timestamp_seconds")
+                .filter(|at| *at > 0.0)
+                .map(|at| at as u64),
+        }
+    }
+}

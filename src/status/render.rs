@@ -1,0 +1,186 @@
+//! Printing a [`Report`]: as JSON for scripts, or as a table for people (every resource with its
+//! state, version and age, then the watches, connections, limits hit, memory and certificate).
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::Value;
+
+use super::{Memory, Report};
+
+impl Memory {
+    /// "12.0 MiB of 384.0 MiB budget (versions 4.0 MiB, ...)".
+    pub(super) fn summary(&self) -> String {
+        let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1_048_576.0);
+        let used: u64 = self.charged.values().sum();
+        let budget = match self.budget {
+            0 => "no budget".to_owned(),
+            budget => format!("of {} budget", mib(budget)),
+        };
+        let parts: Vec<String> = self
+            .charged
+            .iter()
+            .map(|(kind, bytes)| format!("{kind} {}", mib(*bytes)))
+            .collect();
+        format!("{} charged {budget} ({})", mib(used), parts.join(", "))
+    }
+}
+
+impl Report {
+    /// The report as JSON, for scripts.
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).expect("a report serializes") + "\n"
+    }
+
+    /// The report as text for a terminal; `now` dates the certificate's expiry.
+    pub fn to_table(&self, now: SystemTime) -> String {
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "flagd-proxy at {}: {}, source {}{}",
+            self.address,
+            if self.ready { "ready" } else { "NOT READY" },
+            self.source,
+            source_summary(&self.source_status),
+        );
+        out.push('\n');
+        if self.resources.is_empty() {
+            out.push_str("No resource is watched (no client has asked for one).\n");
+        } else {
+            let rows: Vec<[String; 6]> = self
+                .resources
+                .iter()
+                .map(|r| {
+                    [
+                        r.selector.clone(),
+                        r.state.clone(),
+                        r.version.map_or("-".into(), |v| v.to_string()),
+                        r.version_age_seconds
+                            .map_or("-".into(), |s| age(Duration::from_secs_f64(s.max(0.0)))),
+                        r.subscribers.to_string(),
+                        r.last_error.clone().unwrap_or_else(|| "-".into()),
+                    ]
+                })
+                .collect();
+            table(
+                &mut out,
+                [
+                    "RESOURCE",
+                    "STATE",
+                    "VERSION",
+                    "AGE",
+                    "SUBSCRIBERS",
+                    "LAST ERROR",
+                ],
+                &rows,
+            );
+        }
+        out.push('\n');
+        let _ = writeln!(
+            out,
+            "Watches:      {} active, {} waiting for their resource to exist",
+            self.watches.active, self.watches.waiting
+        );
+        let _ = writeln!(out, "Connections:  {}", listing(&self.connections));
+        let _ = writeln!(out, "Limits hit:   {}", listing(&self.limits_hit));
+        let _ = writeln!(out, "Memory:       {}", self.memory.summary());
+        let _ = writeln!(out, "Refused versions: {}", listing(&self.invalid_versions));
+        if let Some(at) = self.certificate_expires_at {
+            let at_time = UNIX_EPOCH + Duration::from_secs(at);
+            let when = match at_time.duration_since(now) {
+                Ok(left) => format!("expires in {}", age(left)),
+                Err(past) => format!("EXPIRED {} ago", age(past.duration())),
+            };
+            let _ = writeln!(out, "Certificate:  {when}");
+        }
+        for problem in source_problems(&self.source_status) {
+            let _ = writeln!(out, "Source problem: {problem}");
+        }
+        out
+    }
+}
+
+/// What the source's report adds to the first line.
+fn source_summary(status: &Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(n) = status.get("resources").and_then(Value::as_u64) {
+        parts.push(format!("{n} resources in the files"));
+    }
+    for key in ["apiServer", "upstream"] {
+        if let Some(text) = status.get(key).and_then(Value::as_str) {
+            parts.push(text.to_owned());
+        }
+    }
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
+}
+
+/// The source's problems (files that do not parse), one line each.
+fn source_problems(status: &Value) -> Vec<String> {
+    status
+        .get("problems")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .map(|p| match (p.get("path"), p.get("error")) {
+            (Some(path), Some(error)) => format!(
+                "{}: {}",
+                path.as_str().unwrap_or_default(),
+                error.as_str().unwrap_or_default()
+            ),
+            _ => p.to_string(),
+        })
+        .collect()
+}
+
+/// `key value, key value`, or `none`.
+fn listing(entries: &BTreeMap<String, u64>) -> String {
+    if entries.is_empty() {
+        return "none".into();
+    }
+    entries
+        .iter()
+        .map(|(key, value)| format!("{key} {value}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// A duration in its two largest units: `42s`, `3m12s`, `5h4m`, `13d2h`.
+pub(super) fn age(duration: Duration) -> String {
+    let s = duration.as_secs();
+    match s {
+        0..60 => format!("{s}s"),
+        60..3600 => format!("{}m{}s", s / 60, s % 60),
+        3600..86400 => format!("{}h{}m", s / 3600, s % 3600 / 60),
+        _ => format!("{}d{}h", s / 86400, s % 86400 / 3600),
+    }
+}
+
+/// Columns padded to their widest cell; the last column is not padded.
+fn table<const N: usize>(out: &mut String, header: [&str; N], rows: &[[String; N]]) {
+    let mut widths = header.map(str::len);
+    for row in rows {
+        for (width, cell) in widths.iter_mut().zip(row) {
+            *width = (*width).max(cell.chars().count());
+        }
+    }
+    let mut line = |cells: Vec<&str>| {
+        let mut text = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == N {
+                text.push_str(cell);
+            } else {
+                let _ = write!(text, "{cell:<width$}  ", width = widths[i]);
+            }
+        }
+        out.push_str(text.trim_end());
+        out.push('\n');
+    };
+    line(header.to_vec());
+    for row in rows {
+        line(row.iter().map(String::as_str).collect());
+    }
+}
