@@ -9,7 +9,9 @@
 //! `storm.rs`). Prints a Markdown table and can write JSON. With `--soak`, it soaks this proxy
 //! instead: hours of churn compressed, with the proxy's resources sampled and required to come
 //! back to their baseline (see `soak.rs`). With `--tiers`, it measures the two tiers as a
-//! system: a central proxy feeding node proxies, and their faults (see `tiers.rs`).
+//! system: a central proxy feeding node proxies, and their faults (see `tiers.rs`). With
+//! `--attacks`, it runs the hostile attacks of docs/security.md against this proxy and,
+//! with `--baseline-bin`, against an earlier build (see `attacks.rs`).
 //!
 //! A run that finds the proxy under test incorrect (a subscriber missed an update, ended on an old
 //! version or lost its stream; or the run itself failed) still prints and writes its report, then
@@ -45,6 +47,7 @@ use flagd_proxy::protocol::client::flagd_sync_v1::SyncFlagsRequest;
 use flagd_proxy_testkit::control_plane::{self, ControlPlane, free_port};
 
 mod args;
+mod attacks;
 mod floor;
 mod load;
 mod phases;
@@ -113,9 +116,11 @@ fn main() -> anyhow::Result<ExitCode> {
         .worker_threads(args.threads.max(1))
         .enable_all()
         .build()?;
-    if args.soak || args.tiers {
+    if args.soak || args.tiers || args.attacks {
         let status = if args.soak {
             runtime.block_on(soak::main(&args))?
+        } else if args.attacks {
+            runtime.block_on(attacks::main(&args))?
         } else {
             runtime.block_on(tiers::main(&args))?
         };
