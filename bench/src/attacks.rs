@@ -137,22 +137,7 @@ pub(crate) struct Build {
 
 /// Runs the attacks against every build; 1 when a row of this build has no figure.
 pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
-    let mut builds = Vec::new();
-    if let Some(bin) = &args.baseline_bin {
-        builds.push(Build {
-            label: "before",
-            bin: bin.clone(),
-        });
-    }
-    builds.push(Build {
-        label: "now",
-        bin: rust_bin(args)?,
-    });
-    for build in &builds {
-        if !build.bin.is_file() {
-            bail!("{} not found", build.bin.display());
-        }
-    }
+    let builds = builds(args)?;
     let workdir = std::env::temp_dir().join(format!("flagd-proxy-attacks-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
     let started = Instant::now();
@@ -214,6 +199,27 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
         eprintln!("flagd-proxy-bench: attacks without a figure for this build: {missing:?}");
         Ok(1)
     }
+}
+
+/// The builds to attack: `--baseline-bin` first, if given, then `--proxy-bin`.
+fn builds(args: &Args) -> anyhow::Result<Vec<Build>> {
+    let mut builds = Vec::new();
+    if let Some(bin) = &args.baseline_bin {
+        builds.push(Build {
+            label: "before",
+            bin: bin.clone(),
+        });
+    }
+    builds.push(Build {
+        label: "now",
+        bin: rust_bin(args)?,
+    });
+    for build in &builds {
+        if !build.bin.is_file() {
+            bail!("{} not found", build.bin.display());
+        }
+    }
+    Ok(builds)
 }
 
 /// Runs attack `row` in a task of its own, so that an attack that fails (or a helper that

@@ -77,7 +77,7 @@ fn first_mode(path: &Path) -> Option<u32> {
 pub(crate) async fn early_signals(ctx: &Ctx) -> anyhow::Result<Measured> {
     let manifests = demo_manifests(ctx)?;
     let starts = ctx.sizes.starts;
-    let mut alive = 0;
+    let (mut alive, mut died) = (0, Vec::new());
     for i in 0..starts {
         let args = ["--manifests".to_owned(), manifests.clone()];
         let log = ctx.dir.join(format!("proxy-{i}.log"));
@@ -92,10 +92,20 @@ pub(crate) async fn early_signals(ctx: &Ctx) -> anyhow::Result<Measured> {
         }
         if wait_ready(&mut proxy).await.is_ok() && proxy.exited().is_none() {
             alive += 1;
+        } else {
+            died.push(format!("{delay} ms"));
         }
     }
+    let died = if died.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " (ended: the signals sent {} after the start)",
+            died.join(", ")
+        )
+    };
     Ok(Measured::outcome(format!(
-        "alive and serving after the signals in {alive} of {starts} starts"
+        "alive and serving after the signals in {alive} of {starts} starts{died}"
     )))
 }
 
