@@ -268,7 +268,8 @@ pub(crate) struct Args {
     pub(crate) attacks: bool,
 
     /// Attacks: an earlier build of this proxy, attacked the same way beside `--proxy-bin`
-    /// (only flags both builds accept are passed).
+    /// (only flags both builds accept are passed; `--proxy-arg` goes to `--proxy-bin` only, in
+    /// the attacks on a running proxy).
     #[arg(long, value_name = "PATH")]
     pub(crate) baseline_bin: Option<PathBuf>,
 

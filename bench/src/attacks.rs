@@ -157,6 +157,11 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
                 sizes,
                 quiet: args.attacks_quiet,
                 max_rss_mib: args.max_rss_mib,
+                extra: if build.label == "now" {
+                    args.proxy_arg.clone()
+                } else {
+                    Vec::new()
+                },
             };
             eprintln!("{}: attack {row}", build.label);
             let measured = run(row, ctx).await;

@@ -16,6 +16,8 @@ pub(crate) struct Ctx {
     pub(crate) sizes: Sizes,
     pub(crate) quiet: Duration,
     pub(crate) max_rss_mib: u64,
+    /// `--proxy-arg`s, for the build under test only (the attacks on a running proxy).
+    pub(crate) extra: Vec<String>,
 }
 
 /// What one attack measured against one build.
@@ -76,6 +78,7 @@ impl Scene {
         let manifests = demo_manifests(ctx)?;
         let mut args = vec!["--manifests".to_owned(), manifests.display().to_string()];
         args.extend(extra.iter().map(|a| (*a).to_owned()));
+        args.extend(ctx.extra.iter().cloned());
         let mut proxy = ProxyProcess::launch(&ctx.bin, &args, ctx.dir.join("proxy.log"))?;
         wait_ready(&mut proxy).await?;
         let guard = RssGuard::spawn(proxy.pid, ctx.max_rss_mib);
@@ -121,13 +124,18 @@ impl Scene {
 
     /// The sum of `flagd_proxy_rejected_requests_total` over its reasons.
     pub(crate) async fn rejected(&self) -> f64 {
+        self.metric("flagd_proxy_rejected_requests_total{").await
+    }
+
+    /// The sum of the samples of `/metrics` whose line starts with `prefix` (0 when none do).
+    pub(crate) async fn metric(&self, prefix: &str) -> f64 {
         let metrics = flagd_proxy_testkit::http_get(self.proxy.management_port, "/metrics")
             .await
             .map(|(_, body)| body)
             .unwrap_or_default();
         metrics
             .lines()
-            .filter(|l| l.starts_with("flagd_proxy_rejected_requests_total{"))
+            .filter(|l| l.starts_with(prefix))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }
