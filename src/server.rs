@@ -242,7 +242,7 @@ async fn accept(
             drop(tcp);
             continue;
         };
-        let Some(total) = admission.place() else {
+        let Some(total) = admission.place(budget::CONNECTION_BYTES) else {
             tracing::debug!(%peer, "connection closed: --max-connections or --memory-budget reached");
             continue;
         };
@@ -302,7 +302,7 @@ async fn accept_unix(
     while let Some((stream, _)) =
         next_accepted(&shutdown, &path, || socket.listener().accept()).await
     {
-        let Some(total) = admission.place() else {
+        let Some(total) = admission.place(UNIX_CONNECTION_BYTES) else {
             tracing::debug!(
                 "unix socket connection closed: --max-connections or --memory-budget reached"
             );
@@ -324,6 +324,9 @@ async fn accept_unix(
     }
 }
 
+/// What a unix socket connection holds: an HTTP/2 connection's, and its [`AuthorityFilter`]'s.
+const UNIX_CONNECTION_BYTES: usize = budget::CONNECTION_BYTES + authority::FILTER_BYTES;
+
 /// What a new connection must pass before it is served.
 struct Admission {
     per_address: AddressLimit,
@@ -343,13 +346,11 @@ struct Admission {
 }
 
 impl Admission {
-    /// A place among all connections: a free one, or else the one of the connection idle the
-    /// longest (no stream open), which is closed. `None` when every connection has a stream,
-    /// or when the memory budget is spent.
-    fn place(&self) -> Option<(TotalSlot, Charge)> {
-        let memory = self
-            .budget
-            .try_charge(budget::CONNECTION_BYTES, Kind::Connections)?;
+    /// A place among all connections for one that holds `bytes`: a free one, or else the one of
+    /// the connection idle the longest (no stream open), which is closed. `None` when every
+    /// connection has a stream, or when `bytes` do not fit in the memory budget.
+    fn place(&self, bytes: usize) -> Option<(TotalSlot, Charge)> {
+        let memory = self.budget.try_charge(bytes, Kind::Connections)?;
         let place = self.total.admit().or_else(|| self.room.make_room())?;
         Some((place, memory))
     }
@@ -529,5 +530,39 @@ mod tests {
         // :method GET, :scheme http, :authority h, :path /p, one field.
         let pseudo = (7 + 3 + 32) + (7 + 4 + 32) + (10 + 1 + 32) + (5 + 2 + 32);
         assert_eq!(header_list_size(&request), pseudo + 14 + 100 + 32);
+    }
+
+    fn admission(budget: &Arc<MemoryBudget>, metrics: &Arc<Metrics>) -> Admission {
+        Admission {
+            per_address: AddressLimit::new(0, metrics.clone()),
+            total: TotalLimit::new(0, "sync", "max_connections", metrics.clone()),
+            room: Room::new(),
+            budget: budget.clone(),
+            handshake_timeout: Duration::from_secs(10),
+            idle_timeout: None,
+            write_stall: Duration::from_secs(30),
+            http2_max_header_list_size: 16 * 1024,
+            closed: CancellationToken::new(),
+        }
+    }
+
+    /// A unix socket connection is charged its authority filter (HPACK table and read buffer)
+    /// besides what any connection holds: where one more TCP connection fits in the budget, one
+    /// more unix socket connection does not.
+    #[test]
+    fn unix_socket_connections_are_charged_their_filter() {
+        let metrics = Arc::new(Metrics::new());
+        let budget = MemoryBudget::new(
+            UNIX_CONNECTION_BYTES + budget::CONNECTION_BYTES,
+            metrics.clone(),
+        );
+        let admission = admission(&budget, &metrics);
+        let unix = admission.place(UNIX_CONNECTION_BYTES).expect("room");
+        assert_eq!(budget.used(), 16 * 1024 + 4 * 1024 + 8 * 1024);
+        assert!(admission.place(UNIX_CONNECTION_BYTES).is_none());
+        let tcp = admission.place(budget::CONNECTION_BYTES).expect("room");
+        assert_eq!(budget.used(), budget.limit());
+        drop((unix, tcp));
+        assert_eq!(budget.used(), 0);
     }
 }

@@ -759,24 +759,11 @@ async fn idle_http2_management_connections_from_many_addresses_cannot_lock_out_p
     drop(held);
 }
 
-/// An HTTP/2 connection from `address` to `port` that sends its preface and SETTINGS, is
-/// admitted (the server's SETTINGS arrive), and then opens no stream.
+/// An HTTP/2 connection from `address` to `port` that is admitted and then opens no stream.
 async fn idle_http2(address: IpAddr, port: u16) -> TcpStream {
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket
-        .bind((address, 0).into())
-        .expect("bind a loopback address");
-    let target = ("127.0.0.1".parse::<IpAddr>().expect("ip"), port);
-    let mut tcp = socket.connect(target.into()).await.expect("connect");
-    let mut hello = support::raw_h2::PREFACE.to_vec();
-    hello.extend(support::raw_h2::frame(support::raw_h2::SETTINGS, 0, 0, &[]));
-    tcp.write_all(&hello).await.expect("preface");
-    let mut header = [0u8; 9];
-    tokio::time::timeout(EVENT_TIMEOUT, tcp.read_exact(&mut header))
+    support::raw_h2::idle_from(address, port)
         .await
-        .expect("the server speaks")
-        .expect("admitted");
-    tcp
+        .expect("admitted")
 }
 
 /// Idle HTTP/2 connections (preface sent, no stream) from several addresses fill

@@ -3,8 +3,6 @@
 use flagd_proxy_testkit as support;
 use std::time::Duration;
 
-use rustls_pki_types::pem::PemObject;
-
 use support::client::{Client, default_variant, next, open, tls_channel, v1};
 use support::{Proxy, TestCa, string_flag, write_manifest};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
@@ -33,21 +31,6 @@ fn trusting(ca_pem: &std::path::Path) -> ClientTlsConfig {
 /// The variant of `color` in the stream's next message.
 async fn next_color(stream: &mut tonic::Streaming<v1::SyncFlagsResponse>) -> String {
     default_variant(&next(stream).await.flag_configuration, "color")
-}
-
-/// A raw TLS connector (ALPN h2) that trusts `ca`.
-fn tls_connector(ca: &TestCa) -> tokio_rustls::TlsConnector {
-    let mut roots = rustls::RootCertStore::empty();
-    let pem = std::fs::read(&ca.ca_cert).expect("read ca");
-    for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
-        roots.add(cert.expect("ca pem")).expect("add ca");
-    }
-    let _ = rustls::crypto::ring::default_provider().install_default();
-    let mut config = rustls::ClientConfig::builder()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    config.alpn_protocols = vec![b"h2".to_vec()];
-    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
 }
 
 fn args(dir: &tempfile::TempDir, extra: &[String]) -> Vec<String> {
@@ -163,11 +146,7 @@ async fn a_silent_client_after_the_tls_handshake_is_closed() {
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", proxy.port))
         .await
         .expect("connect");
-    let name = rustls_pki_types::ServerName::try_from("localhost").expect("name");
-    let mut tls = tls_connector(&ca)
-        .connect(name, tcp)
-        .await
-        .expect("the handshake completes");
+    let mut tls = ca.tls_connect(tcp).await.expect("the handshake completes");
     support::wait_closed(&mut tls, "a silent TLS client was kept").await;
 }
 
@@ -196,11 +175,8 @@ async fn the_handshake_timeout_covers_tls_and_the_preface_together() {
         .await
         .expect("connect");
     tokio::time::sleep(BEFORE).await;
-    let mut tls = tls_connector(&ca)
-        .connect(
-            rustls_pki_types::ServerName::try_from("localhost").expect("name"),
-            tcp,
-        )
+    let mut tls = ca
+        .tls_connect(tcp)
         .await
         .expect("the handshake completes within the budget");
     tokio::time::sleep(AFTER).await;

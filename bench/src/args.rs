@@ -295,13 +295,37 @@ pub(crate) struct Args {
     )]
     pub(crate) authz_modes: Vec<authz_storm::Mode>,
 
+    /// The hostile attacks of docs/security.md ("The attacks, one by one") instead of the
+    /// fan-out scenarios (see docs/benchmarks.md, "Attacks"): each against a fresh proxy on
+    /// manifest files, with its flags at their defaults unless the attack names one; for each,
+    /// the proxy's RSS before, its peak during the attack, its RSS after `--attacks-quiet`, and
+    /// what the attack achieved. With `--baseline-bin`, the same attacks run against that build
+    /// too, for a before/after table.
+    #[arg(long, conflicts_with_all = ["soak", "tiers"])]
+    pub(crate) attacks: bool,
+
+    /// Attacks: an earlier build of this proxy, attacked the same way beside `--proxy-bin`
+    /// (only flags both builds accept are passed; `--proxy-arg` goes to `--proxy-bin` only, in
+    /// the attacks on a running proxy).
+    #[arg(long, value_name = "PATH")]
+    pub(crate) baseline_bin: Option<PathBuf>,
+
+    /// Attacks: how long the proxy is left alone once the attacker has gone before its RSS
+    /// "after" is read (its allocator gives memory back after a decay time of 10 s).
+    #[arg(long, default_value = "12s", value_parser = humantime::parse_duration)]
+    pub(crate) attacks_quiet: Duration,
+
+    /// Attacks: only these rows (comma-separated numbers, 1 to 14).
+    #[arg(long, value_delimiter = ',')]
+    pub(crate) attacks_rows: Vec<u8>,
+
     /// A quick correctness run: 50 subscribers, 3 paced updates, a 3-update burst, 1 KiB, this
     /// project's proxy only (unless --go-proxy-bin is given). Exits non-zero if a subscriber
     /// missed an update, ended stale or lost its stream. With `--soak`: a soak of a few seconds
     /// (2,000 updates, 200 connects, 24 lifecycles, 40 steady subscribers on 8 resources). With
     /// `--tiers`: 2 node proxies × 10 subscribers over 2 resources, with the faults. With
-    /// `--costs`: every probe at a few hundred subscribers. With
-    /// `--authz-storm`: 2 identities × 20 clients.
+    /// `--costs`: every probe at a few hundred subscribers. With `--authz-storm`: 2 identities ×
+    /// 20 clients. With `--attacks`: every attack at a tiny size, 1 s of quiet.
     #[arg(long)]
     pub(crate) smoke: bool,
 }
@@ -323,6 +347,9 @@ impl Args {
             self.soak_sample_every = Duration::from_millis(500);
             self.soak_timeout = Duration::from_secs(10);
             self.soak_quiet = Duration::from_secs(1);
+        }
+        if self.attacks {
+            self.attacks_quiet = Duration::from_secs(1);
         }
         self.subscribers = 50;
         self.updates = 3;

@@ -13,7 +13,9 @@
 //! `--costs`, it measures the unit costs the capacity model is built from (see `costs.rs`), and
 //! `--capacity FILE` computes the model from them (see `capacity.rs`). With
 //! `--authz-storm`, it counts the API requests this proxy's authorization makes when thousands
-//! of clients of a few identities connect and reconnect at once (see `authz_storm.rs`).
+//! of clients of a few identities connect and reconnect at once (see `authz_storm.rs`). With
+//! `--attacks`, it runs the hostile attacks of docs/security.md against this proxy and,
+//! with `--baseline-bin`, against an earlier build (see `attacks.rs`).
 //!
 //! A run that finds the proxy under test incorrect (a subscriber missed an update, ended on an old
 //! version or lost its stream; or the run itself failed) still prints and writes its report, then
@@ -49,6 +51,7 @@ use flagd_proxy::protocol::client::flagd_sync_v1::SyncFlagsRequest;
 use flagd_proxy_testkit::control_plane::{self, ControlPlane, free_port};
 
 mod args;
+mod attacks;
 mod authz_storm;
 mod capacity;
 mod costs;
@@ -125,11 +128,13 @@ fn main() -> anyhow::Result<ExitCode> {
         .worker_threads(args.threads.max(1))
         .enable_all()
         .build()?;
-    if args.soak || args.tiers || args.costs || args.authz_storm {
+    if args.soak || args.tiers || args.costs || args.authz_storm || args.attacks {
         let status = if args.soak {
             runtime.block_on(soak::main(&args))?
         } else if args.costs {
             runtime.block_on(costs::main(&args))?
+        } else if args.attacks {
+            runtime.block_on(attacks::main(&args))?
         } else if args.tiers {
             runtime.block_on(tiers::main(&args))?
         } else {

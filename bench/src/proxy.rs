@@ -129,17 +129,45 @@ impl ProxyProcess {
             }
             (Kind::Go | Kind::Model | Kind::Floor, _) => {}
         }
+        command.stdin(if kind == Kind::Floor {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        });
+        Self::spawn(command, out, log, port, management_port)
+    }
+
+    /// Starts `bin start` on free loopback ports with only `args` added (this proxy's flags as
+    /// given, every other setting its default), logging to `log`.
+    pub(crate) fn launch(bin: &Path, args: &[String], log: PathBuf) -> anyhow::Result<Self> {
+        let port = free_port()?;
+        let management_port = free_port()?;
+        let out = std::fs::File::create(&log)?;
+        let mut command = Command::new(bin);
         command
-            .stdin(if kind == Kind::Floor {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(out.try_clone()?)
-            .stderr(out);
+            .arg("start")
+            .args(["--bind-address", "127.0.0.1"])
+            .args(["--port", &port.to_string()])
+            .args(["--management-port", &management_port.to_string()])
+            .args(args)
+            .env_remove("FLAGD_PROXY_CONFIG")
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null());
+        Self::spawn(command, out, log, port, management_port)
+    }
+
+    /// Spawns `command` with its output in `out` (the file at `log`).
+    fn spawn(
+        mut command: Command,
+        out: std::fs::File,
+        log: PathBuf,
+        port: u16,
+        management_port: u16,
+    ) -> anyhow::Result<Self> {
+        command.stdout(out.try_clone()?).stderr(out);
         let mut child = command
             .spawn()
-            .with_context(|| format!("starting {}", bin.display()))?;
+            .with_context(|| format!("starting {:?}", command.get_program()))?;
         Ok(Self {
             pid: child.id(),
             control: child.stdin.take(),

@@ -3,8 +3,8 @@
 //! both sources: manifest files, and FeatureFlag resources on the test control plane. A proxy
 //! that misses updates fails the run. A short soak (`--soak --smoke`) comes back to its
 //! baseline, and one whose watches outlive it fails. The authorization storm counts the API
-//! requests each mode makes and keeps them within its target. The smoke runs report timings but
-//! assert none.
+//! requests each mode makes and keeps them within its target. Every hostile attack
+//! (`--attacks --smoke`) yields its figures. The smoke runs report timings but assert none.
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -392,4 +392,46 @@ fn authz_storm_smoke_run_counts_api_requests_within_the_target() {
     let rbac = &modes[0]["cold"];
     assert!(requests(rbac, "POST tokenreviews") >= 2, "{rbac}");
     assert!(requests(rbac, "POST subjectaccessreviews") >= 2, "{rbac}");
+}
+
+/// `--attacks --smoke` runs every attack of docs/security.md at a tiny size against this proxy,
+/// and every one of them yields its figures: RSS during and after for the attacks on a running
+/// proxy, and an outcome for all. What the figures are is not checked (they are measurements).
+#[test]
+fn attacks_smoke_run_measures_every_attack() {
+    let scratch = Scratch::new("bench-attacks");
+    let json = scratch.0.join("attacks.json");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
+        .args(["--attacks", "--smoke", "--proxy-bin"])
+        .arg(proxy_bin())
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run flagd-proxy-bench");
+    let (_, context) = outputs(&output);
+    assert!(output.status.success(), "{context}");
+    let report: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON is written"))
+            .expect("JSON");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 14, "{context}");
+    for (i, row) in rows.iter().enumerate() {
+        let number = i as u64 + 1;
+        assert_eq!(row["attack"], number, "{context}");
+        let now = &row["builds"]["now"];
+        assert!(now["failed"].is_null(), "attack {number}: {now}");
+        assert!(
+            now["outcome"].as_str().is_some_and(|o| !o.is_empty()),
+            "attack {number} has no outcome: {now}"
+        );
+        // The attacks on a running proxy; the others start it themselves, or read the rest.
+        if matches!(number, 1..=8 | 10 | 11) {
+            for figure in ["start_kib", "peak_kib", "after_kib"] {
+                assert!(
+                    now[figure].as_u64().is_some_and(|kib| kib > 0),
+                    "attack {number} has no {figure}: {now}"
+                );
+            }
+        }
+    }
 }

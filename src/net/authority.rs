@@ -48,6 +48,9 @@ const FIELD_OVERHEAD: usize = 32;
 const REPLACEMENT: &[u8] = b"localhost";
 /// How many bytes a read from the socket asks for when the filter buffers.
 const READ_CHUNK: usize = 8 * 1024;
+/// What the filter adds to a connection: its HPACK decoder's table (at most
+/// [`HEADER_TABLE_SIZE`]) and its read buffer. Charged to the memory budget with the connection.
+pub(crate) const FILTER_BYTES: usize = HEADER_TABLE_SIZE + READ_CHUNK;
 
 const HEAD_LEN: usize = 9;
 const HEADERS: u8 = 0x1;

@@ -526,6 +526,34 @@ impl TestCa {
     }
 }
 
+impl TestCa {
+    /// A TLS client handshake over `tcp` with the server as `localhost`, trusting this CA and
+    /// offering h2 by ALPN.
+    pub async fn tls_connect(
+        &self,
+        tcp: tokio::net::TcpStream,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+        use rustls_pki_types::pem::PemObject as _;
+        let mut roots = rustls::RootCertStore::empty();
+        let pem = std::fs::read(&self.ca_cert)?;
+        for cert in rustls_pki_types::CertificateDer::pem_slice_iter(&pem) {
+            roots
+                .add(cert.map_err(std::io::Error::other)?)
+                .map_err(std::io::Error::other)?;
+        }
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let mut config = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let name =
+            rustls_pki_types::ServerName::try_from("localhost").map_err(std::io::Error::other)?;
+        tokio_rustls::TlsConnector::from(Arc::new(config))
+            .connect(name, tcp)
+            .await
+    }
+}
+
 impl Default for TestCa {
     fn default() -> Self {
         Self::new()

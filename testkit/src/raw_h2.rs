@@ -43,12 +43,23 @@ pub fn grpc_headers_with(
     end_stream: bool,
     extra: &[(&str, &str)],
 ) -> Vec<u8> {
+    grpc_headers_for(stream, path, "127.0.0.1", end_stream, extra)
+}
+
+/// [`grpc_headers_with`] with `authority` as `:authority`.
+pub fn grpc_headers_for(
+    stream: u32,
+    path: &str,
+    authority: &str,
+    end_stream: bool,
+    extra: &[(&str, &str)],
+) -> Vec<u8> {
     let mut block = Vec::new();
     let usual = [
         (":method", "POST"),
         (":scheme", "http"),
         (":path", path),
-        (":authority", "127.0.0.1"),
+        (":authority", authority),
         ("content-type", "application/grpc"),
         ("te", "trailers"),
     ];
@@ -61,6 +72,18 @@ pub fn grpc_headers_with(
     }
     let flags = END_HEADERS | if end_stream { END_STREAM } else { 0 };
     frame(HEADERS, flags, stream, &block)
+}
+
+/// `message` as one gRPC length-prefixed message (not compressed).
+pub fn grpc_message(message: &[u8]) -> Vec<u8> {
+    let mut body = vec![0];
+    body.extend(
+        u32::try_from(message.len())
+            .expect("message size")
+            .to_be_bytes(),
+    );
+    body.extend_from_slice(message);
+    body
 }
 
 pub fn window_update(stream: u32, increment: u32) -> Vec<u8> {
@@ -79,19 +102,52 @@ pub async fn connect(port: u16) -> (OwnedReadHalf, OwnedWriteHalf) {
 /// Connects from the loopback address `from` (127.0.0.x) and sends the preface and empty
 /// SETTINGS.
 pub async fn connect_from(from: std::net::Ipv4Addr, port: u16) -> (OwnedReadHalf, OwnedWriteHalf) {
-    let socket = tokio::net::TcpSocket::new_v4().expect("socket");
-    socket
-        .bind((from, 0).into())
-        .expect("bind a loopback address");
-    let tcp = socket
-        .connect((std::net::Ipv4Addr::LOCALHOST, port).into())
+    try_connect_from(from, port)
         .await
-        .expect("connect");
+        .expect("connect and send the preface")
+}
+
+/// [`connect_from`], with the error when the connection or the preface fails.
+pub async fn try_connect_from(
+    from: std::net::Ipv4Addr,
+    port: u16,
+) -> std::io::Result<(OwnedReadHalf, OwnedWriteHalf)> {
+    let tcp = connect_tcp_from(from.into(), port).await?;
     let (read, mut write) = tcp.into_split();
     let mut start = PREFACE.to_vec();
     start.extend(frame(SETTINGS, 0, 0, &[]));
-    write.write_all(&start).await.expect("preface");
-    (read, write)
+    write.write_all(&start).await?;
+    Ok((read, write))
+}
+
+/// A TCP connection from the loopback address `from` to 127.0.0.1:`port`.
+pub async fn connect_tcp_from(
+    from: std::net::IpAddr,
+    port: u16,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket.bind((from, 0).into())?;
+    socket
+        .connect((std::net::Ipv4Addr::LOCALHOST, port).into())
+        .await
+}
+
+/// An HTTP/2 connection from `from` to 127.0.0.1:`port` that sends its preface and SETTINGS, is
+/// admitted (the server's first frame arrives), and then opens no stream; the error when the
+/// server closes it first.
+pub async fn idle_from(
+    from: std::net::IpAddr,
+    port: u16,
+) -> std::io::Result<tokio::net::TcpStream> {
+    let mut tcp = connect_tcp_from(from, port).await?;
+    let mut hello = PREFACE.to_vec();
+    hello.extend(frame(SETTINGS, 0, 0, &[]));
+    tcp.write_all(&hello).await?;
+    let mut header = [0u8; 9];
+    tokio::time::timeout(crate::EVENT_TIMEOUT, tcp.read_exact(&mut header))
+        .await
+        .map_err(std::io::Error::other)??;
+    Ok(tcp)
 }
 
 /// A frame the server sent.

@@ -1,0 +1,259 @@
+//! `--attacks`: the hostile attacks of docs/security.md ("The attacks, one by one"), each
+//! against a fresh proxy on manifest files, measured the same way against this build and, with
+//! `--baseline-bin`, an earlier one.
+//!
+//! For each attack: the proxy's RSS once it is ready, its peak during the attack (VmHWM: the
+//! process is fresh, so its high-water mark is the attack's), its RSS `--attacks-quiet` after
+//! the attacker has gone, and what the attack achieved, in a few words and numbers. Only flags
+//! both builds accept are passed, and only where the attack names one; everything else is at
+//! its default (the memory budget too: half the machine's memory when no cgroup limit is set).
+//!
+//! The attacks themselves live in `attacks/`: memory (rows 1 to 4), connections (5, 6, 10,
+//! 11), files (7, 8) and start-up (9, 12, 13). Row 14 (memory given back) is read from the
+//! others.
+
+use super::*;
+
+mod connections;
+mod files;
+mod memory;
+mod scene;
+mod startup;
+mod table;
+
+use scene::{Ctx, Measured};
+
+/// The attacks: number and what it is, as docs/security.md names them.
+pub(crate) const ATTACKS: [(u8, &str); 14] = [
+    (
+        1,
+        "flag-set `metadata` of 2.3 MB, under `--max-document-bytes`",
+    ),
+    (
+        2,
+        "one connection, stream windows never opened, a new stream per version of a large document",
+    ),
+    (
+        3,
+        "connections × 1,000 requests ending at once, then idle, from 4 addresses",
+    ),
+    (
+        4,
+        "header-only streams from many addresses, held to the request deadline",
+    ),
+    (
+        5,
+        "8 addresses × 32 idle HTTP/2 connections to the management port",
+    ),
+    (
+        6,
+        "idle reconnects filling `--max-connections` from 4 addresses",
+    ),
+    (7, "one 100 KB YAML anchor referenced 20,000 times"),
+    (
+        8,
+        "brackets inside quoted YAML scalars; another file edited meanwhile",
+    ),
+    (9, "unix socket `--sync-socket-mode 0600` under umask 000"),
+    (
+        10,
+        "gRPC C-core `:authority` (percent-encoded socket path) on the unix socket",
+    ),
+    (11, "TLS finished late, then the preface after the deadline"),
+    (12, "SIGHUP and SIGUSR1 in the first 0.2 s of start-up"),
+    (
+        13,
+        "`--context-value`: a large value, reserved and look-alike keys",
+    ),
+    (14, "memory after every attack above"),
+];
+
+/// How large each attack is: the full sitting, or a smoke run's tiny one.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sizes {
+    /// Row 1: bytes of flag-set metadata.
+    pub(crate) metadata_bytes: usize,
+    /// Row 2: versions written, one every 100 ms, and the size of each.
+    pub(crate) pinned_versions: usize,
+    pub(crate) pinned_bytes: usize,
+    /// Row 3: connections from each of 4 addresses, and requests on each.
+    pub(crate) burst_connections: usize,
+    pub(crate) burst_requests: u32,
+    /// Row 4: addresses, and unfinished streams from each.
+    pub(crate) unfinished_addresses: u8,
+    pub(crate) unfinished_streams: u32,
+    /// Row 6: `--max-connections`, filled by idle connections, and as many new clients.
+    pub(crate) max_connections: usize,
+    /// Row 7: the anchor's bytes and its references.
+    pub(crate) anchor_bytes: usize,
+    pub(crate) anchor_refs: usize,
+    /// Row 8: bytes of nested flow mappings.
+    pub(crate) quoted_bytes: usize,
+    /// Rows 9 and 12: starts.
+    pub(crate) starts: usize,
+}
+
+impl Sizes {
+    fn of(args: &Args) -> Self {
+        if args.smoke {
+            return Self {
+                metadata_bytes: 2_300_000,
+                pinned_versions: 4,
+                pinned_bytes: 256 * 1024,
+                burst_connections: 2,
+                burst_requests: 50,
+                unfinished_addresses: 2,
+                unfinished_streams: 50,
+                max_connections: 8,
+                anchor_bytes: 10 * 1024,
+                anchor_refs: 2_000,
+                quoted_bytes: 8 * 1024,
+                starts: 2,
+            };
+        }
+        Self {
+            metadata_bytes: 2_300_000,
+            pinned_versions: 60,
+            pinned_bytes: 1024 * 1024,
+            burst_connections: 16,
+            burst_requests: 1_000,
+            unfinished_addresses: 16,
+            unfinished_streams: 1_000,
+            max_connections: 100,
+            anchor_bytes: 100 * 1024,
+            anchor_refs: 20_000,
+            quoted_bytes: 200 * 1024,
+            starts: 20,
+        }
+    }
+}
+
+/// One build under attack.
+#[derive(Clone, Debug)]
+pub(crate) struct Build {
+    pub(crate) label: &'static str,
+    pub(crate) bin: PathBuf,
+}
+
+/// Runs the attacks against every build; 1 when a row of this build has no figure.
+pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
+    let builds = builds(args)?;
+    let workdir = std::env::temp_dir().join(format!("flagd-proxy-attacks-{}", std::process::id()));
+    std::fs::create_dir_all(&workdir)?;
+    let started = Instant::now();
+    let load_before = loadavg();
+    let sizes = Sizes::of(args);
+    let chosen: Vec<u8> = ATTACKS
+        .iter()
+        .map(|(n, _)| *n)
+        .filter(|n| args.attacks_rows.is_empty() || args.attacks_rows.contains(n))
+        .collect();
+    let mut results: BTreeMap<(u8, &'static str), Measured> = BTreeMap::new();
+    for build in &builds {
+        for &row in chosen.iter().filter(|&&n| n != 14) {
+            let ctx = Ctx {
+                bin: build.bin.clone(),
+                dir: workdir.join(format!("{}-{row}", build.label)),
+                sizes,
+                quiet: args.attacks_quiet,
+                max_rss_mib: args.max_rss_mib,
+                extra: if build.label == "now" {
+                    args.proxy_arg.clone()
+                } else {
+                    Vec::new()
+                },
+            };
+            eprintln!("{}: attack {row}", build.label);
+            let measured = run(row, ctx).await;
+            eprintln!("  {}", measured.summary());
+            results.insert((row, build.label), measured);
+        }
+        if chosen.contains(&14) {
+            let kept = table::given_back(&results, build.label);
+            results.insert((14, build.label), kept);
+        }
+    }
+    let report = table::Report {
+        builds: &builds,
+        rows: &chosen,
+        results: &results,
+        seconds: started.elapsed().as_secs_f64(),
+        load: (load_before, loadavg()),
+        quiet: args.attacks_quiet,
+    };
+    let markdown = report.markdown();
+    println!("{markdown}");
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, &markdown).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report.json())?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if !args.keep_workdir {
+        let _ = std::fs::remove_dir_all(&workdir);
+    }
+    let missing: Vec<u8> = chosen
+        .iter()
+        .copied()
+        .filter(|&n| results.get(&(n, "now")).is_none_or(|m| m.failed.is_some()))
+        .collect();
+    if missing.is_empty() {
+        Ok(0)
+    } else {
+        eprintln!("flagd-proxy-bench: attacks without a figure for this build: {missing:?}");
+        Ok(1)
+    }
+}
+
+/// The builds to attack: `--baseline-bin` first, if given, then `--proxy-bin`.
+fn builds(args: &Args) -> anyhow::Result<Vec<Build>> {
+    let mut builds = Vec::new();
+    if let Some(bin) = &args.baseline_bin {
+        builds.push(Build {
+            label: "before",
+            bin: bin.clone(),
+        });
+    }
+    builds.push(Build {
+        label: "now",
+        bin: rust_bin(args)?,
+    });
+    for build in &builds {
+        if !build.bin.is_file() {
+            bail!("{} not found", build.bin.display());
+        }
+    }
+    Ok(builds)
+}
+
+/// Runs attack `row` in a task of its own, so that an attack that fails (or a helper that
+/// panics on a connection the proxy refused) is reported in its row and the others still run.
+async fn run(row: u8, ctx: Ctx) -> Measured {
+    std::fs::create_dir_all(&ctx.dir).ok();
+    let task = tokio::spawn(async move {
+        match row {
+            1 => memory::metadata(&ctx).await,
+            2 => memory::pinned_versions(&ctx).await,
+            3 => memory::burst(&ctx).await,
+            4 => memory::unfinished(&ctx).await,
+            5 => connections::management(&ctx).await,
+            6 => connections::idle_reconnects(&ctx).await,
+            7 => files::aliases(&ctx).await,
+            8 => files::quoted_brackets(&ctx).await,
+            9 => startup::socket_mode(&ctx).await,
+            10 => connections::c_core_authority(&ctx).await,
+            11 => connections::late_tls(&ctx).await,
+            12 => startup::early_signals(&ctx).await,
+            13 => startup::context_values(&ctx).await,
+            _ => Err(anyhow::anyhow!("no attack {row}")),
+        }
+    });
+    // A generous bound: no attack takes more than a few tens of seconds.
+    match tokio::time::timeout(Duration::from_secs(300), task).await {
+        Ok(Ok(Ok(measured))) => measured,
+        Ok(Ok(Err(error))) => Measured::failed(format!("{error:#}")),
+        Ok(Err(panic)) => Measured::failed(format!("the attack failed: {panic}")),
+        Err(_) => Measured::failed("no result within 300 s".to_owned()),
+    }
+}

@@ -1,0 +1,220 @@
+//! Attacks on connections: idle HTTP/2 connections filling the management port (5) and the
+//! sync port (6), a gRPC C-core client on the unix socket (10), and a TLS client that spends
+//! the handshake deadline twice (11).
+
+use std::net::IpAddr;
+
+use super::scene::{Scene, next_within, subscribe};
+use super::*;
+
+use flagd_proxy_testkit::client::v1;
+use flagd_proxy_testkit::raw_h2::{
+    self, ACK, DATA, END_STREAM, GOAWAY, PING, RST_STREAM, SETTINGS,
+};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+/// Health probes sent while the management port is full.
+const PROBES: usize = 20;
+
+/// Row 5: 8 addresses × 32 HTTP/2 connections that finish their preface and idle, the default
+/// limits of the management port (256 in total, 32 per address); then health probes.
+pub(crate) async fn management(ctx: &Ctx) -> anyhow::Result<Measured> {
+    let scene = Scene::start(ctx, &[]).await?;
+    let port = scene.proxy.management_port;
+    let (mut held, mut refused) = (Vec::new(), 0);
+    for host in 2..10u8 {
+        for _ in 0..32 {
+            match raw_h2::idle_from(IpAddr::from([127, 0, 0, host]), port).await {
+                Ok(tcp) => held.push(tcp),
+                Err(_) => refused += 1,
+            }
+        }
+    }
+    let mut answered = 0;
+    for i in 0..PROBES {
+        let path = if i % 2 == 0 { "/healthz" } else { "/readyz" };
+        let probe = flagd_proxy_testkit::http_get(port, path);
+        if let Ok(Ok((200, _))) = tokio::time::timeout(Duration::from_secs(1), probe).await {
+            answered += 1;
+        }
+    }
+    let outcome = format!(
+        "{} idle connections admitted, {refused} refused; probes answered: {answered} of {PROBES}",
+        held.len()
+    );
+    drop(held);
+    Ok(scene.measure(ctx, outcome).await)
+}
+
+/// Row 6: idle HTTP/2 connections from 4 addresses fill `--max-connections`, each connecting
+/// again 200 ms after it is closed or refused; then as many new clients, 10 at a time, each asking for a
+/// stream and its first version within 2 s (kept open once served).
+pub(crate) async fn idle_reconnects(ctx: &Ctx) -> anyhow::Result<Measured> {
+    let limit = ctx.sizes.max_connections;
+    let scene = Scene::start(ctx, &["--max-connections", &limit.to_string()]).await?;
+    let port = scene.proxy.port;
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    let connected = Arc::new(AtomicUsize::new(0));
+    let mut attackers = tokio::task::JoinSet::new();
+    for i in 0..limit {
+        let from = IpAddr::from([127, 0, 0, 2 + (i % 4) as u8]);
+        let (mut stopped, connected) = (stopped.clone(), connected.clone());
+        attackers.spawn(async move {
+            while !*stopped.borrow() {
+                if let Ok(mut tcp) = raw_h2::idle_from(from, port).await {
+                    connected.fetch_add(1, Ordering::Relaxed);
+                    tokio::select! {
+                        () = until_closed(&mut tcp) => {}
+                        _ = stopped.wait_for(|stop| *stop) => return,
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        });
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while connected.load(Ordering::Relaxed) < limit && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut served = Vec::new();
+    for _ in 0..limit.div_ceil(10) {
+        let group = (0..10).map(|_| new_client(&scene));
+        for client in futures::future::join_all(group).await.into_iter().flatten() {
+            served.push(client);
+        }
+    }
+    let outcome = format!(
+        "{} of {limit} new clients served (`--max-connections {limit}`, {limit} idle connections reconnecting)",
+        served.len()
+    );
+    let _ = stop.send(true);
+    while attackers.join_next().await.is_some() {}
+    drop(served);
+    Ok(scene.measure(ctx, outcome).await)
+}
+
+/// A new client with its stream, when it got its first version within 2 s.
+async fn new_client(
+    scene: &Scene,
+) -> Option<(
+    flagd_proxy_testkit::client::Client,
+    tonic::Streaming<v1::SyncFlagsResponse>,
+)> {
+    let within = Duration::from_secs(2);
+    let attempt = async {
+        let mut client = scene.client().await.ok()?;
+        let mut stream = subscribe(&mut client).await.ok()?;
+        next_within(&mut stream, within).await.ok()??;
+        Some((client, stream))
+    };
+    tokio::time::timeout(within, attempt).await.ok()?
+}
+
+/// Reads until the peer closes.
+async fn until_closed(stream: &mut (impl AsyncRead + Unpin)) {
+    let mut buf = [0u8; 1024];
+    while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
+}
+
+/// Row 10: a SyncFlags call on the unix socket with the `:authority` gRPC C-core sends there
+/// (the socket's path, percent-encoded).
+pub(crate) async fn c_core_authority(ctx: &Ctx) -> anyhow::Result<Measured> {
+    let socket = ctx.dir.join("sync.sock");
+    let path = socket.to_str().context("a UTF-8 socket path")?.to_owned();
+    let scene = Scene::start(ctx, &["--sync-socket-path", &path]).await?;
+    let authority = path.trim_start_matches('/').replace('/', "%2F");
+    let request = prost::Message::encode_to_vec(&v1::SyncFlagsRequest {
+        provider_id: String::new(),
+        selector: scene::SELECTOR.into(),
+    });
+    let mut bytes = [raw_h2::PREFACE, &raw_h2::frame(SETTINGS, 0, 0, &[])].concat();
+    bytes.extend(raw_h2::grpc_headers_for(
+        1,
+        SYNC_PATH,
+        &authority,
+        false,
+        &[],
+    ));
+    bytes.extend(raw_h2::frame(
+        DATA,
+        END_STREAM,
+        1,
+        &raw_h2::grpc_message(&request),
+    ));
+    let (mut read, mut write) = tokio::net::UnixStream::connect(&socket).await?.into_split();
+    write.write_all(&bytes).await?;
+    let answer = async {
+        while let Some(frame) = raw_h2::read_frame(&mut read).await {
+            match frame.kind {
+                SETTINGS if frame.flags & ACK == 0 => {
+                    let ack = raw_h2::frame(SETTINGS, ACK, 0, &[]);
+                    write.write_all(&ack).await.ok()?;
+                }
+                DATA if frame.stream == 1 => return Some("served".to_owned()),
+                RST_STREAM => return Some(format!("RST_STREAM {}", error_code(&frame.payload))),
+                GOAWAY => return Some("GOAWAY".to_owned()),
+                _ => {}
+            }
+        }
+        Some("the connection closed".to_owned())
+    };
+    let outcome = tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| "no answer within 10 s".to_owned());
+    Ok(scene.measure(ctx, outcome).await)
+}
+
+/// The name of an HTTP/2 error code (RFC 9113 7) at the start of `payload`.
+fn error_code(payload: &[u8]) -> String {
+    let code = payload
+        .get(..4)
+        .map_or(u32::MAX, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
+    match code {
+        0x1 => "PROTOCOL_ERROR".to_owned(),
+        0x2 => "INTERNAL_ERROR".to_owned(),
+        0x7 => "REFUSED_STREAM".to_owned(),
+        0x8 => "CANCEL".to_owned(),
+        0x9 => "COMPRESSION_ERROR".to_owned(),
+        other => format!("error code {other}"),
+    }
+}
+
+/// Row 11: with `--handshake-timeout 2s`, a client that finishes TLS 1.5 s after connecting
+/// and sends the preface 1.5 s later: past the deadline, but within a fresh one counted from
+/// the handshake. A PING after the preface is answered only if the connection is served.
+pub(crate) async fn late_tls(ctx: &Ctx) -> anyhow::Result<Measured> {
+    const STEP: Duration = Duration::from_millis(1500);
+    let ca = flagd_proxy_testkit::TestCa::new();
+    let mut extra = ca.proxy_args();
+    extra.extend(["--handshake-timeout", "2s", "--keepalive-interval", "1h"].map(String::from));
+    let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+    let scene = Scene::start(ctx, &extra).await?;
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", scene.proxy.port)).await?;
+    tokio::time::sleep(STEP).await;
+    let outcome = match ca.tls_connect(tcp).await {
+        Err(error) => format!("TLS handshake failed: {error}"),
+        Ok(mut tls) => {
+            tokio::time::sleep(STEP).await;
+            let mut hello = [raw_h2::PREFACE, &raw_h2::frame(SETTINGS, 0, 0, &[])].concat();
+            hello.extend(raw_h2::ping(*b"late-tls"));
+            let _ = tls.write_all(&hello).await;
+            let _ = tls.flush().await;
+            let answered = async {
+                while let Some(frame) = raw_h2::read_frame(&mut tls).await {
+                    if frame.kind == PING && frame.flags & ACK != 0 {
+                        return true;
+                    }
+                }
+                false
+            };
+            match tokio::time::timeout(Duration::from_secs(10), answered).await {
+                Ok(true) => "served: the preface 3 s after connecting was answered".to_owned(),
+                Ok(false) => "closed at the deadline, never served".to_owned(),
+                Err(_) => "neither served nor closed within 10 s".to_owned(),
+            }
+        }
+    };
+    Ok(scene.measure(ctx, outcome).await)
+}

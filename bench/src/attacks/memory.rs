@@ -1,0 +1,268 @@
+//! Attacks on memory: a message doubled by its metadata (1), versions pinned by streams that
+//! cannot be written to (2), a burst of requests on idle connections (3), and streams whose
+//! request never comes, from many addresses (4).
+
+use super::scene::{Scene, color, next_within, subscribe, thousands};
+use super::*;
+
+use flagd_proxy_testkit::client::v1;
+use flagd_proxy_testkit::raw_h2::{self, DATA, END_STREAM, GOAWAY, HEADERS, RST_STREAM};
+use tokio::io::AsyncWriteExt;
+use tokio::net::tcp::OwnedReadHalf;
+
+/// How long a client waits for a version or a status that must come.
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Row 1: a version whose flag-set metadata, sent again in every `flagd.sync.v1` message's
+/// `sync_context`, doubles the message past the 4 MiB a default gRPC client accepts. What a
+/// client that accepts any size receives, and what becomes of a default client's stream.
+pub(crate) async fn metadata(ctx: &Ctx) -> anyhow::Result<Measured> {
+    let scene = Scene::start(ctx, &[]).await?;
+    let mut default_client = scene.client().await?;
+    let mut default_stream = subscribe(&mut default_client).await?;
+    let mut large_client = scene.client().await?.max_decoding_message_size(64 << 20);
+    let mut large_stream = subscribe(&mut large_client).await?;
+    for stream in [&mut default_stream, &mut large_stream] {
+        next_within(stream, WAIT)
+            .await?
+            .context("no first version")?;
+    }
+    let mut object = flagd_proxy_testkit::feature_flag(
+        "default",
+        "demo",
+        flagd_proxy_testkit::string_flag("color", "v1", &["v1", "v0"]),
+    );
+    object["spec"]["flagSpec"]["metadata"] =
+        json!({"team": "checkout", "notes": "n".repeat(ctx.sizes.metadata_bytes)});
+    flagd_proxy_testkit::write_atomically(
+        &scene.manifests.join("default-demo.yaml"),
+        &serde_norway::to_string(&object)?,
+    );
+    let sent = large_version(&scene, &mut large_stream).await?;
+    scene.change("v2");
+    let default = loop {
+        match next_within(&mut default_stream, WAIT).await {
+            Ok(Some(message)) if color(&message) == "v2" => {
+                break "a default client keeps its stream and gets the next version".to_owned();
+            }
+            Ok(Some(_)) => {}
+            Ok(None) => break "a default client gets nothing within 30 s".to_owned(),
+            Err(status) => {
+                break format!(
+                    "a default client's stream fails: {:?} ({})",
+                    status.code(),
+                    status.message().chars().take(60).collect::<String>()
+                );
+            }
+        }
+    };
+    let sent = match sent {
+        Some(bytes) => format!("the message is {} B", thousands(bytes as u64)),
+        None => "the version is refused, not sent".to_owned(),
+    };
+    drop((default_stream, large_stream));
+    Ok(scene.measure(ctx, format!("{sent}; {default}")).await)
+}
+
+/// The size of the message carrying version `v1` to a client that accepts any size, or `None`
+/// when the proxy refused the version (it logs why).
+async fn large_version(
+    scene: &Scene,
+    stream: &mut tonic::Streaming<v1::SyncFlagsResponse>,
+) -> anyhow::Result<Option<usize>> {
+    let deadline = Instant::now() + WAIT;
+    while Instant::now() < deadline {
+        if let Some(message) = next_within(stream, Duration::from_millis(200)).await?
+            && color(&message) == "v1"
+        {
+            return Ok(Some(prost::Message::encoded_len(&message) + 5));
+        }
+        let log = std::fs::read_to_string(&scene.proxy.log).unwrap_or_default();
+        if log.contains("sync_context") {
+            return Ok(None);
+        }
+    }
+    bail!("the large version was neither sent nor refused within 30 s")
+}
+
+/// Row 2: one connection that opens the connection's window but no stream's, and opens a new
+/// SyncFlags stream for each version of a large document, written every 100 ms: each stream
+/// holds the version it cannot send. Then the attacker leaves.
+pub(crate) async fn pinned_versions(ctx: &Ctx) -> anyhow::Result<Measured> {
+    const SELECTOR: &str = "core.openfeature.dev/default/big";
+    let scene = Scene::start(ctx, &[]).await?;
+    let big = |i: usize| {
+        let value = format!("{i}-{}", "x".repeat(ctx.sizes.pinned_bytes));
+        json!({"big": {"state": "ENABLED", "variants": {"a": value}, "defaultVariant": "a"}})
+    };
+    let (mut read, mut write) =
+        raw_h2::try_connect_from(Ipv4Addr::LOCALHOST, scene.proxy.port).await?;
+    write
+        .write_all(&raw_h2::window_update(0, 0x7fff_ffff - 65_535))
+        .await?;
+    // Whatever the proxy sends is read: only the streams' windows stay shut.
+    let ended = Arc::new(AtomicU32::new(0));
+    let counted = ended.clone();
+    let reader = tokio::spawn(async move { count_ends(&mut read, u32::MAX, None, &counted).await });
+    let request = prost::Message::encode_to_vec(&v1::SyncFlagsRequest {
+        provider_id: String::new(),
+        selector: SELECTOR.into(),
+    });
+    let body = raw_h2::grpc_message(&request);
+    let versions = ctx.sizes.pinned_versions;
+    for i in 0..versions {
+        flagd_proxy_testkit::write_manifest(&scene.manifests, "default", "big", big(i));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let stream = 2 * u32::try_from(i)? + 1;
+        let mut bytes = raw_h2::grpc_headers(stream, SYNC_PATH, false);
+        bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
+        write.write_all(&bytes).await?;
+    }
+    // The last streams get their versions.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let peak = proc_sample(scene.proxy.pid).rss_kib;
+    let published = scene.metric("flagd_proxy_versions_published_total").await;
+    drop(write);
+    reader.abort();
+    let ended = ended.load(Ordering::Relaxed);
+    let outcome = format!(
+        "{versions} streams of {} KiB versions ({published} published): {ended} refused or ended; {} MiB held at the end",
+        ctx.sizes.pinned_bytes / 1024,
+        peak / 1024
+    );
+    Ok(scene.measure(ctx, outcome).await)
+}
+
+/// Row 3: connections from 4 addresses, each with a burst of requests that end at once (their
+/// HEADERS carry END_STREAM, no message), answered; then the connections stay open, idle, for
+/// the quiet time (what is held then is in the outcome), and close together.
+pub(crate) async fn burst(ctx: &Ctx) -> anyhow::Result<Measured> {
+    let scene = Scene::start(ctx, &[]).await?;
+    let port = scene.proxy.port;
+    let requests = ctx.sizes.burst_requests;
+    let (leave, left) = tokio::sync::watch::channel(false);
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let mut attackers = tokio::task::JoinSet::new();
+    for host in 2..6u8 {
+        for _ in 0..ctx.sizes.burst_connections {
+            let (tx, mut left) = (tx.clone(), left.clone());
+            attackers.spawn(async move {
+                let from = Ipv4Addr::new(127, 0, 0, host);
+                let Some((mut read, _write)) = open_streams(from, port, requests, true).await
+                else {
+                    let _ = tx.send(None);
+                    return;
+                };
+                let ends = count_ends(&mut read, requests, Some(WAIT), &AtomicU32::new(0)).await;
+                let _ = tx.send(Some(ends));
+                // Idle, connected, until every attacker leaves together.
+                let _ = left.wait_for(|leave| *leave).await;
+            });
+        }
+    }
+    drop(tx);
+    let connections = 4 * ctx.sizes.burst_connections;
+    let (mut answered, mut refused) = (0u64, 0);
+    for _ in 0..connections {
+        match rx.recv().await {
+            Some(Some(ends)) => answered += u64::from(ends),
+            Some(None) => refused += 1,
+            None => break,
+        }
+    }
+    // Held while the connections stay open and idle: read after the quiet time, as "after" is,
+    // so that freed pages the allocator has not returned yet are not counted.
+    tokio::time::sleep(ctx.quiet).await;
+    let held = proc_sample(scene.proxy.pid).rss_kib;
+    let _ = leave.send(true);
+    while attackers.join_next().await.is_some() {}
+    let outcome = format!(
+        "{connections} connections × {} requests: {} answered, {refused} connections refused; {} MiB held while idle and connected",
+        thousands(u64::from(requests)),
+        thousands(answered),
+        held / 1024
+    );
+    Ok(scene.measure(ctx, outcome).await)
+}
+
+/// Row 4: one connection from each of many addresses opens streams whose request never comes;
+/// they are held until the proxy ends them (at `--request-timeout`, or refused at once).
+pub(crate) async fn unfinished(ctx: &Ctx) -> anyhow::Result<Measured> {
+    let scene = Scene::start(ctx, &[]).await?;
+    let port = scene.proxy.port;
+    let streams = ctx.sizes.unfinished_streams;
+    let mut attackers = tokio::task::JoinSet::new();
+    for host in 2..2 + ctx.sizes.unfinished_addresses {
+        attackers.spawn(async move {
+            let from = Ipv4Addr::new(127, 0, 0, host);
+            let Some((mut read, _write)) = open_streams(from, port, streams, false).await else {
+                return 0;
+            };
+            let within = Some(Duration::from_secs(60));
+            count_ends(&mut read, streams, within, &AtomicU32::new(0)).await
+        });
+    }
+    let mut ended = 0u64;
+    while let Some(done) = attackers.join_next().await {
+        ended += u64::from(done.unwrap_or(0));
+    }
+    let total = u64::from(ctx.sizes.unfinished_addresses) * u64::from(streams);
+    let outcome = format!(
+        "{} addresses × {} streams: {} ended by the proxy, {} requests refused (all reasons)",
+        ctx.sizes.unfinished_addresses,
+        thousands(u64::from(streams)),
+        thousands(ended.min(total)),
+        thousands(scene.rejected().await as u64)
+    );
+    Ok(scene.measure(ctx, outcome).await)
+}
+
+/// A connection from `from` that opens `streams` SyncFlags streams at once: with `end_stream`
+/// their requests end with their HEADERS (no message), else they never end. `None` when the
+/// proxy refused the connection.
+async fn open_streams(
+    from: Ipv4Addr,
+    port: u16,
+    streams: u32,
+    end_stream: bool,
+) -> Option<(OwnedReadHalf, tokio::net::tcp::OwnedWriteHalf)> {
+    let (read, mut write) = raw_h2::try_connect_from(from, port).await.ok()?;
+    let bytes: Vec<u8> = (0..streams)
+        .flat_map(|i| raw_h2::grpc_headers(2 * i + 1, SYNC_PATH, end_stream))
+        .collect();
+    write.write_all(&bytes).await.ok()?;
+    Some((read, write))
+}
+
+/// Reads the server's frames until `want` streams have ended (a frame with END_STREAM, or a
+/// reset), the connection ends (or gets GOAWAY), or `within` passes; how many ended (also
+/// counted in `ended` as they end).
+pub(crate) async fn count_ends(
+    read: &mut OwnedReadHalf,
+    want: u32,
+    within: Option<Duration>,
+    ended: &AtomicU32,
+) -> u32 {
+    let reading = async {
+        while ended.load(Ordering::Relaxed) < want {
+            let Some(frame) = raw_h2::read_frame(read).await else {
+                break;
+            };
+            match frame.kind {
+                RST_STREAM => ended.fetch_add(1, Ordering::Relaxed),
+                HEADERS | DATA if frame.flags & END_STREAM != 0 => {
+                    ended.fetch_add(1, Ordering::Relaxed)
+                }
+                GOAWAY => break,
+                _ => 0,
+            };
+        }
+    };
+    match within {
+        Some(within) => {
+            let _ = tokio::time::timeout(within, reading).await;
+        }
+        None => reading.await,
+    }
+    ended.load(Ordering::Relaxed)
+}
