@@ -6,6 +6,11 @@
 /// Keys the proxy fills itself; a context value may not take them.
 pub const RESERVED_KEYS: &[&str] = &["proxy", "proxyVersion", "selector"];
 
+/// Keys flagd's schema defines for a flag set's own `metadata` (`flagSetId`, `version`): they
+/// describe each flag set, so a proxy-wide context value may not take them. Other keys a flag
+/// set's metadata uses win over a context value of the same key in that flag set's messages.
+pub const FLAG_SET_KEYS: &[&str] = &["flagSetId", "version"];
+
 /// The most bytes all context values (keys and values) may take together. They go into every
 /// message beside the flag configuration, whose limit leaves 4 KiB of a client's 4 MiB for
 /// everything else; this keeps them well within it.
@@ -29,6 +34,15 @@ pub fn check_entries(entries: &[(String, String)]) -> Result<(), String> {
             return Err(format!(
                 "--context-value key {key:?} differs only in case from the proxy's own key \
                  {reserved:?}; choose another key"
+            ));
+        }
+        if let Some(own) = FLAG_SET_KEYS
+            .iter()
+            .find(|own| own.eq_ignore_ascii_case(key))
+        {
+            return Err(format!(
+                "--context-value key {key:?} is (or differs only in case from) {own:?}, which \
+                 each flag set's own metadata sets; choose another key"
             ));
         }
     }
@@ -77,6 +91,10 @@ mod tests {
         let big = vec![entry("a", &"x".repeat(1500)), entry("b", &"y".repeat(600))];
         let error = check_entries(&big).expect_err("too large together");
         assert!(error.contains("over the limit of 2048"), "{error}");
+        for key in ["flagSetId", "version", "FlagSetID", "Version"] {
+            let error = check_entries(&[entry(key, "x")]).expect_err("a flag set's own key");
+            assert!(error.contains("each flag set's own metadata"), "{error}");
+        }
         let error = check_entries(&[entry("Selector", "x")]).expect_err("look-alike");
         assert!(error.contains("\"selector\""), "{error}");
     }

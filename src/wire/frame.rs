@@ -129,8 +129,8 @@ pub fn proxy_identity(context_values: &[(String, String)]) -> Struct {
     Struct { fields }
 }
 
-/// The flag set's own scalar metadata, then the context values, the proxy's identity and the
-/// selector.
+/// The flag set's own scalar metadata, the context values where the flag set does not set the
+/// same key, then the proxy's identity and the selector (which always win).
 fn sync_context(flag_configuration: &str, key: &ResourceKey, identity: &Struct) -> Struct {
     let mut context = Struct::default();
     if let Ok(Value::Object(document)) = serde_json::from_str::<Value>(flag_configuration)
@@ -148,9 +148,16 @@ fn sync_context(flag_configuration: &str, key: &ResourceKey, identity: &Struct) 
                 .insert(name.clone(), ProtoValue { kind: Some(kind) });
         }
     }
-    context
-        .fields
-        .extend(identity.fields.iter().map(|(k, v)| (k.clone(), v.clone())));
+    for (name, value) in &identity.fields {
+        if crate::context::RESERVED_KEYS.contains(&name.as_str()) {
+            context.fields.insert(name.clone(), value.clone());
+        } else {
+            context
+                .fields
+                .entry(name.clone())
+                .or_insert_with(|| value.clone());
+        }
+    }
     context
         .fields
         .insert("selector".to_owned(), string(&key.to_string()));
@@ -198,5 +205,26 @@ mod tests {
         // The same bytes are shared, not encoded again.
         let again = Protocol::FlagdSyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
         assert_eq!(again.0.as_ptr(), v1.0.as_ptr());
+    }
+
+    #[test]
+    fn a_flag_sets_own_metadata_wins_over_a_context_value_and_the_proxys_keys_over_both() {
+        let flags = r#"{"flags":{},"metadata":{"team":"checkout","proxy":"spoofed","n":2}}"#;
+        let values = [
+            ("team".to_owned(), "platform".to_owned()),
+            ("region".to_owned(), "eu".to_owned()),
+        ];
+        let context = sync_context(
+            flags,
+            &ResourceKey::new("ns", "a"),
+            &proxy_identity(&values),
+        );
+        assert_eq!(context.fields["team"], string("checkout"));
+        assert_eq!(context.fields["region"], string("eu"));
+        assert_eq!(context.fields["proxy"], string("flagd-proxy"));
+        assert_eq!(
+            context.fields["selector"],
+            string("core.openfeature.dev/ns/a")
+        );
     }
 }

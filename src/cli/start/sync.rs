@@ -11,7 +11,9 @@ pub struct SyncArgs {
     /// An entry for every message's sync_context and for GetMetadata, as flagd's
     /// --context-value: providers merge it into their evaluation context, so targeting rules can
     /// use it (for example region=eu). Repeatable or comma-separated; in the config file a list
-    /// of key=value or a mapping. The keys proxy, proxyVersion and selector are the proxy's own.
+    /// of key=value or a mapping. The keys proxy, proxyVersion and selector are the proxy's own,
+    /// flagSetId and version each flag set's (refused, as are keys that differ from them only in
+    /// case); a key a flag set's own metadata also sets keeps the flag set's value.
     #[arg(long = "context-value", value_name = "KEY=VALUE", env = "FLAGD_PROXY_CONTEXT_VALUES", value_delimiter = ',', value_parser = crate::context::parse_entry)]
     pub context_values: Vec<(String, String)>,
 
