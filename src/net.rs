@@ -11,6 +11,7 @@ pub(crate) mod deadlines;
 pub mod info;
 pub(crate) mod limits;
 pub mod listener;
+pub(crate) mod request_limits;
 pub(crate) mod room;
 pub mod tls;
 

@@ -1,0 +1,93 @@
+//! HTTP/2 framing and HPACK encoding as the authority filter needs them: frame headers, the
+//! header-block fragment of a HEADERS or CONTINUATION frame, and literal fields (RFC 9113,
+//! RFC 7541).
+use bytes::{BufMut, BytesMut};
+
+pub(super) const HEAD_LEN: usize = 9;
+pub(super) const HEADERS: u8 = 0x1;
+pub(super) const PUSH_PROMISE: u8 = 0x5;
+pub(super) const CONTINUATION: u8 = 0x9;
+pub(super) const END_STREAM: u8 = 0x1;
+pub(super) const END_HEADERS: u8 = 0x4;
+pub(super) const PADDED: u8 = 0x8;
+pub(super) const PRIORITY: u8 = 0x20;
+
+/// A frame's 9-byte header.
+#[derive(Clone, Copy)]
+pub(super) struct Head {
+    pub(super) len: usize,
+    pub(super) kind: u8,
+    pub(super) flags: u8,
+    pub(super) stream: u32,
+}
+
+impl Head {
+    pub(super) fn parse(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; HEAD_LEN] = bytes.get(..HEAD_LEN)?.try_into().ok()?;
+        Some(Self {
+            len: usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]),
+            kind: bytes[3],
+            flags: bytes[4],
+            stream: u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff,
+        })
+    }
+
+    pub(super) fn write(len: usize, kind: u8, flags: u8, stream: u32, out: &mut BytesMut) {
+        // `len` is at most MAX_FRAME_SIZE.
+        out.put_slice(&(len as u32).to_be_bytes()[1..]);
+        out.put_u8(kind);
+        out.put_u8(flags);
+        out.put_u32(stream);
+    }
+}
+
+/// The HPACK bytes of a HEADERS or CONTINUATION frame's `payload`: padding and priority taken
+/// off. Both are safe to drop: padding carries nothing, and the server does not act on
+/// priorities (it only refuses a stream that depends on itself: such a frame is `None`, as is
+/// one whose padding is longer than its payload, and passes unchanged).
+pub(super) fn fragment(head: Head, payload: &[u8]) -> Option<&[u8]> {
+    if head.kind != HEADERS {
+        return Some(payload);
+    }
+    let (mut payload, padding) = if head.flags & PADDED != 0 {
+        let (&pad, rest) = payload.split_first()?;
+        (rest, usize::from(pad))
+    } else {
+        (payload, 0)
+    };
+    if head.flags & PRIORITY != 0 {
+        let dependency = payload.get(..4)?;
+        let dependency = u32::from_be_bytes(dependency.try_into().ok()?) & 0x7fff_ffff;
+        if dependency == head.stream {
+            return None;
+        }
+        payload = payload.get(5..)?;
+    }
+    payload.get(..payload.len().checked_sub(padding)?)
+}
+
+/// A literal field without indexing and with a literal name, no Huffman coding (RFC 7541
+/// 6.2.2): the server's table is never written to.
+pub(super) fn write_literal(name: &[u8], value: &[u8], out: &mut BytesMut) {
+    out.put_u8(0);
+    for string in [name, value] {
+        write_integer(string.len(), out);
+        out.put_slice(string);
+    }
+}
+
+/// An HPACK integer with a 7-bit prefix and the Huffman bit clear (RFC 7541 5.1).
+pub(super) fn write_integer(mut value: usize, out: &mut BytesMut) {
+    const PREFIX: usize = 0x7f;
+    if value < PREFIX {
+        out.put_u8(value as u8);
+        return;
+    }
+    out.put_u8(PREFIX as u8);
+    value -= PREFIX;
+    while value >= 0x80 {
+        out.put_u8((value & 0x7f) as u8 | 0x80);
+        value >>= 7;
+    }
+    out.put_u8(value as u8);
+}
