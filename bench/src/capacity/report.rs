@@ -29,7 +29,7 @@ pub(crate) struct Measured {
     pub(crate) p99_ms: f64,
 }
 
-pub(crate) const MEASURED: [Measured; 3] = [
+pub(crate) const MEASURED: [Measured; 4] = [
     Measured {
         run: "files, 50 × 2,000",
         source: SourceKind::Files,
@@ -66,6 +66,20 @@ pub(crate) const MEASURED: [Measured; 3] = [
         central_rss_mib: 17.2,
         node_rss_mib: 18.5,
         p99_ms: 1418.8,
+    },
+    // The files run again on 2026-12-02 on a quiet machine (docs/benchmarks.md, "Two tiers: on
+    // a quiet machine"; load average 0.8 before).
+    Measured {
+        run: "files, 50 × 2,000, quiet",
+        source: SourceKind::Files,
+        nodes: 50.0,
+        per_node: 2_000.0,
+        central_cpu_s: 0.032,
+        nodes_cpu_s: 1.783,
+        load_generator_cpu_s: Some(0.634),
+        central_rss_mib: 18.8,
+        node_rss_mib: 23.7,
+        p99_ms: 1558.8,
     },
 ];
 
