@@ -277,6 +277,27 @@ fn tiers_smoke_run_delivers_every_version_through_both_tiers() {
     }
 }
 
+/// Runs `flagd-proxy-bench ARGS --proxy-bin <this proxy> --json FILE` (FILE in a scratch
+/// folder named `name`), requires it to succeed, and returns its JSON report, its standard
+/// output and, for failure messages, all it printed.
+fn bench_json(name: &str, args: &[&str]) -> (serde_json::Value, String, String) {
+    let scratch = Scratch::new(name);
+    let json = scratch.0.join("report.json");
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
+        .args(args)
+        .arg("--proxy-bin")
+        .arg(proxy_bin())
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .expect("run flagd-proxy-bench");
+    let (stdout, context) = outputs(&output);
+    assert!(output.status.success(), "{context}");
+    let text = std::fs::read_to_string(&json).expect("the JSON report is written");
+    let report = serde_json::from_str(&text).expect("the report is JSON");
+    (report, stdout, context)
+}
+
 /// The unit costs at small scale (`--costs --smoke`, manifest files): every probe passes this
 /// proxy's correctness checks, every cost comes out as a number, and `--capacity` computes the
 /// model from the JSON written. Which values they have is not checked: at this scale, in a debug
@@ -284,20 +305,10 @@ fn tiers_smoke_run_delivers_every_version_through_both_tiers() {
 /// in their noise.
 #[test]
 fn costs_smoke_run_measures_every_cost_and_feeds_the_model() {
-    let scratch = Scratch::new("bench-costs");
+    let scratch = Scratch::new("bench-model");
     let json = scratch.0.join("costs.json");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
-        .args(["--costs", "--smoke", "--proxy-bin"])
-        .arg(proxy_bin())
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run flagd-proxy-bench");
-    let (_, context) = outputs(&output);
-    assert!(output.status.success(), "{context}");
-    let written: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the costs are written"))
-            .expect("the costs are JSON");
+    let (written, _, context) = bench_json("bench-costs", &["--costs", "--smoke"]);
+    std::fs::write(&json, written.to_string()).expect("the costs for --capacity");
     let costs = written["costs"].as_object().expect("a costs object");
     // Measured with Kubernetes only: a smoke run reads manifest files.
     let files_only = ["kib_per_watch_kubernetes", "ms_per_version_kubernetes"];
@@ -340,31 +351,20 @@ fn authz_storm_smoke_run_counts_api_requests_within_the_target() {
     if flagd_proxy_testkit::skip::require(test_data(OPERATOR_CRDS)).is_none() {
         return;
     }
-    let scratch = Scratch::new("bench-authz");
-    let json = scratch.0.join("authz.json");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
-        .args([
+    let (report, stdout, context) = bench_json(
+        "bench-authz",
+        &[
             "--authz-storm",
             "--smoke",
             "--authz-modes",
             "rbac-token,namespace-pod-ip",
-        ])
-        .arg("--proxy-bin")
-        .arg(proxy_bin())
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run flagd-proxy-bench");
-    let (stdout, context) = outputs(&output);
-    assert!(output.status.success(), "{context}");
+        ],
+    );
     assert!(
         stdout.contains("## Authorization in a reconnect storm")
             && stdout.contains("Verdict: every client served in every phase"),
         "{context}"
     );
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON report"))
-            .expect("JSON");
     assert_eq!(report["target"], 2 * 2 + 10, "{report}");
     let modes = report["modes"].as_array().expect("modes");
     assert_eq!(modes.len(), 2, "{report}");
@@ -399,20 +399,7 @@ fn authz_storm_smoke_run_counts_api_requests_within_the_target() {
 /// proxy, and an outcome for all. What the figures are is not checked (they are measurements).
 #[test]
 fn attacks_smoke_run_measures_every_attack() {
-    let scratch = Scratch::new("bench-attacks");
-    let json = scratch.0.join("attacks.json");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
-        .args(["--attacks", "--smoke", "--proxy-bin"])
-        .arg(proxy_bin())
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run flagd-proxy-bench");
-    let (_, context) = outputs(&output);
-    assert!(output.status.success(), "{context}");
-    let report: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&json).expect("the JSON is written"))
-            .expect("JSON");
+    let (report, _, context) = bench_json("bench-attacks", &["--attacks", "--smoke"]);
     let rows = report["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 14, "{context}");
     for (i, row) in rows.iter().enumerate() {
