@@ -1,5 +1,6 @@
-//! The cluster's teardown (`scripts/cluster.sh down`, which every cluster test run ends with)
-//! touches only what the cluster made. On a machine that is itself a Kubernetes node, processes
+//! The cluster's teardown (`flagd_proxy_testkit::cluster::remove_all`, which every cluster run
+//! ends with and starts with, and `flagd-proxy-cluster down` runs) touches only what the cluster
+//! made. On a machine that is itself a Kubernetes node, processes
 //! in `kubepods` cgroups and `cni-*` network namespaces are that node's pods: they must survive.
 //!
 //! The test puts a decoy process in a `kubepods` cgroup of every hierarchy and makes a decoy
@@ -11,9 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use flagd_proxy_testkit as support;
-
-/// The machine-wide cluster lock of scripts/cluster.sh.
-const LOCK: &str = "/run/flagd-proxy-cluster.lock";
+use support::cluster::node::{Layout, MachineLock};
 
 /// What the test made, removed on drop (also after a panic).
 struct Decoys {
@@ -128,17 +127,10 @@ fn teardown_leaves_other_pods_processes_and_network_namespaces_alone() {
     let name = format!("flagd-proxy-decoy-{}", std::process::id());
     let mut decoys = make_decoys(&name);
     // No cluster may be up while the teardown runs: it runs under the machine-wide lock.
-    let output = Command::new("flock")
-        .arg(LOCK)
-        .arg(support::repo_root().join("scripts/cluster.sh"))
-        .arg("down")
-        .output()
-        .expect("run scripts/cluster.sh down under the cluster lock");
-    assert!(
-        output.status.success(),
-        "scripts/cluster.sh down: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let lock = MachineLock::acquire(|| eprintln!("waiting for the cluster on this machine to end"))
+        .expect("take the machine-wide cluster lock");
+    support::cluster::remove_all(&Layout::from_env());
+    drop(lock);
     assert!(
         alive(&mut decoys.process),
         "the teardown killed a process in a kubepods cgroup it did not make"

@@ -1,11 +1,13 @@
-//! A real single-node Kubernetes cluster for the tests of one test binary: `scripts/cluster.sh run`
-//! brings it up inside its own network namespace (etcd, kube-apiserver, controller-manager,
-//! scheduler, containerd, kubelet, bridge CNI, kube-proxy, CoreDNS and an image registry), and tears
-//! it down when its standard input closes, which happens when the test process exits however it
-//! exits (a panic, a signal). A run that was killed outright leaves state that the next run's
-//! `up` removes first. The script holds the machine-wide lock `/run/flagd-proxy-cluster.lock`
-//! from before `up` until its teardown is done: a second cluster (another test process, a CI run,
-//! `scripts/cluster.sh up`) waits for the first, logging that it waits.
+//! A real single-node Kubernetes cluster for the tests of one test binary: the
+//! `flagd-proxy-cluster` binary of this package (`run`) brings it up inside its own network
+//! namespace (etcd, kube-apiserver, controller-manager, scheduler, containerd, kubelet, bridge
+//! CNI, kube-proxy, CoreDNS and an image registry; [`node`]), and tears it down when its standard
+//! input closes, which happens when the test process exits however it exits (a panic, a signal).
+//! It runs in a process group of its own, so a Ctrl-C meant for the tests does not cut its
+//! teardown short. A run that was killed outright leaves state that the next run's start removes
+//! first. It holds the machine-wide lock `/run/flagd-proxy-cluster.lock` from before the start
+//! until its teardown is done: a second cluster (another test process, a CI run, a cluster
+//! started by hand) waits for the first, logging that it waits.
 //!
 //! The test process reaches the cluster only through commands run inside that namespace
 //! (`nsenter --net`): kubectl as cluster admin, curl to pod IPs. Nothing of the cluster is reachable
@@ -15,8 +17,9 @@
 //! notice naming what is missing and pass, unless `CI` is set: then they fail.
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::ops::Deref;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
 use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, mpsc};
@@ -24,7 +27,14 @@ use std::time::{Duration, Instant};
 
 use super::control_plane::{bin_dir, cache_dir, test_data};
 
-/// The network namespace the cluster lives in (scripts/cluster.sh).
+mod config;
+pub mod node;
+mod teardown;
+
+pub use self::teardown::remove_all;
+use node::Layout;
+
+/// The network namespace the cluster lives in.
 pub const NETNS: &str = "flagd-proxy-cluster";
 /// The in-cluster image registry: pods pull `REGISTRY/<name>:<tag>`.
 pub const REGISTRY: &str = "10.99.0.1:5000";
@@ -42,8 +52,11 @@ pub const FLAGD_TAG: &str = "v0.16.0";
 /// The running cluster. There is one per test process; see [`cluster_or_skip`].
 pub struct Cluster {
     dir: PathBuf,
+    layout: Layout,
+    /// `flagd-proxy-cluster`, which runs the cluster.
+    binary: PathBuf,
     kubectl: PathBuf,
-    /// Closing this (the process exits) tells `scripts/cluster.sh run` to tear down.
+    /// Closing this (the process exits) tells `flagd-proxy-cluster run` to tear down.
     _keepalive: Mutex<ChildStdin>,
     images: Mutex<BTreeSet<String>>,
     crds: OnceLock<()>,
@@ -83,14 +96,12 @@ impl Deref for ExclusiveCluster {
 }
 
 impl ExclusiveCluster {
-    /// Stops the API server and starts it again (`scripts/cluster.sh restart-apiserver`); returns
-    /// once it is ready.
+    /// Stops the API server and starts it again (`flagd-proxy-cluster restart-apiserver`);
+    /// returns once it is ready.
     pub fn restart_apiserver(&self) {
         run_ok(
-            Command::new(repo_root().join("scripts/cluster.sh"))
-                .arg("restart-apiserver")
-                .env("FLAGD_PROXY_KUBE_BIN_DIR", bin_dir()),
-            "scripts/cluster.sh restart-apiserver",
+            Command::new(&self.binary).arg("restart-apiserver"),
+            "flagd-proxy-cluster restart-apiserver",
         );
     }
 }
@@ -262,14 +273,18 @@ impl Cluster {
         let log_path = log_dir.join("cluster.log");
         let log = std::fs::File::create(&log_path)
             .map_err(|e| format!("create {}: {e}", log_path.display()))?;
-        let mut child = Command::new(repo_root().join("scripts/cluster.sh"))
+        let binary = cluster_binary()?;
+        let mut child = Command::new(&binary)
             .arg("run")
             .env("FLAGD_PROXY_KUBE_BIN_DIR", bin_dir())
+            // Not in the test's process group: a Ctrl-C there does not reach it (its stdin
+            // closing does).
+            .process_group(0)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
-            .map_err(|e| format!("run scripts/cluster.sh: {e}"))?;
+            .map_err(|e| format!("run {}: {e}", binary.display()))?;
         let stdin = child.stdin.take().ok_or("no stdin")?;
         let stdout = child.stdout.take().ok_or("no stdout")?;
         let (tx, rx) = mpsc::channel();
@@ -279,7 +294,7 @@ impl Cluster {
                 if let Some(dir) = line.strip_prefix("READY ") {
                     let _ = tx.send(Some(PathBuf::from(dir)));
                 } else if line == "WAITING" {
-                    // The script waits (without bound) for the machine-wide lock
+                    // It waits (without bound) for the machine-wide lock
                     // /run/flagd-proxy-cluster.lock: one cluster per machine.
                     eprintln!("waiting for another cluster on this machine to finish");
                 } else if line == "LOCKED" {
@@ -293,7 +308,7 @@ impl Cluster {
             let lines: Vec<&str> = text.lines().collect();
             lines[lines.len().saturating_sub(40)..].join("\n")
         };
-        // First the lock, held by `scripts/cluster.sh run` until its teardown is done (so also
+        // First the lock, held by `flagd-proxy-cluster run` until its teardown is done (so also
         // after a panic here: closing its stdin starts the teardown), however long another
         // cluster on this machine takes; then the cluster, within a bound.
         let locked = matches!(rx.recv(), Ok(Some(dir)) if dir.as_os_str().is_empty());
@@ -306,7 +321,7 @@ impl Cluster {
             Some(dir) => dir,
             None => {
                 return Err(format!(
-                    "scripts/cluster.sh run did not report READY; {}:\n{}",
+                    "flagd-proxy-cluster run did not report READY; {}:\n{}",
                     log_path.display(),
                     tail()
                 ));
@@ -315,6 +330,8 @@ impl Cluster {
         eprintln!("cluster up: {} (log {})", dir.display(), log_path.display());
         Ok(Cluster {
             dir,
+            layout: Layout::from_env(),
+            binary,
             kubectl: bin_dir().join("kubectl"),
             _keepalive: Mutex::new(stdin),
             images: Mutex::new(BTreeSet::new()),
@@ -329,38 +346,10 @@ impl Cluster {
 
     /// Runs a command inside the cluster's network namespace, with `input` on its stdin.
     pub fn exec_with_input(&self, args: &[&str], input: Option<&str>) -> Result<String, String> {
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{NETNS}"))
-            .args(args)
-            .stdin(if input.is_some() {
-                Stdio::piped()
-            } else {
-                Stdio::null()
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("spawn {args:?}: {e}"))?;
-        if let Some(input) = input {
-            let mut stdin = child.stdin.take().ok_or("no stdin")?;
-            stdin
-                .write_all(input.as_bytes())
-                .map_err(|e| format!("write stdin of {args:?}: {e}"))?;
-        }
-        let output = child
-            .wait_with_output()
-            .map_err(|e| format!("wait for {args:?}: {e}"))?;
-        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
-        if output.status.success() {
-            Ok(stdout)
-        } else {
-            Err(format!(
-                "{args:?} failed ({}): {}{}",
-                output.status,
-                stdout.trim(),
-                String::from_utf8_lossy(&output.stderr).trim()
-            ))
-        }
+        let (program, rest) = args.split_first().ok_or("no command to run")?;
+        let mut command = node::in_netns(program);
+        command.args(rest);
+        node::output(&mut command, input).map_err(|e| format!("{e:#}"))
     }
 
     /// Runs a command inside the cluster's network namespace.
@@ -505,10 +494,9 @@ impl Cluster {
 
     /// Gives the image `src` in the node's containerd the extra name `dst`.
     pub fn tag_image(&self, src: &str, dst: &str) {
-        run_ok(
-            Command::new(repo_root().join("scripts/cluster.sh")).args(["tag", src, dst]),
-            &format!("scripts/cluster.sh tag {src} {dst}"),
-        );
+        if let Err(error) = self.layout.tag(src, dst) {
+            panic!("tag {src} as {dst}: {error:#}");
+        }
     }
 
     /// Imports an OCI archive into the node's containerd and pushes it to the in-cluster
@@ -519,21 +507,11 @@ impl Cluster {
         if images.contains(&key) {
             return;
         }
-        let script = repo_root().join("scripts/cluster.sh");
-        for args in [
-            vec!["load".to_owned(), archive.display().to_string()],
-            vec![
-                "push".to_owned(),
-                archive.display().to_string(),
-                key.clone(),
-            ],
-        ] {
-            run_ok(
-                Command::new(&script)
-                    .args(&args)
-                    .env("FLAGD_PROXY_KUBE_BIN_DIR", bin_dir()),
-                &format!("scripts/cluster.sh {args:?}"),
-            );
+        if let Err(error) = self.layout.load(archive) {
+            panic!("load {}: {error:#}", archive.display());
+        }
+        if let Err(error) = self.layout.push(archive, &key) {
+            panic!("push {} as {key}: {error:#}", archive.display());
         }
         images.insert(key);
     }
@@ -611,6 +589,34 @@ impl Cluster {
         self.publish_image(&archive, name, tag);
         format!("{REGISTRY}/{name}:{tag}")
     }
+}
+
+/// The `flagd-proxy-cluster` binary beside the running test binary, built (or found up to date)
+/// by cargo first: the cluster tests' own build does not build this package's binaries.
+fn cluster_binary() -> Result<PathBuf, String> {
+    let profile_dir = crate::profile_dir();
+    let mut cargo = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    cargo
+        .current_dir(repo_root())
+        .args(["build", "--locked", "--quiet", "-p", "flagd-proxy-testkit"])
+        .args(["--bin", "flagd-proxy-cluster"]);
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some("release") => {
+            cargo.arg("--release");
+        }
+        Some(profile) => {
+            cargo.args(["--profile", profile]);
+        }
+    }
+    let output = cargo.output().map_err(|e| format!("run {cargo:?}: {e}"))?;
+    if !output.status.success() {
+        return Err(format!(
+            "{cargo:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        ));
+    }
+    Ok(profile_dir.join("flagd-proxy-cluster"))
 }
 
 fn run_script(script: &str, args: &[&str]) {

@@ -39,8 +39,8 @@ use tempfile::TempDir;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 mod binaries;
-mod credentials;
-mod processes;
+pub(crate) mod credentials;
+pub(crate) mod processes;
 mod rbac;
 
 pub use self::binaries::{

@@ -1,7 +1,7 @@
 //! The proxy the way users run it: as a container image in pods of a real single-node cluster
-//! (`testkit/src/cluster.rs`, `scripts/cluster.sh`), deployed by `deploy/` or by the real OpenFeature
-//! Operator, reading FeatureFlags with its in-cluster service-account token, probed by the kubelet
-//! and reached by flagd through its Service name.
+//! (`testkit/src/cluster.rs`, run by the test kit's `flagd-proxy-cluster`), deployed by `deploy/`
+//! or by the real OpenFeature Operator, reading FeatureFlags with its in-cluster service-account
+//! token, probed by the kubelet and reached by flagd through its Service name.
 //!
 //! One cluster serves every test of this binary (`deploy`, `operator`, `helm`, `authz`, `image`;
 //! what they deploy is in `workloads`); each test works in its own namespaces, and a test that

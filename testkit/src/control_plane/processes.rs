@@ -3,7 +3,7 @@
 //! ports, health polling and log tails.
 
 use std::fs::{File, OpenOptions};
-use std::io::{Read, Seek, SeekFrom};
+use std::io::{Read, Seek, SeekFrom, Write};
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
@@ -15,14 +15,14 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use super::{PROBE_TIMEOUT, READY_TIMEOUT};
 
 /// Runs a server process under `sh`, which kills it when the pipe on the wrapper's stdin closes:
-/// on [`Supervised::stop`], or when the test process dies. The wrapper's exit status is the
-/// server's.
+/// on [`Supervised::stop`], or when the test process dies. A line on the pipe names a signal to
+/// send the server first ([`Supervised::terminate`]). The wrapper's exit status is the server's.
 const SUPERVISOR_SCRIPT: &str = r#"
 exec 3<&0 </dev/null
 "$@" 3<&- &
 server=$!
 (
-  read -r _ <&3
+  while read -r signal <&3; do kill -"$signal" "$server" 2>/dev/null; done
   kill -KILL "$server" 2>/dev/null
 ) &
 watcher=$!
@@ -33,7 +33,7 @@ kill "$watcher" 2>/dev/null
 exit "$status"
 "#;
 
-pub(super) struct Supervised {
+pub(crate) struct Supervised {
     name: &'static str,
     child: Child,
     lifeline: Option<ChildStdin>,
@@ -42,7 +42,7 @@ pub(super) struct Supervised {
 }
 
 impl Supervised {
-    pub(super) fn spawn(
+    pub(crate) fn spawn(
         name: &'static str,
         program: &Path,
         args: &[String],
@@ -80,7 +80,7 @@ impl Supervised {
     }
 
     /// The exit status if the process has ended.
-    pub(super) fn exited(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn exited(&mut self) -> Option<ExitStatus> {
         if self.exit.is_none() {
             self.exit = self.child.try_wait().ok().flatten();
         }
@@ -88,7 +88,7 @@ impl Supervised {
     }
 
     /// An error naming the process, with the end of its log.
-    pub(super) fn failure(&self, what: &str) -> anyhow::Error {
+    pub(crate) fn failure(&self, what: &str) -> anyhow::Error {
         anyhow!(
             "{} {what}\n---- last lines of {} ----\n{}",
             self.name,
@@ -97,8 +97,20 @@ impl Supervised {
         )
     }
 
+    /// The server's name.
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Asks the server to stop (SIGTERM); [`Supervised::stop`] kills what is left.
+    pub(crate) fn terminate(&mut self) {
+        if let Some(lifeline) = self.lifeline.as_mut() {
+            let _ = lifeline.write_all(b"TERM\n");
+        }
+    }
+
     /// Kills the server and reaps the wrapper.
-    pub(super) fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         // Closing the pipe makes the wrapper kill the server and exit with its status.
         drop(self.lifeline.take());
         let deadline = Instant::now() + Duration::from_secs(15);
@@ -185,7 +197,7 @@ pub(super) fn log_mentions_port_clash(log: &Path) -> bool {
 }
 
 /// The last `lines` lines of a file (at most its last 64 KiB).
-pub(super) fn tail(path: &Path, lines: usize) -> String {
+pub(crate) fn tail(path: &Path, lines: usize) -> String {
     let read = || -> std::io::Result<String> {
         let mut file = File::open(path)?;
         let len = file.metadata()?.len();
