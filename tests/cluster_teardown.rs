@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
 use flagd_proxy_testkit as support;
-use support::cluster::node::{Layout, MachineLock};
+use support::cluster::layout::{Layout, MachineLock};
 
 /// What the test made, removed on drop (also after a panic).
 struct Decoys {

@@ -28,11 +28,12 @@ use std::time::{Duration, Instant};
 use super::control_plane::{bin_dir, cache_dir, test_data};
 
 mod config;
+pub mod layout;
 pub mod node;
 mod teardown;
 
 pub use self::teardown::remove_all;
-use node::Layout;
+use layout::Layout;
 
 /// The network namespace the cluster lives in.
 pub const NETNS: &str = "flagd-proxy-cluster";
@@ -347,9 +348,9 @@ impl Cluster {
     /// Runs a command inside the cluster's network namespace, with `input` on its stdin.
     pub fn exec_with_input(&self, args: &[&str], input: Option<&str>) -> Result<String, String> {
         let (program, rest) = args.split_first().ok_or("no command to run")?;
-        let mut command = node::in_netns(program);
+        let mut command = layout::in_netns(program);
         command.args(rest);
-        node::output(&mut command, input).map_err(|e| format!("{e:#}"))
+        layout::output(&mut command, input).map_err(|e| format!("{e:#}"))
     }
 
     /// Runs a command inside the cluster's network namespace.

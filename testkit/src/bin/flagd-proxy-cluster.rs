@@ -21,7 +21,8 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use anyhow::{Context, bail};
-use flagd_proxy_testkit::cluster::node::{Layout, MachineLock, Node, in_netns, log};
+use flagd_proxy_testkit::cluster::layout::{LOCK, Layout, MachineLock, in_netns, log};
+use flagd_proxy_testkit::cluster::node::Node;
 use flagd_proxy_testkit::cluster::remove_all;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::signal::unix::{SignalKind, signal};
@@ -81,7 +82,7 @@ fn lock() -> anyhow::Result<MachineLock> {
     MachineLock::acquire(|| {
         log(format_args!(
             "waiting for another cluster on this machine to finish ({})",
-            flagd_proxy_testkit::cluster::node::LOCK
+            LOCK
         ));
         println!("WAITING");
         let _ = std::io::stdout().flush();

@@ -16,7 +16,8 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::NETNS;
-use super::node::{CGROUP_ROOT, Layout, log};
+use super::layout::{Layout, log};
+use super::node::CGROUP_ROOT;
 
 /// Kernel settings kubelet changes machine-wide; put back by [`remove_all`].
 const KUBELET_SYSCTLS: [&str; 3] = [
