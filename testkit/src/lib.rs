@@ -431,6 +431,22 @@ async fn http_request(port: u16, head: &str) -> std::io::Result<(u16, String)> {
 /// A calendar day: year, month, day.
 pub type Day = (i32, u8, u8);
 
+/// A new self-signed CA certificate named `common_name`, and the issuer that signs with it.
+pub fn new_ca(common_name: &str) -> (rcgen::Certificate, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, common_name);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let key = rcgen::KeyPair::generate().expect("ca key");
+    let cert = params.self_signed(&key).expect("ca cert");
+    (cert, rcgen::Issuer::new(params, key))
+}
+
 /// A throwaway certificate authority and a server certificate for 127.0.0.1 and localhost,
 /// written as PEM files into a temporary directory.
 pub struct TestCa {
@@ -444,20 +460,9 @@ pub struct TestCa {
 impl TestCa {
     pub fn new() -> TestCa {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "flagd-proxy test CA");
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-        ];
-        let key = rcgen::KeyPair::generate().expect("ca key");
-        let cert = params.self_signed(&key).expect("ca cert");
+        let (cert, ca) = new_ca("flagd-proxy test CA");
         let ca_cert = dir.path().join("ca.pem");
         std::fs::write(&ca_cert, cert.pem()).expect("write ca");
-        let ca = rcgen::Issuer::new(params, key);
         let mut this = TestCa {
             server_cert: dir.path().join("server.pem"),
             server_key: dir.path().join("server-key.pem"),

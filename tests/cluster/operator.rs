@@ -1,5 +1,6 @@
 //! The real OpenFeature Operator deploying the proxy image and injecting flagd.
 
+use super::steps::*;
 use super::*;
 
 /// The operator's manager, run as a process inside the cluster's network namespace the way its
@@ -131,17 +132,13 @@ fn base64_encode(bytes: &[u8]) -> String {
 
 #[test]
 fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
-    let Some(cluster) = cluster_or_skip() else {
+    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;
     };
     let cluster: &Cluster = &cluster;
     let Some(operator_binary) = operator_binary() else {
         return;
     };
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
-    cluster.install_crds();
     let proxy_image = cluster.proxy_image();
 
     // What the operator's installation provides besides its manager: its namespace, a Deployment
@@ -259,8 +256,5 @@ fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
         )),
         "sidecar args: {sidecar}"
     );
-    let app = single_pod_ip(cluster, ns, "app=app");
-    wait_for_color(cluster, &app, "red");
-    set_default_color(cluster, ns, "demo", "blue");
-    wait_for_color(cluster, &app, "blue");
+    flagd_follows_an_edit(cluster, ns, "app");
 }
