@@ -6,8 +6,7 @@ use super::*;
 /// deletions and re-creations reach open streams. Connects through KUBECONFIG.
 #[tokio::test]
 async fn one_watch_per_resource_and_changes_propagate() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
     cp.grant_proxy_cluster_wide().await;
@@ -95,8 +94,7 @@ async fn one_watch_per_resource_and_changes_propagate() {
 /// the missing permission, A keeps working, and B works once it is granted.
 #[tokio::test]
 async fn rbac_refusal_is_explained_and_recovers_when_granted() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
     for ns in ["rbac-a", "rbac-b"] {
@@ -163,13 +161,10 @@ async fn rbac_refusal_is_explained_and_recovers_when_granted() {
 /// after the restart reaches every one of them.
 #[tokio::test]
 async fn subscribers_catch_up_after_an_api_server_restart() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(mut cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, mut cp)) = control_plane_or_skip().await else {
         return;
     };
-    cp.grant_proxy_cluster_wide().await;
-    cp.create_namespace("restart").await;
-    create_flag(&cp, "restart", "flags", "red").await;
+    granted_red_flag(&cp, "restart", "flags").await;
     let proxy = start_proxy_with_flags(&cp, &[]).await;
     let target = selector("restart", "flags");
     let mut client = client(&proxy).await;
@@ -203,8 +198,7 @@ async fn subscribers_catch_up_after_an_api_server_restart() {
 async fn many_resources_each_get_their_own_watch() {
     const RESOURCES: usize = 200;
     const CONNECTIONS: usize = 4;
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
     cp.grant_proxy_cluster_wide().await;
