@@ -18,7 +18,7 @@ use support::identities::{
     grant_flag_reading, grant_review_permissions, running_pod, running_pod_on,
     service_account_token,
 };
-use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
+use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_color};
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -49,24 +49,9 @@ async fn first(
 #[tokio::test]
 async fn spiffe_client_certificates_in_namespace_mode() {
     let dir = tempfile::tempdir().expect("tempdir");
-    write_manifest(
-        dir.path(),
-        "team-a",
-        "flags",
-        string_flag("color", "red", &["red"]),
-    );
-    write_manifest(
-        dir.path(),
-        "team-b",
-        "flags",
-        string_flag("color", "blue", &["blue"]),
-    );
-    write_manifest(
-        dir.path(),
-        "shared",
-        "flags",
-        string_flag("color", "green", &["green"]),
-    );
+    write_color(dir.path(), "team-a", "flags", "red", &["red"]);
+    write_color(dir.path(), "team-b", "flags", "blue", &["blue"]);
+    write_color(dir.path(), "shared", "flags", "green", &["green"]);
     let ca = TestCa::new();
     let mut args = vec!["--manifests".to_owned(), dir.path().display().to_string()];
     args.extend(ca.proxy_args());
@@ -92,15 +77,13 @@ async fn spiffe_client_certificates_in_namespace_mode() {
     let web =
         connect(ca.issue_client_with_uri("web", Some("spiffe://cluster.local/ns/team-a/sa/web")))
             .await;
-    first(web.clone(), "core.openfeature.dev/team-a/flags", None)
+    first(web.clone(), TEAM_A, None)
         .await
         .expect("own namespace");
     first(web.clone(), "core.openfeature.dev/shared/flags", None)
         .await
         .expect("allow-listed namespace");
-    let denied = first(web, "core.openfeature.dev/team-b/flags", None)
-        .await
-        .expect_err("other namespace");
+    let denied = first(web, TEAM_B, None).await.expect_err("other namespace");
     assert_status(
         &denied,
         Code::PermissionDenied,
@@ -175,6 +158,16 @@ async fn requests(cp: &ControlPlane, kinds: &[(&str, &str)]) -> u64 {
     total
 }
 
+/// The selectors of the FeatureFlags `flags` of the namespaces team-a and team-b.
+const TEAM_A: &str = "core.openfeature.dev/team-a/flags";
+const TEAM_B: &str = "core.openfeature.dev/team-b/flags";
+
+/// The proxy against the control plane with `extra` flags.
+async fn start_on(cp: &ControlPlane, extra: &[&str]) -> Proxy {
+    let args = cp.proxy_args(extra);
+    Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+}
+
 const POD_LOOKUPS: &[(&str, &str)] = &[("LIST", "pods"), ("WATCH", "pods"), ("GET", "pods")];
 
 #[tokio::test]
@@ -184,28 +177,26 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
     };
     let token = two_teams(&cp).await;
     // Decisions are kept long enough that only concurrency could cause a second review.
-    let args = cp.proxy_args(&[
-        "--authz",
-        "namespace",
-        "--authz-pod-ip",
-        "--authz-cache-ttl",
-        "1h",
-        "--max-connections-per-address",
-        "0",
-    ]);
-    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let proxy = start_on(
+        &cp,
+        &[
+            "--authz",
+            "namespace",
+            "--authz-pod-ip",
+            "--authz-cache-ttl",
+            "1h",
+            "--max-connections-per-address",
+            "0",
+        ],
+    )
+    .await;
 
     // Concurrent first requests with one token: one TokenReview.
     let reviews = cp.requests("POST", "tokenreviews").await;
     let channel = plain_channel(proxy.port).await;
-    let answers = futures::future::join_all((0..50).map(|_| {
-        first(
-            channel.clone(),
-            "core.openfeature.dev/team-a/flags",
-            Some(&token),
-        )
-    }))
-    .await;
+    let answers =
+        futures::future::join_all((0..50).map(|_| first(channel.clone(), TEAM_A, Some(&token))))
+            .await;
     for answer in answers {
         assert!(answer.expect("own namespace").contains("team-a"));
     }
@@ -223,7 +214,7 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
     running_pod(&cp, "team-a", "web-0", "web", "127.0.0.9").await;
     let probe = connect_from(&proxy, "127.0.0.9").await;
     support::eventually("the pod at 127.0.0.9 is known", || {
-        first(probe.clone(), "core.openfeature.dev/team-a/flags", None)
+        first(probe.clone(), TEAM_A, None)
     })
     .await;
     let lookups = requests(&cp, POD_LOOKUPS).await;
@@ -234,7 +225,7 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
             let proxy = &proxy;
             async move {
                 let channel = connect_from(proxy, "127.0.0.9").await;
-                first(channel, "core.openfeature.dev/team-a/flags", None).await
+                first(channel, TEAM_A, None).await
             }
         }))
         .await;
@@ -257,10 +248,10 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
     running_pod(&cp, "team-b", "db-0", "db", "127.0.0.9").await;
     let reused = connect_from(&proxy, "127.0.0.9").await;
     support::eventually("the new pod at 127.0.0.9 reads its own namespace", || {
-        first(reused.clone(), "core.openfeature.dev/team-b/flags", None)
+        first(reused.clone(), TEAM_B, None)
     })
     .await;
-    let old = first(reused.clone(), "core.openfeature.dev/team-a/flags", None)
+    let old = first(reused.clone(), TEAM_A, None)
         .await
         .expect_err("the old pod's namespace");
     assert_status(
@@ -273,7 +264,7 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
     // neither identity is handed out.
     running_pod(&cp, "team-a", "web-1", "web", "127.0.0.9").await;
     let refused = support::eventually("the second claim on 127.0.0.9 is seen", || async {
-        match first(reused.clone(), "core.openfeature.dev/team-b/flags", None).await {
+        match first(reused.clone(), TEAM_B, None).await {
             Err(status) if status.code() == Code::Unauthenticated => Ok(status),
             other => Err(format!("{other:?}")),
         }
@@ -304,34 +295,21 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     let token = two_teams(&cp).await;
 
     // Namespace mode with ServiceAccount tokens.
-    let args = cp.proxy_args(&["--authz", "namespace", "--authz-pod-ip"]);
-    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let proxy = start_on(&cp, &["--authz", "namespace", "--authz-pod-ip"]).await;
     let channel = plain_channel(proxy.port).await;
-    let own = first(
-        channel.clone(),
-        "core.openfeature.dev/team-a/flags",
-        Some(&token),
-    )
-    .await
-    .expect("own namespace");
+    let own = first(channel.clone(), TEAM_A, Some(&token))
+        .await
+        .expect("own namespace");
     assert!(own.contains("team-a"));
-    let denied = first(
-        channel.clone(),
-        "core.openfeature.dev/team-b/flags",
-        Some(&token),
-    )
-    .await
-    .expect_err("denied");
+    let denied = first(channel.clone(), TEAM_B, Some(&token))
+        .await
+        .expect_err("denied");
     assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
-    let bogus = first(
-        channel.clone(),
-        "core.openfeature.dev/team-a/flags",
-        Some("not-a-token"),
-    )
-    .await
-    .expect_err("bad");
+    let bogus = first(channel.clone(), TEAM_A, Some("not-a-token"))
+        .await
+        .expect_err("bad");
     assert_eq!(bogus.code(), Code::Unauthenticated, "{bogus:?}");
-    let none = first(channel.clone(), "core.openfeature.dev/team-a/flags", None)
+    let none = first(channel.clone(), TEAM_A, None)
         .await
         .expect_err("anonymous");
     assert_status(
@@ -345,26 +323,21 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     let from_pod = connect_from(&proxy, "127.0.0.7").await;
     // The proxy learns of the pod from its pod watch.
     support::eventually("the pod at 127.0.0.7 reads its own namespace", || {
-        first(from_pod.clone(), "core.openfeature.dev/team-a/flags", None)
+        first(from_pod.clone(), TEAM_A, None)
     })
     .await;
-    let denied = first(from_pod, "core.openfeature.dev/team-b/flags", None)
+    let denied = first(from_pod, TEAM_B, None)
         .await
         .expect_err("other namespace");
     assert_status(&denied, Code::PermissionDenied, "pod address");
     drop(proxy);
 
     // RBAC mode: the API decides, and a revoked binding ends a live stream.
-    let args = cp.proxy_args(&["--authz", "rbac", "--authz-cache-ttl", "500ms"]);
-    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let proxy = start_on(&cp, &["--authz", "rbac", "--authz-cache-ttl", "500ms"]).await;
     let channel = plain_channel(proxy.port).await;
-    let denied = first(
-        channel.clone(),
-        "core.openfeature.dev/team-a/flags",
-        Some(&token),
-    )
-    .await
-    .expect_err("no RBAC");
+    let denied = first(channel.clone(), TEAM_A, Some(&token))
+        .await
+        .expect_err("no RBAC");
     assert_status(&denied, Code::PermissionDenied, "RBAC does not allow get");
 
     grant_flag_reading(
@@ -379,7 +352,7 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
     let mut stream = loop {
         match Client::new(channel.clone())
-            .sync_flags(request("core.openfeature.dev/team-b/flags", Some(&token)))
+            .sync_flags(request(TEAM_B, Some(&token)))
             .await
         {
             Ok(response) => break response.into_inner(),
@@ -447,18 +420,18 @@ async fn the_node_tier_identifies_only_the_pods_of_its_own_node() {
     running_pod_on(&cp, Some("node-b"), "team-b", "web-b", "web", "127.0.0.32").await;
     let here = connect_from(&node, "127.0.0.31").await;
     let own = support::eventually("the pod on node-a reads its own namespace", || {
-        first(here.clone(), "core.openfeature.dev/team-a/flags", None)
+        first(here.clone(), TEAM_A, None)
     })
     .await;
     assert!(own.contains("team-a"), "{own}");
-    let denied = first(here, "core.openfeature.dev/team-b/flags", None)
+    let denied = first(here, TEAM_B, None)
         .await
         .expect_err("another namespace");
     assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
 
     // A running pod on another node is no identity here, even for its own namespace ...
     let elsewhere = connect_from(&node, "127.0.0.32").await;
-    let refused = first(elsewhere, "core.openfeature.dev/team-b/flags", None)
+    let refused = first(elsewhere, TEAM_B, None)
         .await
         .expect_err("a pod of another node");
     assert_status(
@@ -470,7 +443,7 @@ async fn the_node_tier_identifies_only_the_pods_of_its_own_node() {
     running_pod_on(&cp, Some("node-a"), "team-b", "web-b2", "web", "127.0.0.33").await;
     let neighbour = connect_from(&node, "127.0.0.33").await;
     let theirs = support::eventually("team-b's pod on node-a reads team-b", || {
-        first(neighbour.clone(), "core.openfeature.dev/team-b/flags", None)
+        first(neighbour.clone(), TEAM_B, None)
     })
     .await;
     assert!(theirs.contains("team-b"), "{theirs}");

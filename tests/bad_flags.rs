@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use support::client::{
     Client, assert_status, client, default_variant, next, next_message, open, v1, with_selector,
 };
-use support::{Proxy, write_manifest};
+use support::{Proxy, write_color, write_manifest};
 use tonic::Code;
 
 const NAMESPACE: &str = "default";
@@ -98,12 +98,7 @@ async fn a_first_version_with_an_unknown_operator_is_served_whole_and_warned() {
     proxy.wait_for_metric(&warnings_metric("mixed"), 2.0).await;
 
     // A version without them clears the count.
-    write_manifest(
-        dir.path(),
-        NAMESPACE,
-        "mixed",
-        json!({"color": color("red")}),
-    );
+    write_color(dir.path(), NAMESPACE, "mixed", "red", &["red", "blue"]);
     assert_eq!(
         default_variant(&next(&mut stream).await.flag_configuration, "color"),
         "red"
@@ -149,12 +144,7 @@ async fn a_broken_first_version_ends_streams_with_the_reason_until_it_is_fixed()
 
     // The stream of the resource that does not exist outlived that answer; it delivers once
     // the resource is created.
-    write_manifest(
-        dir.path(),
-        NAMESPACE,
-        "later",
-        json!({"color": color("blue")}),
-    );
+    write_color(dir.path(), NAMESPACE, "later", "blue", &["red", "blue"]);
     assert_eq!(
         default_variant(&next(&mut waiting).await.flag_configuration, "color"),
         "blue"

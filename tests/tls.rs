@@ -4,7 +4,7 @@ use flagd_proxy_testkit as support;
 use std::time::Duration;
 
 use support::client::{Client, default_variant, next, open, tls_channel, v1};
-use support::{Proxy, TestCa, string_flag, write_manifest};
+use support::{Proxy, TestCa, write_color};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
@@ -42,12 +42,7 @@ fn args(dir: &tempfile::TempDir, extra: &[String]) -> Vec<String> {
 /// A manifests directory with `default/demo`, whose flag `color` is red.
 fn demo_manifests() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "red", &["red", "blue"]),
-    );
+    write_color(dir.path(), "default", "demo", "red", &["red", "blue"]);
     dir
 }
 
@@ -105,12 +100,7 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     );
 
     // The stream opened before the rotation is still up and gets updates.
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "blue", &["red", "blue"]),
-    );
+    write_color(dir.path(), "default", "demo", "blue", &["red", "blue"]);
     assert_eq!(next_color(&mut stream).await, "blue");
     assert_eq!(next_color(&mut fresh).await, "blue");
 }

@@ -168,13 +168,12 @@ impl IdleClose {
         let Some((_, timer)) = self.timer.as_mut() else {
             return result;
         };
-        if result.is_pending() && timer.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no stream open for too long (--connection-idle-timeout)",
-            )));
-        }
-        result
+        crate::net::deadlines::unless_timed_out(
+            cx,
+            timer.as_mut(),
+            result,
+            "no stream open for too long (--connection-idle-timeout)",
+        )
     }
 }
 

@@ -134,6 +134,23 @@ pub fn write_manifest(dir: &Path, namespace: &str, name: &str, flags: Value) -> 
     path
 }
 
+/// [`write_manifest`] of `<namespace>/<name>` with one string flag `color` whose default variant
+/// is `default`, among `variants`.
+pub fn write_color(
+    dir: &Path,
+    namespace: &str,
+    name: &str,
+    default: &str,
+    variants: &[&str],
+) -> PathBuf {
+    write_manifest(
+        dir,
+        namespace,
+        name,
+        string_flag("color", default, variants),
+    )
+}
+
 /// Writes a file by renaming a finished temporary file over it, as editors and kubelet do.
 pub fn write_atomically(path: &Path, content: &str) {
     let tmp = path.with_extension("tmp~");

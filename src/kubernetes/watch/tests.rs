@@ -158,6 +158,24 @@ impl Harness {
         events
     }
 
+    /// Answers the list that follows a watch gone too old with `ns/flags` (flag `f` defaulting to
+    /// `violet`, at `list_version`, the object at `object_version`) and opens the watch from
+    /// there: subscribers get the listed object, and the resource stays present.
+    async fn relists(&mut self, list_version: &str, object_version: &str) -> WatchEvents {
+        self.list().await.list(
+            list_version,
+            vec![feature_flag("flags", object_version, "violet")],
+        );
+        let events = self.watch(list_version).await;
+        assert_eq!(self.next_variant().await, "violet");
+        assert_eq!(
+            self.hub.resources()[0].1.availability,
+            Availability::Present,
+            "a relist is not a failure"
+        );
+        events
+    }
+
     /// The default variant of flag `f` in the next version subscribers get.
     async fn next_variant(&mut self) -> String {
         let snapshot = tokio::time::timeout(Duration::from_secs(10), self.subscription.next())
@@ -194,16 +212,7 @@ async fn gone_watch_lists_again() {
         "ERROR",
         status(410, "Expired", "too old resource version: 10 (20)"),
     );
-    h.list()
-        .await
-        .list("20", vec![feature_flag("flags", "19", "violet")]);
-    let _events = h.watch("20").await;
-    assert_eq!(h.next_variant().await, "violet");
-    assert_eq!(
-        h.hub.resources()[0].1.availability,
-        Availability::Present,
-        "a relist is not a failure"
-    );
+    let _events = h.relists("20", "19").await;
 }
 
 #[tokio::test]
@@ -345,16 +354,7 @@ async fn a_watch_refused_as_too_old_lists_again() {
     h.watch_call("10")
         .await
         .status(410, "Expired", "too old resource version: 10 (40)");
-    h.list()
-        .await
-        .list("40", vec![feature_flag("flags", "39", "violet")]);
-    let _events = h.watch("40").await;
-    assert_eq!(h.next_variant().await, "violet");
-    assert_eq!(
-        h.hub.resources()[0].1.availability,
-        Availability::Present,
-        "a relist is not a failure"
-    );
+    let _events = h.relists("40", "39").await;
 }
 
 /// (attempt, request, failed) of every connect span so far.
