@@ -361,11 +361,24 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        stop(&mut self.child);
     }
+}
+
+/// Kills and reaps the child process, if it is still held (what dropping a process's owner does).
+pub(crate) fn stop(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Whether `program --version` runs and succeeds (a tool is installed at `program`).
+pub(crate) fn answers_version(program: &Path) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// Collects the lines a child process writes to `stream` (its stderr), in a thread of their own.
