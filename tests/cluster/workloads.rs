@@ -16,6 +16,21 @@ pub(crate) fn restricted_container() -> Value {
     })
 }
 
+/// A Deployment `ns/name` of `replicas` pods made from `template`, selected by all the labels of
+/// the template's metadata.
+pub(crate) fn deployment(ns: &str, name: &str, replicas: usize, template: Value) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": template["metadata"]["labels"]},
+            "template": template
+        }
+    })
+}
+
 /// `from` and `to` are absolute; the relative path from directory `from` to `to` (kustomize
 /// refuses absolute paths to bases).
 pub(crate) fn relative_path(from: &Path, to: &Path) -> PathBuf {
@@ -195,17 +210,8 @@ impl<'a> Flagd<'a> {
             pod["volumes"] = json!([{"name": "ca", "configMap": {"name": config_map}}]);
         }
         pod["containers"] = json!([container]);
-        json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": self.name, "namespace": self.ns},
-            "spec": {
-                "replicas": self.replicas,
-                "selector": {"matchLabels": {"app": self.name}},
-                "template": {"metadata": {"labels": {"app": self.name}}, "spec": pod}
-            }
-        })
-        .to_string()
+        let template = json!({"metadata": {"labels": {"app": self.name}}, "spec": pod});
+        deployment(self.ns, self.name, self.replicas, template).to_string()
     }
 }
 
@@ -324,17 +330,8 @@ pub(crate) fn go_client(
     }
     container["env"] = Value::Array(env);
     pod["containers"] = json!([container]);
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": pod}
-        }
-    })
-    .to_string()
+    let template = json!({"metadata": {"labels": {"app": name}}, "spec": pod});
+    deployment(ns, name, 1, template).to_string()
 }
 
 /// The Go client's environment for evaluating `color` in RPC mode through flagd at `host:8013`.
