@@ -33,6 +33,16 @@ fn request(selector: &str, token: Option<&str>) -> tonic::Request<v1::SyncFlagsR
     request
 }
 
+/// A connection to `proxy` from `ip` ([`connect_from`]), once a client without a token is served
+/// `selector` on it (the proxy knows the pod at `ip`), and the first flag configuration it was
+/// served.
+async fn served_from(proxy: &Proxy, ip: &str, selector: &str) -> (Channel, String) {
+    let channel = connect_from(proxy, ip).await;
+    let what = format!("{selector} served to the pod at {ip}");
+    let served = support::eventually(&what, || first(channel.clone(), selector, None)).await;
+    (channel, served)
+}
+
 /// Opens a stream and returns its first message's flag configuration, or the refusal.
 async fn first(
     channel: Channel,
@@ -162,6 +172,12 @@ async fn requests(cp: &ControlPlane, kinds: &[(&str, &str)]) -> u64 {
 const TEAM_A: &str = "core.openfeature.dev/team-a/flags";
 const TEAM_B: &str = "core.openfeature.dev/team-b/flags";
 
+/// Asserts that `answer` is a refusal with `code` whose message contains `needle`.
+fn assert_refused(answer: Result<String, tonic::Status>, code: Code, needle: &str) {
+    let status = answer.expect_err("refused");
+    assert_status(&status, code, needle);
+}
+
 /// The proxy against the control plane with `extra` flags.
 async fn start_on(cp: &ControlPlane, extra: &[&str]) -> Proxy {
     let args = cp.proxy_args(extra);
@@ -212,11 +228,7 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
 
     // 200 connections from one pod's address: no pod lookup each.
     running_pod(&cp, "team-a", "web-0", "web", "127.0.0.9").await;
-    let probe = connect_from(&proxy, "127.0.0.9").await;
-    support::eventually("the pod at 127.0.0.9 is known", || {
-        first(probe.clone(), TEAM_A, None)
-    })
-    .await;
+    let (_probe, _) = served_from(&proxy, "127.0.0.9", TEAM_A).await;
     let lookups = requests(&cp, POD_LOOKUPS).await;
     // In ten waves of twenty: concurrent lookups of one address share a request anyway, so
     // the waves show that connections after the first ones make none.
@@ -246,16 +258,9 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
         .await
         .expect("delete pod");
     running_pod(&cp, "team-b", "db-0", "db", "127.0.0.9").await;
-    let reused = connect_from(&proxy, "127.0.0.9").await;
-    support::eventually("the new pod at 127.0.0.9 reads its own namespace", || {
-        first(reused.clone(), TEAM_B, None)
-    })
-    .await;
-    let old = first(reused.clone(), TEAM_A, None)
-        .await
-        .expect_err("the old pod's namespace");
-    assert_status(
-        &old,
+    let (reused, _) = served_from(&proxy, "127.0.0.9", TEAM_B).await;
+    assert_refused(
+        first(reused.clone(), TEAM_A, None).await,
         Code::PermissionDenied,
         "system:serviceaccount:team-b:db",
     );
@@ -309,23 +314,16 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
         .await
         .expect_err("bad");
     assert_eq!(bogus.code(), Code::Unauthenticated, "{bogus:?}");
-    let none = first(channel.clone(), TEAM_A, None)
-        .await
-        .expect_err("anonymous");
-    assert_status(
-        &none,
+    assert_refused(
+        first(channel.clone(), TEAM_A, None).await,
         Code::Unauthenticated,
         "no running pod has the address 127.0.0.1",
     );
 
     // Pod address identity: a running pod in team-a owns 127.0.0.7; a client from there is it.
     running_pod(&cp, "team-a", "web-0", "web", "127.0.0.7").await;
-    let from_pod = connect_from(&proxy, "127.0.0.7").await;
     // The proxy learns of the pod from its pod watch.
-    support::eventually("the pod at 127.0.0.7 reads its own namespace", || {
-        first(from_pod.clone(), TEAM_A, None)
-    })
-    .await;
+    let (from_pod, _) = served_from(&proxy, "127.0.0.7", TEAM_A).await;
     let denied = first(from_pod, TEAM_B, None)
         .await
         .expect_err("other namespace");
@@ -335,10 +333,11 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     // RBAC mode: the API decides, and a revoked binding ends a live stream.
     let proxy = start_on(&cp, &["--authz", "rbac", "--authz-cache-ttl", "500ms"]).await;
     let channel = plain_channel(proxy.port).await;
-    let denied = first(channel.clone(), TEAM_A, Some(&token))
-        .await
-        .expect_err("no RBAC");
-    assert_status(&denied, Code::PermissionDenied, "RBAC does not allow get");
+    assert_refused(
+        first(channel.clone(), TEAM_A, Some(&token)).await,
+        Code::PermissionDenied,
+        "RBAC does not allow get",
+    );
 
     grant_flag_reading(
         &cp,
@@ -405,24 +404,23 @@ async fn the_node_tier_identifies_only_the_pods_of_its_own_node() {
     )
     .await;
     let upstream = format!("127.0.0.1:{}", central.port);
-    let args = cp.proxy_args(&[
-        "--upstream",
-        &upstream,
-        "--authz",
-        "namespace",
-        "--authz-pod-ip",
-        "--authz-pod-node",
-        "node-a",
-    ]);
-    let node = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let node = start_on(
+        &cp,
+        &[
+            "--upstream",
+            &upstream,
+            "--authz",
+            "namespace",
+            "--authz-pod-ip",
+            "--authz-pod-node",
+            "node-a",
+        ],
+    )
+    .await;
 
     running_pod_on(&cp, Some("node-a"), "team-a", "web-a", "web", "127.0.0.31").await;
     running_pod_on(&cp, Some("node-b"), "team-b", "web-b", "web", "127.0.0.32").await;
-    let here = connect_from(&node, "127.0.0.31").await;
-    let own = support::eventually("the pod on node-a reads its own namespace", || {
-        first(here.clone(), TEAM_A, None)
-    })
-    .await;
+    let (here, own) = served_from(&node, "127.0.0.31", TEAM_A).await;
     assert!(own.contains("team-a"), "{own}");
     let denied = first(here, TEAM_B, None)
         .await
@@ -431,20 +429,13 @@ async fn the_node_tier_identifies_only_the_pods_of_its_own_node() {
 
     // A running pod on another node is no identity here, even for its own namespace ...
     let elsewhere = connect_from(&node, "127.0.0.32").await;
-    let refused = first(elsewhere, TEAM_B, None)
-        .await
-        .expect_err("a pod of another node");
-    assert_status(
-        &refused,
+    assert_refused(
+        first(elsewhere, TEAM_B, None).await,
         Code::Unauthenticated,
         "no running pod on node node-a has the address 127.0.0.32",
     );
     // ... while a pod of that namespace on this node is served.
     running_pod_on(&cp, Some("node-a"), "team-b", "web-b2", "web", "127.0.0.33").await;
-    let neighbour = connect_from(&node, "127.0.0.33").await;
-    let theirs = support::eventually("team-b's pod on node-a reads team-b", || {
-        first(neighbour.clone(), TEAM_B, None)
-    })
-    .await;
+    let (_neighbour, theirs) = served_from(&node, "127.0.0.33", TEAM_B).await;
     assert!(theirs.contains("team-b"), "{theirs}");
 }

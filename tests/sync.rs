@@ -5,8 +5,8 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::client::{
-    Client, LegacyClient, assert_status, client, default_variant, legacy, legacy_client, next,
-    open, v1, with_selector,
+    Client, LegacyClient, assert_status, client, default_variant, fetch, legacy, legacy_client,
+    next, open, v1, with_selector,
 };
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_color, write_manifest};
 use tonic::transport::Channel;
@@ -22,17 +22,6 @@ async fn manifests_proxy() -> (tempfile::TempDir, Proxy) {
     write_color(dir.path(), "default", "demo", "red", COLORS);
     let proxy = Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await;
     (dir, proxy)
-}
-
-/// `FetchAllFlags` for `selector` (in the header).
-async fn fetch(
-    client: &mut Client,
-    selector: &str,
-) -> Result<v1::FetchAllFlagsResponse, tonic::Status> {
-    client
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), selector))
-        .await
-        .map(tonic::Response::into_inner)
 }
 
 /// The variant of `color` in the stream's next message.

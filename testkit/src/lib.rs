@@ -151,6 +151,13 @@ pub fn write_color(
     )
 }
 
+/// Panics naming the first of `needles` that `text` does not contain.
+pub fn assert_contains_all(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} missing from {text:?}");
+    }
+}
+
 /// Writes a file by renaming a finished temporary file over it, as editors and kubelet do.
 pub fn write_atomically(path: &Path, content: &str) {
     let tmp = path.with_extension("tmp~");

@@ -236,9 +236,10 @@ async fn invented_selectors_keep_api_server_watches_bounded() {
     let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
-    granted_red_flag(&cp, "flood", "real").await;
-    let proxy = start_proxy_with_flags(
+    let proxy = proxy_with_red_flag(
         &cp,
+        "flood",
+        "real",
         &[
             "--idle-timeout",
             "1s",

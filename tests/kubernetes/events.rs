@@ -160,14 +160,15 @@ async fn rejected_versions_are_told_with_events_on_the_resource() {
     break_flag(&cp, "events", "demo", "nope").await;
     let warning = wait_for_events(&cp, "events", "demo", "Warning", 1).await;
     let note = warning.note.clone().unwrap_or_default();
-    for needle in [
-        "flag \"bad\"",
-        "defaultVariant \"nope\" is not one of the variants",
-        "generation 2",
-        "clients keep generation 1",
-    ] {
-        assert!(note.contains(needle), "{needle:?} missing from {note:?}");
-    }
+    support::assert_contains_all(
+        &note,
+        &[
+            "flag \"bad\"",
+            "defaultVariant \"nope\" is not one of the variants",
+            "generation 2",
+            "clients keep generation 1",
+        ],
+    );
     assert_eq!(warning.reason.as_deref(), Some("FlagConfigurationRejected"));
     assert_eq!(warning.reporting_controller.as_deref(), Some("flagd-proxy"));
     assert_eq!(warning.reporting_instance.as_deref(), Some(POD_NAME));
@@ -255,18 +256,18 @@ async fn missing_events_permission_is_logged_and_flags_still_flow() {
     let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
-    granted_red_flag(&cp, "no-events", "demo").await;
-    let proxy = start_proxy_with_flags(&cp, &[]).await;
+    let proxy = proxy_with_red_flag(&cp, "no-events", "demo", &[]).await;
     let (mut client, mut stream) = red_stream(&proxy, &selector("no-events", "demo")).await;
 
     break_flag(&cp, "no-events", "demo", "nope").await;
     let line = wait_for_log_line(&proxy, &["cannot record Events"]).await;
-    for needle in [
-        "create and patch on events (events.k8s.io) in namespace no-events",
-        "--events=false",
-    ] {
-        assert!(line.contains(needle), "{needle:?} missing: {line}");
-    }
+    support::assert_contains_all(
+        &line,
+        &[
+            "create and patch on events (events.k8s.io) in namespace no-events",
+            "--events=false",
+        ],
+    );
     fix_flag(&cp, "no-events", "demo", "blue").await;
     wait_for_variant(&mut stream, "blue").await;
     // The Normal Event is refused too: logged at debug level, the clear line stays one.

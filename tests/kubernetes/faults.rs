@@ -121,8 +121,7 @@ async fn the_crd_deleted_and_created_again_serves_the_resource_again() {
     let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
-    granted_red_flag(&cp, "crd", "flags").await;
-    let proxy = start_proxy_with_flags(&cp, &[]).await;
+    let proxy = proxy_with_red_flag(&cp, "crd", "flags", &[]).await;
     let target = selector("crd", "flags");
     let (mut client, mut stream) = red_stream(&proxy, &target).await;
     cp.wait_for_open_watches("featureflags", 1).await;

@@ -26,7 +26,7 @@ use kube::discovery::Scope;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use support::client::{
-    Client, assert_status, client, default_variant, next_message, open, v1, with_selector,
+    Client, assert_status, client, default_variant, fetch, next_message, open, v1, with_selector,
 };
 use support::control_plane::{self, ControlPlane, feature_flag_resource};
 use support::relay::Relay;
@@ -150,6 +150,12 @@ async fn wait_for_log_line_within(proxy: &Proxy, needles: &[&str], timeout: Dura
         }
     })
     .await
+}
+
+/// [`granted_red_flag`], then the proxy with `extra` flags.
+async fn proxy_with_red_flag(cp: &ControlPlane, ns: &str, name: &str, extra: &[&str]) -> Proxy {
+    granted_red_flag(cp, ns, name).await;
+    start_proxy_with_flags(cp, extra).await
 }
 
 async fn start_proxy_with_flags(cp: &ControlPlane, extra: &[&str]) -> Proxy {

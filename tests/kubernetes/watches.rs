@@ -48,11 +48,9 @@ async fn one_watch_per_resource_and_changes_propagate() {
         let quiet = tokio::time::timeout(Duration::from_millis(200), stream.message()).await;
         assert!(quiet.is_err(), "nothing is sent for a deletion: {quiet:?}");
     }
-    let fetched = clients[0]
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), &shared))
+    let fetched = fetch(&mut clients[0], &shared)
         .await
-        .expect("the last flags are still served")
-        .into_inner();
+        .expect("the last flags are still served");
     assert_eq!(
         default_variant(&fetched.flag_configuration, "color"),
         "blue"
@@ -124,11 +122,10 @@ async fn rbac_refusal_is_explained_and_recovers_when_granted() {
             "{needle:?} missing: {status:?}"
         );
     }
-    let fetch = client
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), &b))
+    let refused = fetch(&mut client, &b)
         .await
         .expect_err("fetching B is refused too");
-    assert_eq!(fetch.code(), Code::PermissionDenied, "{fetch:?}");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     let line = wait_for_log_line(&proxy, &["access denied", &b]).await;
     assert!(line.contains("RBAC forbids list"), "{line}");
     assert!(proxy.metric(FORBIDDEN_METRIC).await > 0.0);
@@ -164,8 +161,7 @@ async fn subscribers_catch_up_after_an_api_server_restart() {
     let Some((_turn, mut cp)) = control_plane_or_skip().await else {
         return;
     };
-    granted_red_flag(&cp, "restart", "flags").await;
-    let proxy = start_proxy_with_flags(&cp, &[]).await;
+    let proxy = proxy_with_red_flag(&cp, "restart", "flags", &[]).await;
     let target = selector("restart", "flags");
     let mut client = client(&proxy).await;
     let mut streams = Vec::new();

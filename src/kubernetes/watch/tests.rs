@@ -147,6 +147,13 @@ impl Harness {
         }
     }
 
+    /// A harness whose watch is [`established`](Self::established), and that watch's events.
+    async fn established_start() -> (Harness, WatchEvents) {
+        let mut h = Harness::start().await;
+        let events = h.established().await;
+        (h, events)
+    }
+
     /// Lists `ns/flags` (version 10, flag `f` defaulting to `red`) and opens its watch; the
     /// subscriber has the object.
     async fn established(&mut self) -> WatchEvents {
@@ -188,8 +195,7 @@ impl Harness {
 
 #[tokio::test]
 async fn listed_then_changed_then_deleted() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     events.send("MODIFIED", feature_flag("flags", "11", "blue"));
     assert_eq!(h.next_variant().await, "blue");
     events.send("DELETED", feature_flag("flags", "12", "blue"));
@@ -204,8 +210,7 @@ async fn listed_then_changed_then_deleted() {
 
 #[tokio::test]
 async fn gone_watch_lists_again() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     // The watch's resource version is too old: the watcher lists again, and the list is what
     // subscribers get (here: the object was deleted and created again meanwhile).
     events.send(
@@ -268,8 +273,7 @@ async fn refused_at_once_on_a_new_watch() {
 
 #[tokio::test]
 async fn refusal_after_success_is_believed_when_it_repeats() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     // The watch expires and the relist is refused: once or twice may be an API server whose
     // RBAC caches are not filled yet, and subscribers keep their stream.
     events.send("ERROR", status(410, "Expired", "too old"));
@@ -315,8 +319,7 @@ fn bookmark(resource_version: &str) -> Value {
 
 #[tokio::test]
 async fn a_lost_watch_resumes_from_its_last_version_without_a_list() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     events.send("MODIFIED", feature_flag("flags", "11", "blue"));
     assert_eq!(h.next_variant().await, "blue");
     events.send("BOOKMARK", bookmark("25"));
@@ -347,8 +350,7 @@ async fn a_lost_watch_resumes_from_its_last_version_without_a_list() {
 
 #[tokio::test]
 async fn a_watch_refused_as_too_old_lists_again() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     drop(events);
     // The version to resume from was compacted away: 410 Gone on the watch request itself.
     h.watch_call("10")
@@ -384,8 +386,7 @@ fn attempts(spans: &RecordedSpans) -> Vec<(i64, String, bool)> {
 /// not.
 #[tokio::test]
 async fn attempts_to_reach_the_api_server_are_spans() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     assert_eq!(attempts(&h.spans), vec![(1, "list".into(), false)]);
     // The API server ends the watch; it is made again at once, and works: no attempt.
     drop(events);
