@@ -18,7 +18,7 @@ use support::identities::{
     grant_flag_reading, grant_review_permissions, running_pod, running_pod_on,
     service_account_token,
 };
-use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_manifest};
+use support::{EVENT_TIMEOUT, Proxy, TestCa, string_flag, write_color};
 use tonic::Code;
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
@@ -31,6 +31,16 @@ fn request(selector: &str, token: Option<&str>) -> tonic::Request<v1::SyncFlagsR
         );
     }
     request
+}
+
+/// A connection to `proxy` from `ip` ([`connect_from`]), once a client without a token is served
+/// `selector` on it (the proxy knows the pod at `ip`), and the first flag configuration it was
+/// served.
+async fn served_from(proxy: &Proxy, ip: &str, selector: &str) -> (Channel, String) {
+    let channel = connect_from(proxy, ip).await;
+    let what = format!("{selector} served to the pod at {ip}");
+    let served = support::eventually(&what, || first(channel.clone(), selector, None)).await;
+    (channel, served)
 }
 
 /// Opens a stream and returns its first message's flag configuration, or the refusal.
@@ -49,24 +59,9 @@ async fn first(
 #[tokio::test]
 async fn spiffe_client_certificates_in_namespace_mode() {
     let dir = tempfile::tempdir().expect("tempdir");
-    write_manifest(
-        dir.path(),
-        "team-a",
-        "flags",
-        string_flag("color", "red", &["red"]),
-    );
-    write_manifest(
-        dir.path(),
-        "team-b",
-        "flags",
-        string_flag("color", "blue", &["blue"]),
-    );
-    write_manifest(
-        dir.path(),
-        "shared",
-        "flags",
-        string_flag("color", "green", &["green"]),
-    );
+    write_color(dir.path(), "team-a", "flags", "red", &["red"]);
+    write_color(dir.path(), "team-b", "flags", "blue", &["blue"]);
+    write_color(dir.path(), "shared", "flags", "green", &["green"]);
     let ca = TestCa::new();
     let mut args = vec!["--manifests".to_owned(), dir.path().display().to_string()];
     args.extend(ca.proxy_args());
@@ -92,15 +87,13 @@ async fn spiffe_client_certificates_in_namespace_mode() {
     let web =
         connect(ca.issue_client_with_uri("web", Some("spiffe://cluster.local/ns/team-a/sa/web")))
             .await;
-    first(web.clone(), "core.openfeature.dev/team-a/flags", None)
+    first(web.clone(), TEAM_A, None)
         .await
         .expect("own namespace");
     first(web.clone(), "core.openfeature.dev/shared/flags", None)
         .await
         .expect("allow-listed namespace");
-    let denied = first(web, "core.openfeature.dev/team-b/flags", None)
-        .await
-        .expect_err("other namespace");
+    let denied = first(web, TEAM_B, None).await.expect_err("other namespace");
     assert_status(
         &denied,
         Code::PermissionDenied,
@@ -175,6 +168,22 @@ async fn requests(cp: &ControlPlane, kinds: &[(&str, &str)]) -> u64 {
     total
 }
 
+/// The selectors of the FeatureFlags `flags` of the namespaces team-a and team-b.
+const TEAM_A: &str = "core.openfeature.dev/team-a/flags";
+const TEAM_B: &str = "core.openfeature.dev/team-b/flags";
+
+/// Asserts that `answer` is a refusal with `code` whose message contains `needle`.
+fn assert_refused(answer: Result<String, tonic::Status>, code: Code, needle: &str) {
+    let status = answer.expect_err("refused");
+    assert_status(&status, code, needle);
+}
+
+/// The proxy against the control plane with `extra` flags.
+async fn start_on(cp: &ControlPlane, extra: &[&str]) -> Proxy {
+    let args = cp.proxy_args(extra);
+    Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await
+}
+
 const POD_LOOKUPS: &[(&str, &str)] = &[("LIST", "pods"), ("WATCH", "pods"), ("GET", "pods")];
 
 #[tokio::test]
@@ -184,28 +193,26 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
     };
     let token = two_teams(&cp).await;
     // Decisions are kept long enough that only concurrency could cause a second review.
-    let args = cp.proxy_args(&[
-        "--authz",
-        "namespace",
-        "--authz-pod-ip",
-        "--authz-cache-ttl",
-        "1h",
-        "--max-connections-per-address",
-        "0",
-    ]);
-    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let proxy = start_on(
+        &cp,
+        &[
+            "--authz",
+            "namespace",
+            "--authz-pod-ip",
+            "--authz-cache-ttl",
+            "1h",
+            "--max-connections-per-address",
+            "0",
+        ],
+    )
+    .await;
 
     // Concurrent first requests with one token: one TokenReview.
     let reviews = cp.requests("POST", "tokenreviews").await;
     let channel = plain_channel(proxy.port).await;
-    let answers = futures::future::join_all((0..50).map(|_| {
-        first(
-            channel.clone(),
-            "core.openfeature.dev/team-a/flags",
-            Some(&token),
-        )
-    }))
-    .await;
+    let answers =
+        futures::future::join_all((0..50).map(|_| first(channel.clone(), TEAM_A, Some(&token))))
+            .await;
     for answer in answers {
         assert!(answer.expect("own namespace").contains("team-a"));
     }
@@ -221,11 +228,7 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
 
     // 200 connections from one pod's address: no pod lookup each.
     running_pod(&cp, "team-a", "web-0", "web", "127.0.0.9").await;
-    let probe = connect_from(&proxy, "127.0.0.9").await;
-    support::eventually("the pod at 127.0.0.9 is known", || {
-        first(probe.clone(), "core.openfeature.dev/team-a/flags", None)
-    })
-    .await;
+    let (_probe, _) = served_from(&proxy, "127.0.0.9", TEAM_A).await;
     let lookups = requests(&cp, POD_LOOKUPS).await;
     // In ten waves of twenty: concurrent lookups of one address share a request anyway, so
     // the waves show that connections after the first ones make none.
@@ -234,7 +237,7 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
             let proxy = &proxy;
             async move {
                 let channel = connect_from(proxy, "127.0.0.9").await;
-                first(channel, "core.openfeature.dev/team-a/flags", None).await
+                first(channel, TEAM_A, None).await
             }
         }))
         .await;
@@ -255,16 +258,9 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
         .await
         .expect("delete pod");
     running_pod(&cp, "team-b", "db-0", "db", "127.0.0.9").await;
-    let reused = connect_from(&proxy, "127.0.0.9").await;
-    support::eventually("the new pod at 127.0.0.9 reads its own namespace", || {
-        first(reused.clone(), "core.openfeature.dev/team-b/flags", None)
-    })
-    .await;
-    let old = first(reused.clone(), "core.openfeature.dev/team-a/flags", None)
-        .await
-        .expect_err("the old pod's namespace");
-    assert_status(
-        &old,
+    let (reused, _) = served_from(&proxy, "127.0.0.9", TEAM_B).await;
+    assert_refused(
+        first(reused.clone(), TEAM_A, None).await,
         Code::PermissionDenied,
         "system:serviceaccount:team-b:db",
     );
@@ -273,7 +269,7 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
     // neither identity is handed out.
     running_pod(&cp, "team-a", "web-1", "web", "127.0.0.9").await;
     let refused = support::eventually("the second claim on 127.0.0.9 is seen", || async {
-        match first(reused.clone(), "core.openfeature.dev/team-b/flags", None).await {
+        match first(reused.clone(), TEAM_B, None).await {
             Err(status) if status.code() == Code::Unauthenticated => Ok(status),
             other => Err(format!("{other:?}")),
         }
@@ -304,68 +300,44 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     let token = two_teams(&cp).await;
 
     // Namespace mode with ServiceAccount tokens.
-    let args = cp.proxy_args(&["--authz", "namespace", "--authz-pod-ip"]);
-    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let proxy = start_on(&cp, &["--authz", "namespace", "--authz-pod-ip"]).await;
     let channel = plain_channel(proxy.port).await;
-    let own = first(
-        channel.clone(),
-        "core.openfeature.dev/team-a/flags",
-        Some(&token),
-    )
-    .await
-    .expect("own namespace");
-    assert!(own.contains("team-a"));
-    let denied = first(
-        channel.clone(),
-        "core.openfeature.dev/team-b/flags",
-        Some(&token),
-    )
-    .await
-    .expect_err("denied");
-    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
-    let bogus = first(
-        channel.clone(),
-        "core.openfeature.dev/team-a/flags",
-        Some("not-a-token"),
-    )
-    .await
-    .expect_err("bad");
-    assert_eq!(bogus.code(), Code::Unauthenticated, "{bogus:?}");
-    let none = first(channel.clone(), "core.openfeature.dev/team-a/flags", None)
+    let own = first(channel.clone(), TEAM_A, Some(&token))
         .await
-        .expect_err("anonymous");
-    assert_status(
-        &none,
+        .expect("own namespace");
+    assert!(own.contains("team-a"));
+    let denied = first(channel.clone(), TEAM_B, Some(&token))
+        .await
+        .expect_err("denied");
+    assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
+    let bogus = first(channel.clone(), TEAM_A, Some("not-a-token"))
+        .await
+        .expect_err("bad");
+    assert_eq!(bogus.code(), Code::Unauthenticated, "{bogus:?}");
+    assert_refused(
+        first(channel.clone(), TEAM_A, None).await,
         Code::Unauthenticated,
         "no running pod has the address 127.0.0.1",
     );
 
     // Pod address identity: a running pod in team-a owns 127.0.0.7; a client from there is it.
     running_pod(&cp, "team-a", "web-0", "web", "127.0.0.7").await;
-    let from_pod = connect_from(&proxy, "127.0.0.7").await;
     // The proxy learns of the pod from its pod watch.
-    support::eventually("the pod at 127.0.0.7 reads its own namespace", || {
-        first(from_pod.clone(), "core.openfeature.dev/team-a/flags", None)
-    })
-    .await;
-    let denied = first(from_pod, "core.openfeature.dev/team-b/flags", None)
+    let (from_pod, _) = served_from(&proxy, "127.0.0.7", TEAM_A).await;
+    let denied = first(from_pod, TEAM_B, None)
         .await
         .expect_err("other namespace");
     assert_status(&denied, Code::PermissionDenied, "pod address");
     drop(proxy);
 
     // RBAC mode: the API decides, and a revoked binding ends a live stream.
-    let args = cp.proxy_args(&["--authz", "rbac", "--authz-cache-ttl", "500ms"]);
-    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let proxy = start_on(&cp, &["--authz", "rbac", "--authz-cache-ttl", "500ms"]).await;
     let channel = plain_channel(proxy.port).await;
-    let denied = first(
-        channel.clone(),
-        "core.openfeature.dev/team-a/flags",
-        Some(&token),
-    )
-    .await
-    .expect_err("no RBAC");
-    assert_status(&denied, Code::PermissionDenied, "RBAC does not allow get");
+    assert_refused(
+        first(channel.clone(), TEAM_A, Some(&token)).await,
+        Code::PermissionDenied,
+        "RBAC does not allow get",
+    );
 
     grant_flag_reading(
         &cp,
@@ -379,7 +351,7 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
     let deadline = tokio::time::Instant::now() + EVENT_TIMEOUT;
     let mut stream = loop {
         match Client::new(channel.clone())
-            .sync_flags(request("core.openfeature.dev/team-b/flags", Some(&token)))
+            .sync_flags(request(TEAM_B, Some(&token)))
             .await
         {
             Ok(response) => break response.into_inner(),
@@ -432,46 +404,38 @@ async fn the_node_tier_identifies_only_the_pods_of_its_own_node() {
     )
     .await;
     let upstream = format!("127.0.0.1:{}", central.port);
-    let args = cp.proxy_args(&[
-        "--upstream",
-        &upstream,
-        "--authz",
-        "namespace",
-        "--authz-pod-ip",
-        "--authz-pod-node",
-        "node-a",
-    ]);
-    let node = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let node = start_on(
+        &cp,
+        &[
+            "--upstream",
+            &upstream,
+            "--authz",
+            "namespace",
+            "--authz-pod-ip",
+            "--authz-pod-node",
+            "node-a",
+        ],
+    )
+    .await;
 
     running_pod_on(&cp, Some("node-a"), "team-a", "web-a", "web", "127.0.0.31").await;
     running_pod_on(&cp, Some("node-b"), "team-b", "web-b", "web", "127.0.0.32").await;
-    let here = connect_from(&node, "127.0.0.31").await;
-    let own = support::eventually("the pod on node-a reads its own namespace", || {
-        first(here.clone(), "core.openfeature.dev/team-a/flags", None)
-    })
-    .await;
+    let (here, own) = served_from(&node, "127.0.0.31", TEAM_A).await;
     assert!(own.contains("team-a"), "{own}");
-    let denied = first(here, "core.openfeature.dev/team-b/flags", None)
+    let denied = first(here, TEAM_B, None)
         .await
         .expect_err("another namespace");
     assert_eq!(denied.code(), Code::PermissionDenied, "{denied:?}");
 
     // A running pod on another node is no identity here, even for its own namespace ...
     let elsewhere = connect_from(&node, "127.0.0.32").await;
-    let refused = first(elsewhere, "core.openfeature.dev/team-b/flags", None)
-        .await
-        .expect_err("a pod of another node");
-    assert_status(
-        &refused,
+    assert_refused(
+        first(elsewhere, TEAM_B, None).await,
         Code::Unauthenticated,
         "no running pod on node node-a has the address 127.0.0.32",
     );
     // ... while a pod of that namespace on this node is served.
     running_pod_on(&cp, Some("node-a"), "team-b", "web-b2", "web", "127.0.0.33").await;
-    let neighbour = connect_from(&node, "127.0.0.33").await;
-    let theirs = support::eventually("team-b's pod on node-a reads team-b", || {
-        first(neighbour.clone(), "core.openfeature.dev/team-b/flags", None)
-    })
-    .await;
+    let (_neighbour, theirs) = served_from(&node, "127.0.0.33", TEAM_B).await;
     assert!(theirs.contains("team-b"), "{theirs}");
 }

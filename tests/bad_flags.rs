@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 use support::client::{
     Client, assert_status, client, default_variant, next, next_message, open, v1, with_selector,
 };
-use support::{Proxy, write_manifest};
+use support::{Proxy, write_color, write_manifest};
 use tonic::Code;
 
 const NAMESPACE: &str = "default";
@@ -98,12 +98,7 @@ async fn a_first_version_with_an_unknown_operator_is_served_whole_and_warned() {
     proxy.wait_for_metric(&warnings_metric("mixed"), 2.0).await;
 
     // A version without them clears the count.
-    write_manifest(
-        dir.path(),
-        NAMESPACE,
-        "mixed",
-        json!({"color": color("red")}),
-    );
+    write_color(dir.path(), NAMESPACE, "mixed", "red", &["red", "blue"]);
     assert_eq!(
         default_variant(&next(&mut stream).await.flag_configuration, "color"),
         "red"
@@ -149,12 +144,7 @@ async fn a_broken_first_version_ends_streams_with_the_reason_until_it_is_fixed()
 
     // The stream of the resource that does not exist outlived that answer; it delivers once
     // the resource is created.
-    write_manifest(
-        dir.path(),
-        NAMESPACE,
-        "later",
-        json!({"color": color("blue")}),
-    );
+    write_color(dir.path(), NAMESPACE, "later", "blue", &["red", "blue"]);
     assert_eq!(
         default_variant(&next(&mut waiting).await.flag_configuration, "color"),
         "blue"
@@ -186,7 +176,6 @@ mod kubernetes {
     use super::*;
 
     use k8s_openapi::api::events::v1::Event;
-    use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
     use kube::Api;
     use kube::api::{DynamicObject, ListParams, Patch, PatchParams, PostParams};
     use support::control_plane::{self, ControlPlane, feature_flag_resource};
@@ -200,30 +189,13 @@ mod kubernetes {
 
     /// Lets the proxy's identity write Events, as `deploy/` does, and waits until it may.
     async fn grant_events(cp: &ControlPlane) {
-        let admin = cp.admin_client();
-        let role: ClusterRole = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-            "metadata": {"name": "bad-flags-events"},
-            "rules": [{"apiGroups": ["events.k8s.io"], "resources": ["events"],
-                       "verbs": ["create", "patch"]}],
-        }))
-        .expect("ClusterRole");
-        Api::<ClusterRole>::all(admin.clone())
-            .create(&PostParams::default(), &role)
-            .await
-            .expect("creating the ClusterRole");
-        let binding: ClusterRoleBinding = serde_json::from_value(json!({
-            "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-            "metadata": {"name": "bad-flags-events"},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                        "name": "bad-flags-events"},
-            "subjects": [{"kind": "ServiceAccount", "name": "proxy", "namespace": "flagd"}],
-        }))
-        .expect("ClusterRoleBinding");
-        Api::<ClusterRoleBinding>::all(admin)
-            .create(&PostParams::default(), &binding)
-            .await
-            .expect("creating the ClusterRoleBinding");
+        support::identities::grant_proxy_cluster_role(
+            cp,
+            "bad-flags-events",
+            json!([{"apiGroups": ["events.k8s.io"], "resources": ["events"],
+                    "verbs": ["create", "patch"]}]),
+        )
+        .await;
         for verb in ["create", "patch"] {
             eventually("the grant takes effect", || async {
                 if cp
@@ -299,13 +271,14 @@ mod kubernetes {
         assert_eq!(first["flags"]["color"]["defaultVariant"], "red");
         assert!(first["flags"]["beta"].is_object(), "{first}");
         let note = wait_for_event(&cp, "mixed", "FlagConfigurationWarning").await;
-        for needle in [
-            "generation 1",
-            "is served",
-            "flag \"beta\": targeting uses operator \"no_such_op\"",
-        ] {
-            assert!(note.contains(needle), "{needle:?} missing from {note:?}");
-        }
+        support::assert_contains_all(
+            &note,
+            &[
+                "generation 1",
+                "is served",
+                "flag \"beta\": targeting uses operator \"no_such_op\"",
+            ],
+        );
 
         let mut stream = open(&mut client, &format!("core.openfeature.dev/{NS}/broken"))
             .await

@@ -1,6 +1,6 @@
 //! The binary's exit status and messages for `--config` and for a Kubernetes configuration it
 //! cannot use.
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output};
 
 fn run(args: &[&std::ffi::OsStr]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
@@ -28,6 +28,28 @@ fn start_on_manifests(manifests: &std::path::Path, extra: &[&std::ffi::OsStr]) -
     args.push(manifests.as_os_str());
     args.extend_from_slice(extra);
     run(&args)
+}
+
+/// `flagd-proxy start` with `extra` flags on free ports of 127.0.0.1, serving a new manifests
+/// folder that holds `<namespace>/<name>` (`color` red), with no configuration file and no
+/// Kubernetes configuration in its environment; its log (stderr) is piped. The folder lives as
+/// long as the first value returned.
+fn spawn_serving(namespace: &str, name: &str, extra: &[&str]) -> (tempfile::TempDir, Child) {
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    flagd_proxy_testkit::write_color(manifests.path(), namespace, name, "red", &["red", "blue"]);
+    let child = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+        .args(["start", "--port", "0", "--management-port", "0"])
+        .args(extra)
+        .args(["--bind-address", "127.0.0.1", "--manifests"])
+        .arg(manifests.path())
+        .env_remove("FLAGD_PROXY_CONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .env_remove("KUBECONFIG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run flagd-proxy");
+    (manifests, child)
 }
 
 fn config_file(text: &str) -> tempfile::NamedTempFile {
@@ -143,24 +165,7 @@ fn send_signal(pid: u32, signal: &str) {
 #[test]
 fn reload_signals_during_start_up_are_ignored() {
     use std::io::BufRead as _;
-    let manifests = tempfile::tempdir().expect("a manifests folder");
-    flagd_proxy_testkit::write_manifest(
-        manifests.path(),
-        "default",
-        "demo",
-        flagd_proxy_testkit::string_flag("color", "red", &["red", "blue"]),
-    );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
-        .args(["start", "--port", "0", "--management-port", "0"])
-        .args(["--debug", "--bind-address", "127.0.0.1", "--manifests"])
-        .arg(manifests.path())
-        .env_remove("FLAGD_PROXY_CONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
-        .env_remove("KUBECONFIG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run flagd-proxy");
+    let (_manifests, mut child) = spawn_serving("default", "demo", &["--debug"]);
     let pid = child.id();
     let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     let mut line = String::new();
@@ -218,22 +223,7 @@ fn a_socket_path_that_cannot_be_served_exits_64_with_one_message() {
 #[test]
 fn the_start_up_log_says_what_is_served() {
     use std::io::BufRead as _;
-    let manifests = tempfile::tempdir().expect("a manifests folder");
-    flagd_proxy_testkit::write_manifest(
-        manifests.path(),
-        "team-a",
-        "checkout",
-        flagd_proxy_testkit::string_flag("color", "red", &["red", "blue"]),
-    );
-    let mut child = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
-        .args(["start", "--port", "0", "--management-port", "0"])
-        .args(["--bind-address", "127.0.0.1", "--manifests"])
-        .arg(manifests.path())
-        .env_remove("FLAGD_PROXY_CONFIG")
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("run flagd-proxy");
+    let (_manifests, mut child) = spawn_serving("team-a", "checkout", &[]);
     let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
     let mut lines = Vec::new();
     let mut line = String::new();

@@ -235,13 +235,7 @@ async fn a_slow_gzip_client_skips_to_the_newest_version() {
     let proxy = start(dir.path(), &[]).await;
 
     let (mut read, mut write) = raw_h2::connect(proxy.port).await;
-    let request = prost::Message::encode_to_vec(&v1::SyncFlagsRequest {
-        provider_id: String::new(),
-        selector: SELECTOR.into(),
-    });
-    let mut body = vec![0];
-    body.extend(u32::try_from(request.len()).expect("small").to_be_bytes());
-    body.extend(request);
+    let body = raw_h2::sync_request(SELECTOR);
     let mut bytes = raw_h2::grpc_headers_with(
         1,
         "/flagd.sync.v1.FlagSyncService/SyncFlags",

@@ -12,6 +12,14 @@ use support::helm::ChartRenderer;
 
 const RELEASE: &str = "flagd-proxy";
 const NS: &str = "flags";
+
+/// The sync addresses of the central and the node tier's Services of the release in [`NS`].
+fn tier_addresses() -> (String, String) {
+    (
+        format!("flagd-proxy-svc.{NS}.svc.cluster.local:8015"),
+        format!("flagd-proxy-node.{NS}.svc.cluster.local:8015"),
+    )
+}
 const FLAGS: &str = "flagd.featureFlags={apps/demo,team-b/checkout}";
 
 fn render(helm: &ChartRenderer, sets: &[&str]) -> Vec<Value> {
@@ -231,8 +239,7 @@ fn both_shapes_sync_from_the_matching_tier_in_every_mode() {
     let Some(helm) = ChartRenderer::find_or_skip() else {
         return;
     };
-    let central = format!("flagd-proxy-svc.{NS}.svc.cluster.local:8015");
-    let node = format!("flagd-proxy-node.{NS}.svc.cluster.local:8015");
+    let (central, node) = tier_addresses();
     let upstream = "node.upstream.address=flagd-proxy-svc.central.svc.cluster.local:8015";
     // (mode, extra values, what the Deployment's flagd dials, what the DaemonSet's flagd dials)
     let cases: [(&str, &[&str], &str, &str); 3] = [
@@ -312,8 +319,7 @@ fn flagd_verifies_the_proxy_with_the_tls_secrets_ca_when_its_tier_serves_tls() {
     let Some(helm) = ChartRenderer::find_or_skip() else {
         return;
     };
-    let central = format!("flagd-proxy-svc.{NS}.svc.cluster.local:8015");
-    let node = format!("flagd-proxy-node.{NS}.svc.cluster.local:8015");
+    let (central, node) = tier_addresses();
     // mode=both with TLS on the central tier only: the Deployment's flagd (central) uses TLS,
     // the DaemonSet's (node tier, plaintext) does not; with node.tls.enabled both do.
     for (node_tls, daemonset_tls) in [("false", false), ("true", true)] {

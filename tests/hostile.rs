@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use serde_json::Value;
 use support::client::{Client, assert_status, default_variant, next, open, v1, with_selector};
-use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
+use support::{EVENT_TIMEOUT, Proxy, string_flag, write_color, write_manifest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
@@ -38,12 +38,7 @@ impl Scene {
     /// Starts with `extra` arguments added.
     async fn start_with(extra: &[&str]) -> Scene {
         let dir = tempfile::tempdir().expect("tempdir");
-        write_manifest(
-            dir.path(),
-            "default",
-            "demo",
-            string_flag("color", "v0", &["v0", "other"]),
-        );
+        write_color(dir.path(), "default", "demo", "v0", &["v0", "other"]);
         let limits = [
             ("--max-watches", MAX_WATCHES),
             ("--max-waiting-resources", MAX_WAITING),
@@ -113,12 +108,7 @@ impl Scene {
     async fn change(&mut self) {
         self.version += 1;
         let want = format!("v{}", self.version);
-        write_manifest(
-            self.dir.path(),
-            "default",
-            "demo",
-            string_flag("color", &want, &[&want, "other"]),
-        );
+        write_color(self.dir.path(), "default", "demo", &want, &[&want, "other"]);
         for stream in &mut self.subscribers {
             // A subscriber may skip versions, never the newest one.
             while color(&next(stream).await) != want {}
@@ -861,24 +851,14 @@ async fn fetch_all_flags_for_missing_resources_holds_no_waiting_place() {
         assert_eq!(status.code(), Code::NotFound, "{status:?}");
     }
     // A client waiting for a resource about to be created gets a place, and its flags.
-    let mut waiting = client
-        .sync_flags(with_selector(
-            v1::SyncFlagsRequest::default(),
-            "core.openfeature.dev/default/soon",
-        ))
+    let mut waiting = open(&mut client, "core.openfeature.dev/default/soon")
         .await
-        .expect("a place to wait")
-        .into_inner();
+        .expect("a place to wait");
     scene
         .proxy
         .wait_for_metric("flagd_proxy_waiting_resources", 1.0)
         .await;
-    write_manifest(
-        scene.dir.path(),
-        "default",
-        "soon",
-        string_flag("color", "new", &["new"]),
-    );
+    write_color(scene.dir.path(), "default", "soon", "new", &["new"]);
     assert_eq!(color(&next(&mut waiting).await), "new");
     scene.change().await;
 }
@@ -1014,12 +994,7 @@ async fn a_manifests_directory_swapped_by_symlink_is_followed() {
     let revision = |n: usize, color: &str| {
         let dir = root.path().join(format!("rev-{n}"));
         std::fs::create_dir(&dir).expect("mkdir");
-        write_manifest(
-            &dir,
-            "default",
-            "demo",
-            string_flag("color", color, &[color]),
-        );
+        write_color(&dir, "default", "demo", color, &[color]);
         dir
     };
     let current = root.path().join("current");
@@ -1225,11 +1200,12 @@ async fn a_client_that_stops_reading_is_disconnected() {
     // Eight resources of about 1 MB each: more than the kernel buffers between the two ends.
     let big = "x".repeat(1024 * 1024);
     for i in 0..RESOURCES {
-        write_manifest(
+        write_color(
             scene.dir.path(),
             "default",
             &format!("big-{i}"),
-            string_flag("color", &big, &[&big]),
+            &big,
+            &[&big],
         );
     }
     let open = scene
@@ -1254,14 +1230,7 @@ async fn a_client_that_stops_reading_is_disconnected() {
     for i in 0..RESOURCES {
         let stream = 2 * u32::try_from(i).expect("small") + 1;
         let selector = format!("core.openfeature.dev/default/big-{i}");
-        let request = v1::SyncFlagsRequest {
-            provider_id: String::new(),
-            selector,
-        };
-        let message = prost::Message::encode_to_vec(&request);
-        let mut body = vec![0];
-        body.extend(u32::try_from(message.len()).expect("small").to_be_bytes());
-        body.extend(message);
+        let body = raw_h2::sync_request(&selector);
         bytes.extend(raw_h2::grpc_headers(
             stream,
             "/flagd.sync.v1.FlagSyncService/SyncFlags",
@@ -1411,14 +1380,7 @@ async fn streams_that_pin_versions_they_cannot_send_are_bounded_by_the_memory_bu
             published_after(&scene, published).await;
         }
         let stream = 2 * u32::try_from(i).expect("small") + 1;
-        let request = v1::SyncFlagsRequest {
-            provider_id: String::new(),
-            selector: "core.openfeature.dev/default/big".into(),
-        };
-        let message = prost::Message::encode_to_vec(&request);
-        let mut body = vec![0];
-        body.extend(u32::try_from(message.len()).expect("small").to_be_bytes());
-        body.extend(message);
+        let body = raw_h2::sync_request("core.openfeature.dev/default/big");
         let mut bytes =
             raw_h2::grpc_headers(stream, "/flagd.sync.v1.FlagSyncService/SyncFlags", false);
         bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
@@ -1504,13 +1466,7 @@ async fn stream_behind(
         .header("te", "trailers")
         .body(())
         .expect("request");
-    let message = prost::Message::encode_to_vec(&v1::SyncFlagsRequest {
-        provider_id: String::new(),
-        selector: selector.to_owned(),
-    });
-    let mut body = vec![0];
-    body.extend(u32::try_from(message.len()).expect("small").to_be_bytes());
-    body.extend(message);
+    let body = support::raw_h2::sync_request(selector);
     *send = send.clone().ready().await.expect("ready");
     let (response, mut request_body) = send.send_request(request, false).expect("send request");
     request_body
@@ -1583,12 +1539,7 @@ async fn streams_behind_at_shutdown_end_with_unavailable_once_read() {
     // Each version is larger than a stream's initial window (64 KiB).
     let big = |version: &str| format!("{version}{}", "x".repeat(200 * 1024));
     for name in ["steady", "changing"] {
-        write_manifest(
-            dir.path(),
-            "default",
-            name,
-            string_flag("color", &big("v1"), &[&big("v1")]),
-        );
+        write_color(dir.path(), "default", name, &big("v1"), &[&big("v1")]);
     }
     let dir_arg = dir.path().display().to_string();
     // A drain bound the test never reaches: it counts statuses, it does not time them.
@@ -1626,12 +1577,7 @@ async fn streams_behind_at_shutdown_end_with_unavailable_once_read() {
         .await
         .expect("stream");
     next(&mut current).await;
-    write_manifest(
-        dir.path(),
-        "default",
-        "changing",
-        string_flag("color", &big("v2"), &[&big("v2")]),
-    );
+    write_color(dir.path(), "default", "changing", &big("v2"), &[&big("v2")]);
     assert!(color(&next(&mut current).await).starts_with("v2"));
 
     proxy.signal("TERM");

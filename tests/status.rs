@@ -25,12 +25,7 @@ fn status(args: &[&str]) -> Output {
 async fn status_shows_resources_watches_and_limits_of_a_running_proxy() {
     let manifests = tempfile::tempdir().expect("a manifests folder");
     let dir = manifests.path();
-    support::write_manifest(
-        dir,
-        "default",
-        "demo",
-        support::string_flag("color", "red", &["red", "blue"]),
-    );
+    support::write_color(dir, "default", "demo", "red", &["red", "blue"]);
     support::write_manifest(
         dir,
         "shop",

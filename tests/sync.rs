@@ -5,36 +5,23 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::client::{
-    Client, LegacyClient, assert_status, client, default_variant, legacy, legacy_client, next,
-    open, v1, with_selector,
+    Client, LegacyClient, assert_status, client, default_variant, fetch, legacy, legacy_client,
+    next, open, v1, with_selector,
 };
-use support::{EVENT_TIMEOUT, Proxy, string_flag, write_manifest};
+use support::{EVENT_TIMEOUT, Proxy, string_flag, write_color, write_manifest};
 use tonic::transport::Channel;
 use tonic::{Code, Streaming};
 
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
 
+/// The variants of `color` in `default/demo` as [`manifests_proxy`] and its edits write it.
+const COLORS: &[&str] = &["red", "blue", "green"];
+
 async fn manifests_proxy() -> (tempfile::TempDir, Proxy) {
     let dir = tempfile::tempdir().expect("tempdir");
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "red", &["red", "blue", "green"]),
-    );
+    write_color(dir.path(), "default", "demo", "red", COLORS);
     let proxy = Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await;
     (dir, proxy)
-}
-
-/// `FetchAllFlags` for `selector` (in the header).
-async fn fetch(
-    client: &mut Client,
-    selector: &str,
-) -> Result<v1::FetchAllFlagsResponse, tonic::Status> {
-    client
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), selector))
-        .await
-        .map(tonic::Response::into_inner)
 }
 
 /// The variant of `color` in the stream's next message.
@@ -70,7 +57,7 @@ async fn header_selector_stream_gets_snapshot_then_each_real_change() {
     // Updating the resource so that its flag configuration stays byte-identical is not a
     // change: no new version, no message; the next message is the real change.
     let served = demo_status(&proxy).await["version"].clone();
-    let red = string_flag("color", "red", &["red", "blue", "green"]);
+    let red = string_flag("color", "red", COLORS);
     // A label only, with a second resource in the same file: once that one reaches its
     // subscriber, the proxy has read this version of the file.
     let mut marker = open(&mut client, MARKER).await.expect("marker stream");
@@ -86,12 +73,7 @@ async fn header_selector_stream_gets_snapshot_then_each_real_change() {
         status["version"], served,
         "identical content became a new version: {status}"
     );
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "blue", &["red", "blue", "green"]),
-    );
+    write_color(dir.path(), "default", "demo", "blue", COLORS);
     let second = next(&mut stream).await;
     assert_eq!(
         default_variant(&second.flag_configuration, "color"),
@@ -186,12 +168,7 @@ async fn legacy_protocol_sends_sync_state_all() {
     let first = next(&mut stream).await;
     assert_eq!(first.state, legacy::SyncState::All as i32);
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "green", &["red", "blue", "green"]),
-    );
+    write_color(dir.path(), "default", "demo", "green", COLORS);
     let second = next(&mut stream).await;
     assert_eq!(
         (
@@ -255,14 +232,9 @@ async fn get_metadata_and_fetch_all_flags() {
 async fn stream_for_a_missing_resource_waits_for_it() {
     let (dir, proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
-    let mut stream = client
-        .sync_flags(with_selector(
-            v1::SyncFlagsRequest::default(),
-            "core.openfeature.dev/later/flags",
-        ))
+    let mut stream = open(&mut client, "core.openfeature.dev/later/flags")
         .await
-        .expect("a stream opens for a resource that does not exist yet")
-        .into_inner();
+        .expect("a stream opens for a resource that does not exist yet");
     proxy.wait_for_log("resource not found; waiting").await;
     write_manifest(
         dir.path(),
@@ -315,12 +287,7 @@ async fn invalid_selectors_get_invalid_argument_with_the_accepted_form() {
 
 /// Writes `default/demo` with flag `color` (variants red and blue) defaulting to `variant`.
 fn write_demo(dir: &std::path::Path, variant: &str) {
-    write_manifest(
-        dir,
-        "default",
-        "demo",
-        string_flag("color", variant, &["red", "blue"]),
-    );
+    write_color(dir, "default", "demo", variant, &["red", "blue"]);
 }
 
 #[tokio::test]
@@ -347,11 +314,7 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
         .expect("fetch with source=");
     assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
 
-    let status = client
-        .sync_flags(with_selector(
-            v1::SyncFlagsRequest::default(),
-            "flagSetId=demo",
-        ))
+    let status = open(&mut client, "flagSetId=demo")
         .await
         .expect_err("flag sets are refused");
     // The message names the forms that work.
@@ -360,11 +323,7 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
         Code::InvalidArgument,
         "\"source=core.openfeature.dev/<namespace>/<name>\"",
     );
-    let status = client
-        .sync_flags(with_selector(
-            v1::SyncFlagsRequest::default(),
-            "file=/etc/passwd",
-        ))
+    let status = open(&mut client, "file=/etc/passwd")
         .await
         .expect_err("unknown keys are refused");
     assert_status(

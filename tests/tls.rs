@@ -4,7 +4,7 @@ use flagd_proxy_testkit as support;
 use std::time::Duration;
 
 use support::client::{Client, default_variant, next, open, tls_channel, v1};
-use support::{Proxy, TestCa, string_flag, write_manifest};
+use support::{Proxy, TestCa, write_color};
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Identity};
 
 const SELECTOR: &str = "core.openfeature.dev/default/demo";
@@ -42,12 +42,7 @@ fn args(dir: &tempfile::TempDir, extra: &[String]) -> Vec<String> {
 /// A manifests directory with `default/demo`, whose flag `color` is red.
 fn demo_manifests() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tempdir");
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "red", &["red", "blue"]),
-    );
+    write_color(dir.path(), "default", "demo", "red", &["red", "blue"]);
     dir
 }
 
@@ -59,6 +54,19 @@ async fn tls_proxy(ca: &TestCa, extra: &[&str]) -> (tempfile::TempDir, Proxy) {
     let args = args(&dir, &all);
     let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
     (dir, proxy)
+}
+
+/// A stream of `default/demo` over TLS to `port` with `tls`, once it has delivered `color` red;
+/// `what` names the connection in a failure.
+async fn red_stream(
+    port: u16,
+    tls: ClientTlsConfig,
+    what: &str,
+) -> tonic::Streaming<v1::SyncFlagsResponse> {
+    let channel = tls_channel(port, tls).await.expect(what);
+    let mut stream = open_demo(channel).await;
+    assert_eq!(next_color(&mut stream).await, "red");
+    stream
 }
 
 async fn open_demo(channel: Channel) -> tonic::Streaming<v1::SyncFlagsResponse> {
@@ -74,11 +82,7 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     let args = args(&dir, &first_ca.proxy_args());
     let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
 
-    let channel = tls_channel(proxy.port, trusting(&first_ca.ca_cert))
-        .await
-        .expect("TLS connect");
-    let mut stream = open_demo(channel).await;
-    assert_eq!(next_color(&mut stream).await, "red");
+    let mut stream = red_stream(proxy.port, trusting(&first_ca.ca_cert), "TLS connect").await;
 
     // A plain-text client is refused.
     let plain = Client::connect(proxy.endpoint()).await;
@@ -94,23 +98,19 @@ async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
     std::fs::copy(&second_ca.server_key, &first_ca.server_key).expect("copy key");
     std::fs::copy(&second_ca.server_cert, &first_ca.server_cert).expect("copy cert");
     proxy.wait_for_log("TLS certificate reloaded").await;
-    let channel = tls_channel(proxy.port, trusting(&second_ca.ca_cert))
-        .await
-        .expect("new certificate served");
-    let mut fresh = open_demo(channel).await;
-    assert_eq!(next_color(&mut fresh).await, "red");
+    let mut fresh = red_stream(
+        proxy.port,
+        trusting(&second_ca.ca_cert),
+        "new certificate served",
+    )
+    .await;
     assert!(
         !usable(&proxy, trusting(&first_ca.ca_cert)).await,
         "the old certificate is no longer served"
     );
 
     // The stream opened before the rotation is still up and gets updates.
-    write_manifest(
-        dir.path(),
-        "default",
-        "demo",
-        string_flag("color", "blue", &["red", "blue"]),
-    );
+    write_color(dir.path(), "default", "demo", "blue", &["red", "blue"]);
     assert_eq!(next_color(&mut stream).await, "blue");
     assert_eq!(next_color(&mut fresh).await, "blue");
 }
@@ -195,11 +195,12 @@ async fn broken_certificate_files_keep_the_previous_certificate() {
     proxy
         .wait_for_log("TLS files changed but cannot be used")
         .await;
-    let channel = tls_channel(proxy.port, trusting(&ca.ca_cert))
-        .await
-        .expect("previous certificate still served");
-    let mut stream = open_demo(channel).await;
-    assert_eq!(next_color(&mut stream).await, "red");
+    red_stream(
+        proxy.port,
+        trusting(&ca.ca_cert),
+        "previous certificate still served",
+    )
+    .await;
 }
 
 #[tokio::test]
@@ -214,14 +215,12 @@ async fn client_certificates_are_required_with_a_client_ca() {
     );
 
     let (cert, key) = ca.issue_client("workload");
-    let channel = tls_channel(
+    red_stream(
         proxy.port,
         trusting(&ca.ca_cert).identity(Identity::from_pem(cert, key)),
+        "mutual TLS",
     )
-    .await
-    .expect("mutual TLS");
-    let mut stream = open_demo(channel).await;
-    assert_eq!(next_color(&mut stream).await, "red");
+    .await;
 }
 
 #[tokio::test]

@@ -30,15 +30,35 @@ fn variant(snapshot: &Arc<Snapshot>) -> String {
     default_variant(&snapshot.flag_configuration)
 }
 
+/// A scripted source, a hub over it whose watches stay `idle` after their last subscriber, and
+/// the resource `ns/a` most tests watch.
+fn hub_of_a(idle: Duration) -> (Arc<FakeSource>, Hub, ResourceKey) {
+    hub_of_a_with(|source| hub(source, idle))
+}
+
+/// Like [`hub_of_a`], with the hub `new_hub` makes over the source.
+fn hub_of_a_with(
+    new_hub: impl FnOnce(&Arc<FakeSource>) -> Hub,
+) -> (Arc<FakeSource>, Hub, ResourceKey) {
+    let source = FakeSource::new();
+    let hub = new_hub(&source);
+    (source, hub, ResourceKey::new("ns", "a"))
+}
+
+/// `N` subscribers to `key` and the publisher of its watch, once the watch has started.
+async fn subscribe_watched<const N: usize>(
+    source: &FakeSource,
+    hub: &Hub,
+    key: &ResourceKey,
+) -> ([Subscription; N], Publisher) {
+    let subs = std::array::from_fn(|_| hub.subscribe(key.clone()).expect("subscribe"));
+    (subs, source.wait_for_watch(key).await)
+}
+
 #[tokio::test]
 async fn one_watch_serves_all_subscribers() {
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut subs: Vec<_> = (0..5)
-        .map(|_| hub.subscribe(key.clone()).expect("subscribe"))
-        .collect();
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let (mut subs, publisher) = subscribe_watched::<5>(&source, &hub, &key).await;
     publisher.resource(&flag_resource("on"), Instant::now());
     for sub in &mut subs {
         assert_eq!(variant(&next(sub).await), "on");
@@ -49,11 +69,8 @@ async fn one_watch_serves_all_subscribers() {
 
 #[tokio::test]
 async fn identical_content_is_not_published_again() {
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
     publisher.resource(&flag_resource("on"), Instant::now());
     let first = next(&mut sub).await;
     publisher.resource(&flag_resource("on"), Instant::now());
@@ -67,12 +84,8 @@ async fn identical_content_is_not_published_again() {
 
 #[tokio::test]
 async fn slow_subscriber_skips_to_the_newest_version() {
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut fast = hub.subscribe(key.clone()).expect("subscribe");
-    let mut slow = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let ([mut fast, mut slow], publisher) = subscribe_watched(&source, &hub, &key).await;
     for (i, v) in ["a", "b", "c", "d"].iter().enumerate() {
         let _ = i;
         publisher.resource(&flag_resource(v), Instant::now());
@@ -91,11 +104,8 @@ async fn slow_subscriber_skips_to_the_newest_version() {
 
 #[tokio::test]
 async fn invalid_versions_keep_the_last_good_one() {
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
     publisher.resource(&flag_resource("on"), Instant::now());
     next(&mut sub).await;
     publisher.resource(
@@ -131,11 +141,8 @@ fn limited_hub(source: &Arc<FakeSource>, max_document_bytes: usize) -> Hub {
 
 #[tokio::test]
 async fn oversized_documents_are_not_pushed() {
-    let source = FakeSource::new();
-    let hub = limited_hub(&source, 100);
-    let key = ResourceKey::new("ns", "a");
-    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a_with(|source| limited_hub(source, 100));
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
     publisher.resource(&flag_resource(&"x".repeat(200)), Instant::now());
     let state = sub.settled().await;
     assert!(
@@ -148,11 +155,8 @@ async fn oversized_documents_are_not_pushed() {
 /// a document under it whose message is not is refused, and subscribers keep the last version.
 #[tokio::test]
 async fn metadata_counts_against_the_message_limit() {
-    let source = FakeSource::new();
-    let hub = limited_hub(&source, 1000);
-    let key = ResourceKey::new("ns", "a");
-    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a_with(|source| limited_hub(source, 1000));
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
     publisher.resource(&flag_resource("red"), Instant::now());
     assert_eq!(variant(&next(&mut sub).await), "red");
     let mut large = flag_resource("blue");
@@ -174,14 +178,9 @@ async fn metadata_counts_against_the_message_limit() {
 
 #[tokio::test]
 async fn forbidden_ends_subscriptions() {
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
-    source
-        .wait_for_watch(&key)
-        .await
-        .forbidden("no get on featureflags".into());
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
+    publisher.forbidden("no get on featureflags".into());
     let end = tokio::time::timeout(Duration::from_secs(10), sub.next())
         .await
         .expect("ends");
@@ -376,12 +375,8 @@ async fn a_waiting_place_is_given_back_when_the_watch_stops() {
 
 #[tokio::test]
 async fn propagation_is_measured_once_all_counted_subscribers_have_it() {
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut a = hub.subscribe(key.clone()).expect("subscribe");
-    let mut b = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let ([mut a, mut b], publisher) = subscribe_watched(&source, &hub, &key).await;
     publisher.resource(&flag_resource("on"), Instant::now());
     let snapshot = next(&mut a).await;
     a.delivered(&snapshot);
@@ -412,12 +407,8 @@ fn metric_value(hub: &Hub, name: &str) -> f64 {
 async fn a_stuck_subscriber_is_counted_apart_and_every_version_is_measured() {
     const COUNT: &str = "flagd_proxy_propagation_seconds_count";
     const SKIPPED: &str = "flagd_proxy_versions_skipped_total";
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut reading = hub.subscribe(key.clone()).expect("subscribe");
-    let _stuck = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let ([mut reading, _stuck], publisher) = subscribe_watched(&source, &hub, &key).await;
     for (round, variant) in ["red", "blue", "green", "gold"].into_iter().enumerate() {
         publisher.resource(&flag_resource(variant), Instant::now());
         let snapshot = next(&mut reading).await;
@@ -431,12 +422,8 @@ async fn a_stuck_subscriber_is_counted_apart_and_every_version_is_measured() {
 /// A subscriber that leaves before it is sent the current version is not waited for.
 #[tokio::test]
 async fn a_subscriber_that_leaves_is_not_waited_for() {
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut staying = hub.subscribe(key.clone()).expect("subscribe");
-    let leaving = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let ([mut staying, leaving], publisher) = subscribe_watched(&source, &hub, &key).await;
     publisher.resource(&flag_resource("on"), Instant::now());
     let snapshot = next(&mut staying).await;
     staying.delivered(&snapshot);
@@ -498,8 +485,7 @@ async fn every_published_version_ends_in_one_span() {
         Some(spans.clone()),
     );
     let key = ResourceKey::new("ns", "a");
-    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
     publisher.resource(&flag_resource("red"), Instant::now());
     let snapshot = next(&mut sub).await;
     assert!(
@@ -544,14 +530,9 @@ fn broken_resource() -> serde_json::Value {
 
 #[tokio::test(start_paused = true)]
 async fn a_first_version_that_is_invalid_ends_subscriptions_after_the_grace() {
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
-    source
-        .wait_for_watch(&key)
-        .await
-        .resource(&broken_resource(), Instant::now());
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
+    publisher.resource(&broken_resource(), Instant::now());
     // Not at once: a client that reconnects at once is answered at most once per grace.
     let early = tokio::time::timeout(INVALID_GRACE - Duration::from_millis(1), sub.next()).await;
     assert!(early.is_err(), "ended before the grace: {early:?}");
@@ -578,11 +559,8 @@ async fn a_first_version_that_is_invalid_ends_subscriptions_after_the_grace() {
 
 #[tokio::test(start_paused = true)]
 async fn a_valid_version_within_the_grace_is_delivered() {
-    let source = FakeSource::new();
-    let hub = hub(&source, Duration::from_secs(60));
-    let key = ResourceKey::new("ns", "a");
-    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
     publisher.resource(&broken_resource(), Instant::now());
     let waiting = tokio::spawn(async move { sub.next().await.map(|s| variant(&s)) });
     tokio::time::sleep(INVALID_GRACE / 2).await;
@@ -656,8 +634,7 @@ async fn an_unknown_operator_is_served_warned_and_counted() {
     let key = ResourceKey::new("ns", "a");
     let sample =
         |n: u32| format!("flagd_proxy_document_warnings{{namespace=\"ns\",name=\"a\"}} {n}");
-    let mut sub = hub.subscribe(key.clone()).expect("subscribe");
-    let publisher = source.wait_for_watch(&key).await;
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
     publisher.resource(&resource_with_unknown_operator("on"), Instant::now());
     // The first version is served whole: both flags, the rule as written.
     let snapshot = next(&mut sub).await;

@@ -347,6 +347,17 @@ mod tests {
         })
     }
 
+    /// Accepting generation 5 tells a Normal event that names it.
+    fn accepting_generation_5_is_told(
+        events: &ResourceEvents,
+        rx: &mut watch::Receiver<Option<Outcome>>,
+    ) {
+        events.accepted(&resource(5));
+        let outcome = rx.borrow_and_update().clone().expect("normal");
+        assert_eq!(outcome.type_, EventType::Normal);
+        assert!(outcome.note.contains("generation 5"), "{}", outcome.note);
+    }
+
     fn events() -> (ResourceEvents, watch::Receiver<Option<Outcome>>) {
         let (tx, rx) = watch::channel(None);
         (
@@ -390,10 +401,7 @@ mod tests {
         events.rejected(&resource(4), "flag \"y\": no variants");
         assert!(rx.has_changed().expect("open"));
         rx.borrow_and_update();
-        events.accepted(&resource(5));
-        let outcome = rx.borrow_and_update().clone().expect("normal");
-        assert_eq!(outcome.type_, EventType::Normal);
-        assert!(outcome.note.contains("generation 5"), "{}", outcome.note);
+        accepting_generation_5_is_told(&events, &mut rx);
     }
 
     #[test]
@@ -429,10 +437,7 @@ mod tests {
             REASON_WARNING
         );
         // A version without warnings ends them.
-        events.accepted(&resource(5));
-        let outcome = rx.borrow_and_update().clone().expect("normal");
-        assert_eq!(outcome.type_, EventType::Normal);
-        assert!(outcome.note.contains("generation 5"), "{}", outcome.note);
+        accepting_generation_5_is_told(&events, &mut rx);
     }
 
     #[test]

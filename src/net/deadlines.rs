@@ -118,14 +118,27 @@ impl PrefaceDeadline {
             self.deadline = None;
             return result;
         }
-        if result.is_pending() && deadline.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no HTTP/2 preface in time (--handshake-timeout)",
-            )));
-        }
-        result
+        unless_timed_out(
+            cx,
+            deadline.as_mut(),
+            result,
+            "no HTTP/2 preface in time (--handshake-timeout)",
+        )
     }
+}
+
+/// A read's `result`, unless it is pending and `timer` has fired: then a `TimedOut` error that
+/// says `why`.
+pub(crate) fn unless_timed_out(
+    cx: &mut Context<'_>,
+    timer: Pin<&mut tokio::time::Sleep>,
+    result: Poll<std::io::Result<()>>,
+    why: &'static str,
+) -> Poll<std::io::Result<()>> {
+    if result.is_pending() && timer.poll(cx).is_ready() {
+        return Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why)));
+    }
+    result
 }
 
 /// A request body that fails with `DEADLINE_EXCEEDED` unless it ends within its deadline, so a

@@ -168,13 +168,12 @@ impl IdleClose {
         let Some((_, timer)) = self.timer.as_mut() else {
             return result;
         };
-        if result.is_pending() && timer.as_mut().poll(cx).is_ready() {
-            return Poll::Ready(Err(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                "no stream open for too long (--connection-idle-timeout)",
-            )));
-        }
-        result
+        crate::net::deadlines::unless_timed_out(
+            cx,
+            timer.as_mut(),
+            result,
+            "no stream open for too long (--connection-idle-timeout)",
+        )
     }
 }
 
@@ -236,11 +235,15 @@ mod tests {
     use crate::metrics::Metrics;
     use crate::net::limits::TotalLimit;
 
+    /// A room whose connections are counted against a limit of two (reason `limit`, on `port`).
+    fn room_for_two(port: &'static str, limit: &'static str) -> (TotalLimit, Arc<Room>) {
+        let metrics = Arc::new(Metrics::new());
+        (TotalLimit::new(2, port, limit, metrics), Room::new())
+    }
+
     #[tokio::test]
     async fn the_connection_quiet_the_longest_makes_room() {
-        let metrics = Arc::new(Metrics::new());
-        let limit = TotalLimit::new(2, "management", "max_management_connections", metrics);
-        let room = Room::new();
+        let (limit, room) = room_for_two("management", "max_management_connections");
         let quiet = room.enter(limit.admit().expect("place"));
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         let busy = room.enter(limit.admit().expect("place"));
@@ -271,9 +274,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_connection_with_a_stream_open_is_never_closed_to_make_room() {
-        let metrics = Arc::new(Metrics::new());
-        let limit = TotalLimit::new(2, "sync", "max_connections", metrics);
-        let room = Room::new();
+        let (limit, room) = room_for_two("sync", "max_connections");
         let serving = room.enter(limit.admit().expect("place"));
         let stream = serving.activity().open_stream();
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;

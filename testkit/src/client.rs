@@ -59,6 +59,17 @@ pub fn with_selector<T>(message: T, selector: &str) -> Request<T> {
     request
 }
 
+/// `flagd.sync.v1` `FetchAllFlags` for `selector` (in the header).
+pub async fn fetch(
+    client: &mut Client,
+    selector: &str,
+) -> Result<v1::FetchAllFlagsResponse, Status> {
+    client
+        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), selector))
+        .await
+        .map(tonic::Response::into_inner)
+}
+
 /// Opens a `flagd.sync.v1` `SyncFlags` stream for `selector` (in the header). A stream refused
 /// before its first message is an `Err`.
 pub async fn open(

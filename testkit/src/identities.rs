@@ -15,23 +15,32 @@ use crate::control_plane::{ControlPlane, GROUP};
 /// deploy/components/authz grants: create TokenReviews and SubjectAccessReviews, list and watch
 /// pods) and the cluster-wide read of FeatureFlags, and waits until RBAC honours the latter.
 pub async fn grant_review_permissions(cp: &ControlPlane) {
-    let client = cp.admin_client();
-    let role: ClusterRole = serde_json::from_value(json!({
-        "metadata": {"name": "flagd-proxy-authz-test"},
-        "rules": [
+    grant_proxy_cluster_role(
+        cp,
+        "flagd-proxy-authz-test",
+        json!([
             {"apiGroups": ["authentication.k8s.io"], "resources": ["tokenreviews"], "verbs": ["create"]},
             {"apiGroups": ["authorization.k8s.io"], "resources": ["subjectaccessreviews"], "verbs": ["create"]},
             {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch"]}
-        ]
-    }))
-    .expect("role");
+        ]),
+    )
+    .await;
+    cp.grant_proxy_cluster_wide().await;
+}
+
+/// Creates the ClusterRole `name` with `rules` and binds it to the proxy's identity, the
+/// ServiceAccount `flagd/proxy`.
+pub async fn grant_proxy_cluster_role(cp: &ControlPlane, name: &str, rules: Value) {
+    let client = cp.admin_client();
+    let role: ClusterRole =
+        serde_json::from_value(json!({"metadata": {"name": name}, "rules": rules})).expect("role");
     Api::<ClusterRole>::all(client.clone())
         .create(&PostParams::default(), &role)
         .await
         .expect("create role");
     let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "metadata": {"name": "flagd-proxy-authz-test"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "flagd-proxy-authz-test"},
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
         "subjects": [{"kind": "ServiceAccount", "namespace": "flagd", "name": "proxy"}]
     }))
     .expect("binding");
@@ -39,7 +48,6 @@ pub async fn grant_review_permissions(cp: &ControlPlane) {
         .create(&PostParams::default(), &binding)
         .await
         .expect("create binding");
-    cp.grant_proxy_cluster_wide().await;
 }
 
 /// Creates the ServiceAccount `ns/name` and returns a token of it (valid for an hour).

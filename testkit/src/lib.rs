@@ -134,6 +134,30 @@ pub fn write_manifest(dir: &Path, namespace: &str, name: &str, flags: Value) -> 
     path
 }
 
+/// [`write_manifest`] of `<namespace>/<name>` with one string flag `color` whose default variant
+/// is `default`, among `variants`.
+pub fn write_color(
+    dir: &Path,
+    namespace: &str,
+    name: &str,
+    default: &str,
+    variants: &[&str],
+) -> PathBuf {
+    write_manifest(
+        dir,
+        namespace,
+        name,
+        string_flag("color", default, variants),
+    )
+}
+
+/// Panics naming the first of `needles` that `text` does not contain.
+pub fn assert_contains_all(text: &str, needles: &[&str]) {
+    for needle in needles {
+        assert!(text.contains(needle), "{needle:?} missing from {text:?}");
+    }
+}
+
 /// Writes a file by renaming a finished temporary file over it, as editors and kubelet do.
 pub fn write_atomically(path: &Path, content: &str) {
     let tmp = path.with_extension("tmp~");
@@ -344,11 +368,24 @@ impl Proxy {
 
 impl Drop for Proxy {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        stop(&mut self.child);
     }
+}
+
+/// Kills and reaps the child process, if it is still held (what dropping a process's owner does).
+pub(crate) fn stop(child: &mut Option<Child>) {
+    if let Some(mut child) = child.take() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Whether `program --version` runs and succeeds (a tool is installed at `program`).
+pub(crate) fn answers_version(program: &Path) -> bool {
+    std::process::Command::new(program)
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success())
 }
 
 /// Collects the lines a child process writes to `stream` (its stderr), in a thread of their own.
@@ -431,6 +468,22 @@ async fn http_request(port: u16, head: &str) -> std::io::Result<(u16, String)> {
 /// A calendar day: year, month, day.
 pub type Day = (i32, u8, u8);
 
+/// A new self-signed CA certificate named `common_name`, and the issuer that signs with it.
+pub fn new_ca(common_name: &str) -> (rcgen::Certificate, rcgen::Issuer<'static, rcgen::KeyPair>) {
+    let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
+    params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    params
+        .distinguished_name
+        .push(rcgen::DnType::CommonName, common_name);
+    params.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::CrlSign,
+    ];
+    let key = rcgen::KeyPair::generate().expect("ca key");
+    let cert = params.self_signed(&key).expect("ca cert");
+    (cert, rcgen::Issuer::new(params, key))
+}
+
 /// A throwaway certificate authority and a server certificate for 127.0.0.1 and localhost,
 /// written as PEM files into a temporary directory.
 pub struct TestCa {
@@ -444,20 +497,9 @@ pub struct TestCa {
 impl TestCa {
     pub fn new() -> TestCa {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, "flagd-proxy test CA");
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-        ];
-        let key = rcgen::KeyPair::generate().expect("ca key");
-        let cert = params.self_signed(&key).expect("ca cert");
+        let (cert, ca) = new_ca("flagd-proxy test CA");
         let ca_cert = dir.path().join("ca.pem");
         std::fs::write(&ca_cert, cert.pem()).expect("write ca");
-        let ca = rcgen::Issuer::new(params, key);
         let mut this = TestCa {
             server_cert: dir.path().join("server.pem"),
             server_key: dir.path().join("server-key.pem"),

@@ -17,17 +17,14 @@ use super::{EVENT_TIMEOUT, collect_lines, free_port};
 
 /// Finds the collector; `None` with a notice (a panic under `CI`) when it is missing.
 pub fn find_or_skip() -> Option<PathBuf> {
-    let works = |path: &Path| {
-        Command::new(path)
-            .arg("--version")
-            .output()
-            .is_ok_and(|o| o.status.success())
-    };
     let candidates = match std::env::var_os("FLAGD_PROXY_OTELCOL_BIN").filter(|v| !v.is_empty()) {
         Some(path) => vec![PathBuf::from(path)],
         None => vec![cache_dir().join("bin/otelcol"), PathBuf::from("otelcol")],
     };
-    if let Some(found) = candidates.into_iter().find(|path| works(path)) {
+    if let Some(found) = candidates
+        .into_iter()
+        .find(|path| crate::answers_version(path))
+    {
         return Some(found);
     }
     let notice = "otelcol not found ($FLAGD_PROXY_OTELCOL_BIN, the cache's bin/, PATH); run \
@@ -155,10 +152,7 @@ impl Collector {
 
 impl Drop for Collector {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::stop(&mut self.child);
     }
 }
 

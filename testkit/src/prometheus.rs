@@ -24,12 +24,6 @@ pub struct Tools {
 impl Tools {
     /// Finds both, or [`skip`](crate::skip::skip)s the calling test.
     pub fn find_or_skip() -> Option<Tools> {
-        let works = |path: &Path| {
-            Command::new(path)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        };
         let dirs = match std::env::var_os("FLAGD_PROXY_PROMETHEUS_BIN").filter(|v| !v.is_empty()) {
             Some(dir) => vec![Some(PathBuf::from(dir))],
             None => vec![Some(cache_dir().join("bin")), None],
@@ -40,7 +34,7 @@ impl Tools {
                 None => PathBuf::from(name),
             };
             let (prometheus, promtool) = (path("prometheus"), path("promtool"));
-            if works(&prometheus) && works(&promtool) {
+            if crate::answers_version(&prometheus) && crate::answers_version(&promtool) {
                 return Some(Tools {
                     prometheus,
                     promtool,
@@ -154,10 +148,7 @@ impl Prometheus {
 
 impl Drop for Prometheus {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::stop(&mut self.child);
     }
 }
 

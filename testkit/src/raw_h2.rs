@@ -74,6 +74,15 @@ pub fn grpc_headers_for(
     frame(HEADERS, flags, stream, &block)
 }
 
+/// A `flagd.sync.v1` `SyncFlagsRequest` with `selector` in its body, as one gRPC message.
+pub fn sync_request(selector: &str) -> Vec<u8> {
+    let request = crate::client::v1::SyncFlagsRequest {
+        provider_id: String::new(),
+        selector: selector.to_owned(),
+    };
+    grpc_message(&prost::Message::encode_to_vec(&request))
+}
+
 /// `message` as one gRPC length-prefixed message (not compressed).
 pub fn grpc_message(message: &[u8]) -> Vec<u8> {
     let mut body = vec![0];

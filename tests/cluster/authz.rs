@@ -1,25 +1,16 @@
 //! Authorization in the cluster: by pod address and by projected service-account token, and both
 //! tiers of the chart authorizing together.
 
+use super::steps::*;
 use super::*;
 
 #[test]
 fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
-    let Some(cluster) = cluster_or_skip() else {
+    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;
     };
     let cluster: &Cluster = &cluster;
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
-    cluster.install_crds();
-    let proxy_image = cluster.proxy_image();
-    let proxy_ns = install_deploy_overlay(
-        cluster,
-        "authz",
-        &proxy_image,
-        &["authz-rbac", "authz-pod-ip"],
-    );
+    let proxy_ns = install_deploy_overlay(cluster, "authz", &["authz-rbac", "authz-pod-ip"]);
 
     // Two service accounts; RBAC lets only `reader` get the FeatureFlag.
     let ns = "cluster-authz";
@@ -28,36 +19,55 @@ fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
     reader_and_stranger(cluster, ns);
     let uri = format!("flagd-proxy-svc-authz.{proxy_ns}.svc.cluster.local:8015");
     let selector = format!("core.openfeature.dev/{ns}/demo");
-    let before = rejections_so_far(cluster, &proxy_ns);
-    cluster.apply(&unprobed_flagd(
-        ns,
-        "reader",
-        "reader",
+    only_the_allowed_flagd_syncs(
+        cluster,
         &flagd_image,
-        &uri,
-        &selector,
-    ));
-    cluster.apply(&unprobed_flagd(
-        ns,
-        "stranger",
-        "stranger",
-        &flagd_image,
-        &uri,
-        &selector,
-    ));
-    cluster.wait_rollout(ns, "reader");
-    cluster.wait_rollout(ns, "stranger");
+        &proxy_ns,
+        (&uri, &selector),
+        (ns, "reader", "reader"),
+        (ns, "stranger", "stranger"),
+    );
+}
 
-    let reader = single_pod_ip(cluster, ns, "app=reader");
+/// Unprobed flagds syncing `selector` from the proxy at `uri`, one allowed and one refused, each
+/// `(namespace, name, service account)`: once both run, the allowed one evaluates `color` to red
+/// and the proxies in `proxy_ns` refuse more requests as unauthorized than before (the refused one
+/// retries, so the count grows); after an edit of the allowed namespace's FeatureFlag `demo` the
+/// allowed one evaluates blue while the refused one still has no flag to evaluate.
+fn only_the_allowed_flagd_syncs(
+    cluster: &Cluster,
+    flagd_image: &str,
+    proxy_ns: &str,
+    (uri, selector): (&str, &str),
+    allowed: (&str, &str, &str),
+    refused: (&str, &str, &str),
+) {
+    let before = rejections_so_far(cluster, proxy_ns);
+    for (ns, name, account) in [allowed, refused] {
+        cluster.apply(&unprobed_flagd(
+            ns,
+            name,
+            account,
+            flagd_image,
+            uri,
+            selector,
+        ));
+    }
+    for (ns, name, _) in [allowed, refused] {
+        cluster.wait_rollout(ns, name);
+    }
+
+    let reader = single_pod_ip(cluster, allowed.0, &format!("app={}", allowed.1));
     wait_for_color(cluster, &reader, "red");
-    // The stranger's requests are refused as unauthorized (it retries, so the count grows) ...
-    wait_for_rejections_beyond(cluster, &proxy_ns, before);
-    // ... and it has no flag to evaluate, while its neighbour follows an edit.
-    let stranger = single_pod_ip(cluster, ns, "app=stranger");
-    set_default_color(cluster, ns, "demo", "blue");
+    // The refused flagd's requests are refused as unauthorized (it retries, so the count
+    // grows) ...
+    wait_for_rejections_beyond(cluster, proxy_ns, before);
+    // ... and it has no flag to evaluate, while the allowed one follows an edit.
+    let stranger = single_pod_ip(cluster, refused.0, &format!("app={}", refused.1));
+    set_default_color(cluster, allowed.0, "demo", "blue");
     wait_for_color(cluster, &reader, "blue");
     match evaluate_once(cluster, &stranger) {
-        Evaluation::Value(value) => panic!("the stranger evaluated color={value}"),
+        Evaluation::Value(value) => panic!("{refused:?} evaluated color={value}"),
         Evaluation::Refused(_) | Evaluation::NoAnswer(_) => {}
     }
 }
@@ -79,11 +89,9 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
     // (TokenReview with the audience).
     let audience = "flagd-proxy";
     let proxy_ns = "flagd-proxy-tokens";
-    cluster.restricted_namespace(proxy_ns);
-    helm_install(
+    install_chart(
         cluster,
         &helm,
-        "flagd-proxy",
         proxy_ns,
         &[
             "central.replicas=1".to_owned(),
@@ -102,13 +110,10 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
     wait_for_proxy_service(cluster, proxy_ns, "flagd-proxy-svc");
     let before = rejections_so_far(cluster, proxy_ns);
 
-    let env = vec![
-        json!({"name": "FLAGD_HOST",
-               "value": format!("flagd-proxy-svc.{proxy_ns}.svc.cluster.local")}),
-        json!({"name": "FLAGD_PORT", "value": "8015"}),
-        json!({"name": "FLAGD_SOURCE_SELECTOR", "value": format!("core.openfeature.dev/{ns}/demo")}),
-        json!({"name": "INTEROP_FLAG_KEY", "value": "color"}),
-    ];
+    let env = in_process_client_env(
+        &format!("flagd-proxy-svc.{proxy_ns}.svc.cluster.local"),
+        &format!("core.openfeature.dev/{ns}/demo"),
+    );
     for account in ["reader", "stranger"] {
         cluster.apply(&go_client(
             ns,
@@ -159,26 +164,17 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
 
 #[test]
 fn node_tier_authorizes_the_pods_of_its_node_while_the_central_trusts_it() {
-    let Some(cluster) = cluster_or_skip() else {
+    let Some((cluster, flagd_image, helm)) = with_flagd_and_helm() else {
         return;
     };
     let cluster: &Cluster = &cluster;
-    let Some(helm) = helm_binary() else {
-        return;
-    };
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
-    cluster.install_crds();
     // Both tiers authorize by pod address: the central lets the node proxies (their
     // ServiceAccount may get FeatureFlags) read for their pods, and each node proxy lets a pod
     // of its node read its own namespace.
     let proxy_ns = "flagd-proxy-node-authz";
-    cluster.restricted_namespace(proxy_ns);
-    helm_install(
+    install_chart(
         cluster,
         &helm,
-        "flagd-proxy",
         proxy_ns,
         &[
             "mode=both",
@@ -197,30 +193,13 @@ fn node_tier_authorizes_the_pods_of_its_node_while_the_central_trusts_it() {
     cluster.apply(&feature_flag(own, "demo", "red"));
     let uri = format!("flagd-proxy-node.{proxy_ns}.svc.cluster.local:8015");
     let selector = format!("core.openfeature.dev/{own}/demo");
-    let before = rejections_so_far(cluster, proxy_ns);
-    for ns in [own, other] {
-        cluster.apply(&unprobed_flagd(
-            ns,
-            "flagd",
-            "default",
-            &flagd_image,
-            &uri,
-            &selector,
-        ));
-    }
-    cluster.wait_rollout(own, "flagd");
-    cluster.wait_rollout(other, "flagd");
-
-    let reader = single_pod_ip(cluster, own, "app=flagd");
-    wait_for_color(cluster, &reader, "red");
-    // The pod of the other namespace is refused by its node proxy ...
-    wait_for_rejections_beyond(cluster, proxy_ns, before);
-    // ... and never has the flag, while the pod of the namespace follows an edit.
-    let stranger = single_pod_ip(cluster, other, "app=flagd");
-    set_default_color(cluster, own, "demo", "blue");
-    wait_for_color(cluster, &reader, "blue");
-    match evaluate_once(cluster, &stranger) {
-        Evaluation::Value(value) => panic!("the other namespace's pod evaluated color={value}"),
-        Evaluation::Refused(_) | Evaluation::NoAnswer(_) => {}
-    }
+    // The pod of the other namespace is refused by its node proxy, and never has the flag.
+    only_the_allowed_flagd_syncs(
+        cluster,
+        &flagd_image,
+        proxy_ns,
+        (&uri, &selector),
+        (own, "flagd", "default"),
+        (other, "flagd", "default"),
+    );
 }

@@ -2,18 +2,15 @@
 //! deletion, API-server restart, a namespace deleted and created again), TLS from a Secret,
 //! and an in-process provider pod.
 
+use super::steps::*;
 use super::*;
 
 #[test]
 fn deploy_kustomization_runs_restricted_and_serves_flagd_through_its_service() {
-    let Some(cluster) = cluster_or_skip() else {
+    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;
     };
     let cluster: &Cluster = &cluster;
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
-    cluster.install_crds();
     cluster.proxy_image();
     // deploy/ names the placeholder image with IfNotPresent: give the node our image under it.
     cluster.tag_image(
@@ -72,44 +69,39 @@ fn deploy_kustomization_runs_restricted_and_serves_flagd_through_its_service() {
     let ns = "cluster-kustomize";
     cluster.restricted_namespace(ns);
     cluster.apply(&feature_flag(ns, "demo", "red"));
-    let sources = json!([{
-        "uri": "flagd-proxy-svc.flagd-proxy.svc.cluster.local:8015",
-        "provider": "grpc",
-        "selector": format!("core.openfeature.dev/{ns}/demo"),
-    }]);
-    cluster.apply(&Flagd::new(ns, "flagd", &flagd_image, sources).manifest());
+    let flagd = Flagd::from(
+        ns,
+        "flagd",
+        &flagd_image,
+        "flagd-proxy-svc.flagd-proxy.svc.cluster.local:8015",
+        &format!("core.openfeature.dev/{ns}/demo"),
+    );
+    cluster.apply(&flagd.manifest());
     cluster.wait_rollout(ns, "flagd");
-    let flagd = single_pod_ip(cluster, ns, "app=flagd");
-    wait_for_color(cluster, &flagd, "red");
-    set_default_color(cluster, ns, "demo", "blue");
-    wait_for_color(cluster, &flagd, "blue");
+    flagd_follows_an_edit(cluster, ns, "flagd");
 }
 
 #[test]
 fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
     // It restarts the API server: no other test may be using the cluster meanwhile.
-    let Some(exclusive) = exclusive_cluster_or_skip() else {
+    let Some((exclusive, flagd_image)) = with_flagd(exclusive_cluster_or_skip()) else {
         return;
     };
     let cluster: &Cluster = &exclusive;
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
-    cluster.install_crds();
-    let proxy_image = cluster.proxy_image();
-    let proxy_ns = install_deploy_overlay(cluster, "faults", &proxy_image, &[]);
+    let proxy_ns = install_deploy_overlay(cluster, "faults", &[]);
     let proxy = "flagd-proxy-faults";
 
     let ns = "cluster-faults";
     cluster.restricted_namespace(ns);
     cluster.apply(&feature_flag(ns, "demo", "red"));
-    let sources = json!([{
-        "uri": format!("flagd-proxy-svc-faults.{proxy_ns}.svc.cluster.local:8015"),
-        "provider": "grpc",
-        "selector": format!("core.openfeature.dev/{ns}/demo"),
-    }]);
     const FLAGDS: usize = 20;
-    let mut flagds = Flagd::new(ns, "flagd", &flagd_image, sources);
+    let mut flagds = Flagd::from(
+        ns,
+        "flagd",
+        &flagd_image,
+        &format!("flagd-proxy-svc-faults.{proxy_ns}.svc.cluster.local:8015"),
+        &format!("core.openfeature.dev/{ns}/demo"),
+    );
     flagds.replicas = FLAGDS;
     flagds.readiness_period = Some(5);
     cluster.apply(&flagds.manifest());
@@ -219,16 +211,11 @@ fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
 /// resource, and gets the resource once it exists again.
 #[test]
 fn a_watched_resources_namespace_deleted_and_created_again_serves_it_again() {
-    let Some(cluster) = cluster_or_skip() else {
+    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;
     };
     let cluster: &Cluster = &cluster;
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
-    cluster.install_crds();
-    let proxy_image = cluster.proxy_image();
-    let proxy_ns = install_deploy_overlay(cluster, "nsgone", &proxy_image, &[]);
+    let proxy_ns = install_deploy_overlay(cluster, "nsgone", &[]);
     let flags_ns = "cluster-nsgone-flags";
     cluster.restricted_namespace(flags_ns);
     cluster.apply(&feature_flag(flags_ns, "demo", "red"));
@@ -268,31 +255,15 @@ fn a_watched_resources_namespace_deleted_and_created_again_serves_it_again() {
 
 #[test]
 fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
-    let Some(cluster) = cluster_or_skip() else {
+    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;
     };
     let cluster: &Cluster = &cluster;
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
-    cluster.install_crds();
-    let proxy_image = cluster.proxy_image();
     let proxy_ns = "flagd-proxy-tls";
     let service = format!("flagd-proxy-svc-tls.{proxy_ns}.svc.cluster.local");
-    let (ca, cert, key) = tls_material(&service);
     // The namespace and the Secret the tls component mounts exist before the proxy starts.
-    cluster.restricted_namespace(proxy_ns);
-    cluster.apply(
-        &json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "flagd-proxy-tls", "namespace": proxy_ns},
-            "type": "kubernetes.io/tls",
-            "stringData": {"tls.crt": cert, "tls.key": key}
-        })
-        .to_string(),
-    );
-    install_deploy_overlay(cluster, "tls", &proxy_image, &["tls"]);
+    let ca = namespace_with_tls_secret(cluster, proxy_ns, &service, false);
+    install_deploy_overlay(cluster, "tls", &["tls"]);
 
     let ns = "cluster-tls";
     cluster.restricted_namespace(ns);
@@ -317,10 +288,7 @@ fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
     flagd.ca_config_map = Some("proxy-ca");
     cluster.apply(&flagd.manifest());
     cluster.wait_rollout(ns, "flagd");
-    let flagd = single_pod_ip(cluster, ns, "app=flagd");
-    wait_for_color(cluster, &flagd, "red");
-    set_default_color(cluster, ns, "demo", "blue");
-    wait_for_color(cluster, &flagd, "blue");
+    flagd_follows_an_edit(cluster, ns, "flagd");
 
     // The sync port speaks TLS only: a plaintext gRPC request gets no HTTP/2 answer.
     let proxy_ip = cluster
@@ -350,8 +318,7 @@ fn in_process_go_provider_pod_syncs_through_the_service_name() {
         return;
     };
     cluster.install_crds();
-    let proxy_image = cluster.proxy_image();
-    let proxy_ns = install_deploy_overlay(cluster, "inprocess", &proxy_image, &[]);
+    let proxy_ns = install_deploy_overlay(cluster, "inprocess", &[]);
 
     // The Go provider does not report READY when its very first connection fails, even after it
     // connects on retry: start it once kube-proxy routes the new Service to a proxy.
@@ -360,14 +327,10 @@ fn in_process_go_provider_pod_syncs_through_the_service_name() {
     let ns = "cluster-inprocess";
     cluster.restricted_namespace(ns);
     cluster.apply(&feature_flag(ns, "demo", "red"));
-    let env = vec![
-        json!({"name": "FLAGD_HOST",
-               "value": format!("flagd-proxy-svc-inprocess.{proxy_ns}.svc.cluster.local")}),
-        json!({"name": "FLAGD_PORT", "value": "8015"}),
-        json!({"name": "FLAGD_SOURCE_SELECTOR",
-               "value": format!("core.openfeature.dev/{ns}/demo")}),
-        json!({"name": "INTEROP_FLAG_KEY", "value": "color"}),
-    ];
+    let env = in_process_client_env(
+        &format!("flagd-proxy-svc-inprocess.{proxy_ns}.svc.cluster.local"),
+        &format!("core.openfeature.dev/{ns}/demo"),
+    );
     cluster.apply(&go_client(ns, "app", &client_image, "default", env, None));
     cluster.wait_rollout(ns, "app");
     wait_for_client_line(cluster, ns, "app", "VALUE red");

@@ -1,32 +1,19 @@
 //! The Helm chart installed in every mode, reached by flagd and the RPC providers.
 
+use super::steps::*;
 use super::*;
 
 #[test]
 fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service() {
-    let Some(cluster) = cluster_or_skip() else {
+    let Some((cluster, flagd_image, helm)) = with_flagd_and_helm() else {
         return;
     };
     let cluster: &Cluster = &cluster;
-    let Some(helm) = helm_binary() else {
-        return;
-    };
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
-    cluster.install_crds();
 
     // mode=both: central proxies (Deployment) and a node-local tier (DaemonSet, Service with
     // internalTrafficPolicy: Local) chained to them.
     let proxy_ns = "flagd-proxy-helm";
-    cluster.restricted_namespace(proxy_ns);
-    helm_install(
-        cluster,
-        &helm,
-        "flagd-proxy",
-        proxy_ns,
-        &["mode=both".to_owned()],
-    );
+    install_chart(cluster, &helm, proxy_ns, &["mode=both".to_owned()]);
     let services = cluster
         .kubectl(&["-n", proxy_ns, "get", "services", "-o", "name"])
         .expect("services");
@@ -207,20 +194,13 @@ fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Value {
 
 #[test]
 fn helm_chart_central_and_node_modes_serve_flagd_shapes_and_rpc_providers() {
-    let Some(cluster) = cluster_or_skip() else {
+    let Some((cluster, flagd_image, helm)) = with_flagd_and_helm() else {
         return;
     };
     let cluster: &Cluster = &cluster;
-    let Some(helm) = helm_binary() else {
-        return;
-    };
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
     let Some(client_image) = cluster.interop_go_image() else {
         return;
     };
-    cluster.install_crds();
     let (flagd_repository, flagd_tag) = flagd_image.rsplit_once(':').expect("image:tag");
 
     let ns = "cluster-modes";
@@ -243,25 +223,14 @@ fn helm_chart_central_and_node_modes_serve_flagd_shapes_and_rpc_providers() {
     // over TLS and verify its name against that CA.
     let central_ns = "flagd-proxy-central";
     let central_service = format!("flagd-proxy-svc.{central_ns}.svc.cluster.local");
-    let (ca, cert, key) = tls_material(&central_service);
-    cluster.restricted_namespace(central_ns);
-    cluster.apply(
-        &json!({
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "flagd-proxy-tls", "namespace": central_ns},
-            "type": "kubernetes.io/tls",
-            "stringData": {"tls.crt": cert, "tls.key": key, "ca.crt": ca}
-        })
-        .to_string(),
-    );
+    let ca = namespace_with_tls_secret(cluster, central_ns, &central_service, true);
     let mut sets = vec![
         "mode=central".to_owned(),
         "central.replicas=1".to_owned(),
         "tls.enabled=true".to_owned(),
     ];
     sets.extend(flagd_values(&["deployment", "daemonset"]));
-    helm_install(cluster, &helm, "flagd-proxy", central_ns, &sets);
+    helm_install(cluster, &helm, central_ns, &sets);
 
     // mode=node alone, chained over TLS to that central tier (the CA from a Secret of its own
     // namespace), with a flagd Deployment that syncs from the node Service.
@@ -283,7 +252,7 @@ fn helm_chart_central_and_node_modes_serve_flagd_shapes_and_rpc_providers() {
         "node.upstream.ca.secretName=central-ca".to_owned(),
     ];
     sets.extend(flagd_values(&["deployment"]));
-    helm_install(cluster, &helm, "flagd-proxy", node_ns, &sets);
+    helm_install(cluster, &helm, node_ns, &sets);
 
     let flagd_pods = [
         (central_ns, "flagd-deployment"),

@@ -16,6 +16,7 @@ mod deploy;
 mod helm;
 mod image;
 mod operator;
+mod steps;
 mod workloads;
 
 use workloads::*;

@@ -1,5 +1,6 @@
 //! The real OpenFeature Operator deploying the proxy image and injecting flagd.
 
+use super::steps::*;
 use super::*;
 
 /// The operator's manager, run as a process inside the cluster's network namespace the way its
@@ -131,17 +132,13 @@ fn base64_encode(bytes: &[u8]) -> String {
 
 #[test]
 fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
-    let Some(cluster) = cluster_or_skip() else {
+    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;
     };
     let cluster: &Cluster = &cluster;
     let Some(operator_binary) = operator_binary() else {
         return;
     };
-    let Some(flagd_image) = cluster.flagd_image() else {
-        return;
-    };
-    cluster.install_crds();
     let proxy_image = cluster.proxy_image();
 
     // What the operator's installation provides besides its manager: its namespace, a Deployment
@@ -149,22 +146,17 @@ fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
     cluster.apply(&format!(
         "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {OPERATOR_NS}\n"
     ));
-    cluster.apply(
-        &json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "open-feature-operator-controller-manager", "namespace": OPERATOR_NS},
-            "spec": {
-                "replicas": 0,
-                "selector": {"matchLabels": {"app": "open-feature-operator"}},
-                "template": {
-                    "metadata": {"labels": {"app": "open-feature-operator"}},
-                    "spec": {"containers": [{"name": "manager", "image": "localhost/pause:1"}]}
-                }
-            }
-        })
-        .to_string(),
+    let manager = json!({
+        "metadata": {"labels": {"app": "open-feature-operator"}},
+        "spec": {"containers": [{"name": "manager", "image": "localhost/pause:1"}]}
+    });
+    let manager = deployment(
+        OPERATOR_NS,
+        "open-feature-operator-controller-manager",
+        0,
+        manager,
     );
+    cluster.apply(&manager.to_string());
     cluster.apply(&operator_proxy_rbac());
     let _operator = start_operator(cluster, &operator_binary, &proxy_image, &flagd_image);
 
@@ -183,34 +175,25 @@ fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
         })
         .to_string(),
     );
-    let workload = json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": "app", "namespace": ns},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": "app"}},
-            "template": {
-                "metadata": {
-                    "labels": {"app": "app"},
-                    "annotations": {
-                        "openfeature.dev/enabled": "true",
-                        "openfeature.dev/featureflagsource": "demo-source"
-                    }
-                },
-                "spec": {
-                    "automountServiceAccountToken": false,
-                    "containers": [{
-                        "name": "app",
-                        "image": "localhost/pause:1",
-                        "imagePullPolicy": "Never",
-                        "securityContext": restricted_container(),
-                    }]
-                }
+    let template = json!({
+        "metadata": {
+            "labels": {"app": "app"},
+            "annotations": {
+                "openfeature.dev/enabled": "true",
+                "openfeature.dev/featureflagsource": "demo-source"
             }
+        },
+        "spec": {
+            "automountServiceAccountToken": false,
+            "containers": [{
+                "name": "app",
+                "image": "localhost/pause:1",
+                "imagePullPolicy": "Never",
+                "securityContext": restricted_container(),
+            }]
         }
-    })
-    .to_string();
+    });
+    let workload = deployment(ns, "app", 1, template).to_string();
 
     // The operator creates the proxy Deployment from our image once it sees a flagd-proxy source;
     // until that proxy is Ready it refuses the workload's pods, so the workload is applied when
@@ -259,8 +242,5 @@ fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
         )),
         "sidecar args: {sidecar}"
     );
-    let app = single_pod_ip(cluster, ns, "app=app");
-    wait_for_color(cluster, &app, "red");
-    set_default_color(cluster, ns, "demo", "blue");
-    wait_for_color(cluster, &app, "blue");
+    flagd_follows_an_edit(cluster, ns, "app");
 }

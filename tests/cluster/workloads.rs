@@ -16,6 +16,21 @@ pub(crate) fn restricted_container() -> Value {
     })
 }
 
+/// A Deployment `ns/name` of `replicas` pods made from `template`, selected by all the labels of
+/// the template's metadata.
+pub(crate) fn deployment(ns: &str, name: &str, replicas: usize, template: Value) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": ns},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": template["metadata"]["labels"]},
+            "template": template
+        }
+    })
+}
+
 /// `from` and `to` are absolute; the relative path from directory `from` to `to` (kustomize
 /// refuses absolute paths to bases).
 pub(crate) fn relative_path(from: &Path, to: &Path) -> PathBuf {
@@ -32,14 +47,11 @@ pub(crate) fn relative_path(from: &Path, to: &Path) -> PathBuf {
     path
 }
 
-/// Installs `deploy/` a second time, as namespace `flagd-proxy-<name>` with names suffixed
-/// `-<name>`, through a kustomize overlay (the way docs/kubernetes.md suggests customising it).
-pub(crate) fn install_deploy_overlay(
-    cluster: &Cluster,
-    name: &str,
-    image: &str,
-    components: &[&str],
-) -> String {
+/// Installs `deploy/` a second time with the proxy image under test, as namespace
+/// `flagd-proxy-<name>` with names suffixed `-<name>`, through a kustomize overlay (the way
+/// docs/kubernetes.md suggests customising it).
+pub(crate) fn install_deploy_overlay(cluster: &Cluster, name: &str, components: &[&str]) -> String {
+    let image = cluster.proxy_image();
     let overlay = PathBuf::from(env!("CARGO_TARGET_TMPDIR"))
         .join("cluster-overlays")
         .join(name);
@@ -82,22 +94,39 @@ pub(crate) fn install_deploy_overlay(
 
 /// A CA and a server certificate for `dns_name`, as PEM: (CA cert, server cert, server key).
 pub(crate) fn tls_material(dns_name: &str) -> (String, String, String) {
-    let mut ca_params = rcgen::CertificateParams::new(Vec::<String>::new()).expect("params");
-    ca_params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca_params
-        .distinguished_name
-        .push(rcgen::DnType::CommonName, "flagd-proxy cluster test CA");
-    ca_params.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::CrlSign,
-    ];
-    let ca_key = rcgen::KeyPair::generate().expect("ca key");
-    let ca_cert = ca_params.self_signed(&ca_key).expect("ca cert");
-    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let (ca_cert, issuer) = support::new_ca("flagd-proxy cluster test CA");
     let params = rcgen::CertificateParams::new(vec![dns_name.to_owned()]).expect("params");
     let key = rcgen::KeyPair::generate().expect("server key");
     let cert = params.signed_by(&key, &issuer).expect("server cert");
     (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
+
+/// A new `restricted` namespace `ns` holding the Secret `flagd-proxy-tls` that the proxy's TLS
+/// mounts: a certificate for `dns_name` (tls.crt, tls.key) and, with `with_ca`, its CA (ca.crt,
+/// for the chart's flagd workloads). Returns the CA certificate (PEM).
+pub(crate) fn namespace_with_tls_secret(
+    cluster: &Cluster,
+    ns: &str,
+    dns_name: &str,
+    with_ca: bool,
+) -> String {
+    let (ca, cert, key) = tls_material(dns_name);
+    let mut data = json!({"tls.crt": cert, "tls.key": key});
+    if with_ca {
+        data["ca.crt"] = json!(ca);
+    }
+    cluster.restricted_namespace(ns);
+    cluster.apply(
+        &json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "flagd-proxy-tls", "namespace": ns},
+            "type": "kubernetes.io/tls",
+            "stringData": data
+        })
+        .to_string(),
+    );
+    ca
 }
 
 /// A Deployment of flagd pods (label `app: <name>`) that sync from `sources` (flagd's
@@ -181,17 +210,8 @@ impl<'a> Flagd<'a> {
             pod["volumes"] = json!([{"name": "ca", "configMap": {"name": config_map}}]);
         }
         pod["containers"] = json!([container]);
-        json!({
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": self.name, "namespace": self.ns},
-            "spec": {
-                "replicas": self.replicas,
-                "selector": {"matchLabels": {"app": self.name}},
-                "template": {"metadata": {"labels": {"app": self.name}}, "spec": pod}
-            }
-        })
-        .to_string()
+        let template = json!({"metadata": {"labels": {"app": self.name}}, "spec": pod});
+        deployment(self.ns, self.name, self.replicas, template).to_string()
     }
 }
 
@@ -234,15 +254,10 @@ pub(crate) fn wait_for_rejections_beyond(cluster: &Cluster, proxy_ns: &str, befo
     .unwrap_or_else(|e| panic!("{e}"));
 }
 
-/// `helm install RELEASE charts/flagd-proxy` into `ns` with the proxy image under test and
+/// `helm install flagd-proxy charts/flagd-proxy` into `ns` with the proxy image under test and
 /// `sets`, waiting until every workload is ready.
-pub(crate) fn helm_install(
-    cluster: &Cluster,
-    helm: &Path,
-    release: &str,
-    ns: &str,
-    sets: &[String],
-) {
+pub(crate) fn helm_install(cluster: &Cluster, helm: &Path, ns: &str, sets: &[String]) {
+    let release = "flagd-proxy";
     let (repository, tag) = cluster
         .proxy_image()
         .rsplit_once(':')
@@ -315,17 +330,8 @@ pub(crate) fn go_client(
     }
     container["env"] = Value::Array(env);
     pod["containers"] = json!([container]);
-    json!({
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name, "namespace": ns},
-        "spec": {
-            "replicas": 1,
-            "selector": {"matchLabels": {"app": name}},
-            "template": {"metadata": {"labels": {"app": name}}, "spec": pod}
-        }
-    })
-    .to_string()
+    let template = json!({"metadata": {"labels": {"app": name}}, "spec": pod});
+    deployment(ns, name, 1, template).to_string()
 }
 
 /// The Go client's environment for evaluating `color` in RPC mode through flagd at `host:8013`.
@@ -334,6 +340,17 @@ pub(crate) fn rpc_client_env(host: &str) -> Vec<Value> {
         json!({"name": "INTEROP_RESOLVER", "value": "rpc"}),
         json!({"name": "FLAGD_HOST", "value": host}),
         json!({"name": "FLAGD_PORT", "value": "8013"}),
+        json!({"name": "INTEROP_FLAG_KEY", "value": "color"}),
+    ]
+}
+
+/// The Go client's environment for evaluating `color` in-process, syncing `selector` from the
+/// proxy at `host:8015`.
+pub(crate) fn in_process_client_env(host: &str, selector: &str) -> Vec<Value> {
+    vec![
+        json!({"name": "FLAGD_HOST", "value": host}),
+        json!({"name": "FLAGD_PORT", "value": "8015"}),
+        json!({"name": "FLAGD_SOURCE_SELECTOR", "value": selector}),
         json!({"name": "INTEROP_FLAG_KEY", "value": "color"}),
     ]
 }

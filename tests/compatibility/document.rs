@@ -25,14 +25,7 @@ pub(crate) fn render_doc(
          client that ever evaluates `{DECOY_VALUE}` was served the wrong resource and fails."
     );
     let _ = writeln!(w);
-    let mut header = "| client |".to_owned();
-    let mut rule = "|---|".to_owned();
-    for column in COLUMNS {
-        header.push_str(&format!(" {} |", column.title()));
-        rule.push_str("---|");
-    }
-    let _ = writeln!(w, "{header}");
-    let _ = writeln!(w, "{rule}");
+    table_head(w, "client", COLUMNS.iter().map(|column| column.title()));
     for (kind, row) in matrix {
         let mut line = format!("| {} |", kind.name());
         for column in COLUMNS {
@@ -138,14 +131,7 @@ pub(crate) fn render_doc(
         "## Current flagd and bad flags: `source=` selector, context values, one bad flag, an invalid first version"
     );
     let _ = writeln!(w);
-    let mut header = "| feature |".to_owned();
-    let mut rule = "|---|".to_owned();
-    for kind in FEATURE_KINDS {
-        header.push_str(&format!(" {} |", kind.name()));
-        rule.push_str("---|");
-    }
-    let _ = writeln!(w, "{header}");
-    let _ = writeln!(w, "{rule}");
+    table_head(w, "feature", FEATURE_KINDS.iter().map(|kind| kind.name()));
     for feature in FEATURES {
         let mut line = format!("| {} |", feature.title());
         for kind in FEATURE_KINDS {
@@ -287,4 +273,16 @@ pub(crate) fn render_doc(
         let _ = writeln!(w, "- {note}");
     }
     doc
+}
+
+/// The header row of a Markdown table, `first` then `titles`, and its rule.
+fn table_head<T: std::fmt::Display>(w: &mut String, first: &str, titles: impl Iterator<Item = T>) {
+    let mut header = format!("| {first} |");
+    let mut rule = "|---|".to_owned();
+    for title in titles {
+        header.push_str(&format!(" {title} |"));
+        rule.push_str("---|");
+    }
+    let _ = writeln!(w, "{header}");
+    let _ = writeln!(w, "{rule}");
 }

@@ -114,6 +114,19 @@ const GO_DISCONNECT_SIGNS: [&str; 5] = [
 /// Lines of a client's output kept for failure messages and searches.
 const LOG_LINES: usize = 4000;
 
+/// Fills `row` for a client that could not run at all: `reason` in the first column, a pointer
+/// to it in the others.
+fn one_reason_row(row: &mut BTreeMap<Column, Cell>, reason: &str, cell: fn(String) -> Cell) {
+    for column in COLUMNS {
+        let text = if column == Column::Plain {
+            reason.to_owned()
+        } else {
+            "see plain".into()
+        };
+        row.insert(column, cell(text));
+    }
+}
+
 fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
@@ -170,26 +183,14 @@ async fn client_compatibility_matrix() {
             }
             // The whole row shares one reason: give it once, in the first column.
             Err(Missing::NotInstallable(error)) => {
-                let row = matrix.entry(kind).or_default();
-                for column in COLUMNS {
-                    let cell = if column == Column::Plain {
-                        error.clone()
-                    } else {
-                        "see plain".into()
-                    };
-                    row.insert(column, Cell::NotInstallable(cell));
-                }
+                one_reason_row(
+                    matrix.entry(kind).or_default(),
+                    &error,
+                    Cell::NotInstallable,
+                );
             }
             Err(Missing::NotInstalled(why)) => {
-                let row = matrix.entry(kind).or_default();
-                for column in COLUMNS {
-                    let cell = if column == Column::Plain {
-                        why.clone()
-                    } else {
-                        "see plain".into()
-                    };
-                    row.insert(column, Cell::NotInstalled(cell));
-                }
+                one_reason_row(matrix.entry(kind).or_default(), &why, Cell::NotInstalled);
                 not_installed.push(format!(
                     "{}: {why} (run {})",
                     kind.name(),

@@ -31,8 +31,7 @@ pub(crate) fn check_rendered(case: &Case, objects: &[Value]) {
         );
     }
 
-    let deployments = all_of(objects, "Deployment");
-    let daemonsets = all_of(objects, "DaemonSet");
+    let (deployments, daemonsets) = deployments_and_daemonsets(objects);
     assert!(
         all_of(objects, "Role").is_empty() && all_of(objects, "RoleBinding").is_empty(),
         "{what}: no namespaced RBAC"
@@ -113,8 +112,7 @@ pub(crate) fn check_rendered(case: &Case, objects: &[Value]) {
 pub(crate) fn check_central(case: &Case, objects: &[Value]) {
     let ns = case.ns();
     let what = case.name;
-    let deployments = all_of(objects, "Deployment");
-    let daemonsets = all_of(objects, "DaemonSet");
+    let (deployments, daemonsets) = deployments_and_daemonsets(objects);
     let cluster_roles = all_of(objects, "ClusterRole");
     let bindings = all_of(objects, "ClusterRoleBinding");
     if case.central() {
@@ -345,8 +343,7 @@ pub(crate) fn check_node(case: &Case, objects: &[Value]) {
 pub(crate) fn check_extras(case: &Case, objects: &[Value]) {
     let ns = case.ns();
     let what = case.name;
-    let deployments = all_of(objects, "Deployment");
-    let daemonsets = all_of(objects, "DaemonSet");
+    let (deployments, daemonsets) = deployments_and_daemonsets(objects);
     // cert-manager.
     let certificates = all_of(objects, "Certificate");
     if case.cert_manager() {

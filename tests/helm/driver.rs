@@ -17,6 +17,13 @@ pub(crate) struct Run {
     pub(crate) stderr: String,
 }
 
+impl Run {
+    /// Panics with both outputs unless the run succeeded; `what` names it.
+    pub(crate) fn assert_ok(&self, what: &str) {
+        assert!(self.ok, "{what}:\n{}\n{}", self.stdout, self.stderr);
+    }
+}
+
 impl Helm {
     /// Finds helm (the test kit's one rule), or skips the calling test (a failure under `CI`).
     pub(crate) fn find_or_skip() -> Option<Helm> {

@@ -296,11 +296,7 @@ async fn rendered_objects_are_accepted_by_a_real_apiserver() {
         ]),
         Some(kubeconfig),
     );
-    assert!(
-        install.ok,
-        "helm install:\n{}\n{}",
-        install.stdout, install.stderr
-    );
+    install.assert_ok("helm install");
     assert!(
         install.stdout.contains("STATUS: deployed"),
         "{}",
@@ -340,11 +336,7 @@ async fn rendered_objects_are_accepted_by_a_real_apiserver() {
         &strings(&["uninstall", RELEASE, "--namespace", ns]),
         Some(kubeconfig),
     );
-    assert!(
-        uninstall.ok,
-        "helm uninstall:\n{}\n{}",
-        uninstall.stdout, uninstall.stderr
-    );
+    uninstall.assert_ok("helm uninstall");
     assert!(
         deployments
             .get_opt("flagd-proxy")

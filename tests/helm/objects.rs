@@ -15,6 +15,11 @@ pub(crate) fn all_of<'a>(objects: &'a [Value], wanted: &str) -> Vec<&'a Value> {
     objects.iter().filter(|o| kind(o) == wanted).collect()
 }
 
+/// The Deployments and the DaemonSets of `objects`.
+pub(crate) fn deployments_and_daemonsets(objects: &[Value]) -> (Vec<&Value>, Vec<&Value>) {
+    (all_of(objects, "Deployment"), all_of(objects, "DaemonSet"))
+}
+
 pub(crate) fn one_of<'a>(objects: &'a [Value], wanted: &str) -> &'a Value {
     let found = all_of(objects, wanted);
     assert_eq!(

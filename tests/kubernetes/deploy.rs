@@ -124,8 +124,7 @@ async fn create_strictly(cp: &ControlPlane, namespace: &str, object: &mut Value)
 /// read access to the OpenFeature resources, create and patch on Events, and nothing else.
 #[tokio::test]
 async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
     // The control plane pre-creates a ClusterRole of the same name for its own tests; the one
@@ -234,15 +233,13 @@ async fn deploy_manifests_are_accepted_and_grant_read_only_access() {
 
 #[tokio::test]
 async fn invented_selectors_keep_api_server_watches_bounded() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
-    cp.grant_proxy_cluster_wide().await;
-    cp.create_namespace("flood").await;
-    create_flag(&cp, "flood", "real", "red").await;
-    let proxy = start_proxy_with_flags(
+    let proxy = proxy_with_red_flag(
         &cp,
+        "flood",
+        "real",
         &[
             "--idle-timeout",
             "1s",

@@ -67,33 +67,21 @@ async fn grant_events_as_deployed(cp: &ControlPlane) {
 
 /// Makes flag `bad` of `<ns>/<name>` invalid: its default variant `missing` is not a variant.
 async fn break_flag(cp: &ControlPlane, ns: &str, name: &str, missing: &str) {
-    let api = flags_api(cp, ns);
     let patch = json!({"spec": {"flagSpec": {"flags": {"bad": {
         "state": "ENABLED",
         "variants": {"on": true, "off": false},
         "defaultVariant": missing
     }}}}});
-    let params = PatchParams::default();
-    let patch = Patch::Merge(&patch);
-    eventually(&format!("breaking FeatureFlag {ns}/{name}"), || {
-        api.patch(name, &params, &patch)
-    })
-    .await;
+    patch_flag(cp, ns, name, "breaking", &patch).await;
 }
 
 /// Makes `<ns>/<name>` valid again with `color` defaulting to `variant`.
 async fn fix_flag(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
-    let api = flags_api(cp, ns);
     let patch = json!({"spec": {"flagSpec": {"flags": {
         "bad": null,
         "color": {"variants": {variant: variant}, "defaultVariant": variant}
     }}}});
-    let params = PatchParams::default();
-    let patch = Patch::Merge(&patch);
-    eventually(&format!("fixing FeatureFlag {ns}/{name}"), || {
-        api.patch(name, &params, &patch)
-    })
-    .await;
+    patch_flag(cp, ns, name, "fixing", &patch).await;
 }
 
 /// The Events (events.k8s.io/v1) about FeatureFlag `<ns>/<name>`, read back through the API.
@@ -146,26 +134,15 @@ async fn wait_for_events(
 /// 100 invalid edits makes a bounded number of Event objects.
 #[tokio::test]
 async fn rejected_versions_are_told_with_events_on_the_resource() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
-    cp.grant_proxy_cluster_wide().await;
+    granted_red_flag(&cp, "events", "demo").await;
     grant_events_as_deployed(&cp).await;
-    cp.create_namespace("events").await;
-    create_flag(&cp, "events", "demo", "red").await;
-    let args = cp.proxy_args(&[]);
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let proxy = Proxy::start_with_env(&args, &[("POD_NAME", POD_NAME)]).await;
-    let mut client = client(&proxy).await;
-    let mut stream = open(&mut client, &selector("events", "demo"))
-        .await
-        .expect("stream");
-    assert_eq!(next_variant(&mut stream).await, "red");
+    let proxy = start_proxy_with_env(&cp, &[], &[("POD_NAME", POD_NAME)]).await;
+    let (_client, mut stream) = red_stream(&proxy, &selector("events", "demo")).await;
     // A second replica with Events turned off serves the same resource.
-    let quiet_args = cp.proxy_args(&["--events=false"]);
-    let quiet_args: Vec<&str> = quiet_args.iter().map(String::as_str).collect();
-    let quiet = Proxy::start_with_env(&quiet_args, &[("POD_NAME", "quiet-pod")]).await;
+    let quiet = start_proxy_with_env(&cp, &["--events=false"], &[("POD_NAME", "quiet-pod")]).await;
     let mut quiet_client = Client::connect(quiet.endpoint())
         .await
         .expect("connecting to the quiet replica");
@@ -183,14 +160,15 @@ async fn rejected_versions_are_told_with_events_on_the_resource() {
     break_flag(&cp, "events", "demo", "nope").await;
     let warning = wait_for_events(&cp, "events", "demo", "Warning", 1).await;
     let note = warning.note.clone().unwrap_or_default();
-    for needle in [
-        "flag \"bad\"",
-        "defaultVariant \"nope\" is not one of the variants",
-        "generation 2",
-        "clients keep generation 1",
-    ] {
-        assert!(note.contains(needle), "{needle:?} missing from {note:?}");
-    }
+    support::assert_contains_all(
+        &note,
+        &[
+            "flag \"bad\"",
+            "defaultVariant \"nope\" is not one of the variants",
+            "generation 2",
+            "clients keep generation 1",
+        ],
+    );
     assert_eq!(warning.reason.as_deref(), Some("FlagConfigurationRejected"));
     assert_eq!(warning.reporting_controller.as_deref(), Some("flagd-proxy"));
     assert_eq!(warning.reporting_instance.as_deref(), Some(POD_NAME));
@@ -275,28 +253,21 @@ async fn rejected_versions_are_told_with_events_on_the_resource() {
 /// Without permission to write Events, flags still flow and one log line says what is missing.
 #[tokio::test]
 async fn missing_events_permission_is_logged_and_flags_still_flow() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
-    cp.grant_proxy_cluster_wide().await;
-    cp.create_namespace("no-events").await;
-    create_flag(&cp, "no-events", "demo", "red").await;
-    let proxy = start_proxy_with_flags(&cp, &[]).await;
-    let mut client = client(&proxy).await;
-    let mut stream = open(&mut client, &selector("no-events", "demo"))
-        .await
-        .expect("stream");
-    assert_eq!(next_variant(&mut stream).await, "red");
+    let proxy = proxy_with_red_flag(&cp, "no-events", "demo", &[]).await;
+    let (mut client, mut stream) = red_stream(&proxy, &selector("no-events", "demo")).await;
 
     break_flag(&cp, "no-events", "demo", "nope").await;
     let line = wait_for_log_line(&proxy, &["cannot record Events"]).await;
-    for needle in [
-        "create and patch on events (events.k8s.io) in namespace no-events",
-        "--events=false",
-    ] {
-        assert!(line.contains(needle), "{needle:?} missing: {line}");
-    }
+    support::assert_contains_all(
+        &line,
+        &[
+            "create and patch on events (events.k8s.io) in namespace no-events",
+            "--events=false",
+        ],
+    );
     fix_flag(&cp, "no-events", "demo", "blue").await;
     wait_for_variant(&mut stream, "blue").await;
     // The Normal Event is refused too: logged at debug level, the clear line stays one.

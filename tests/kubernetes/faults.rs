@@ -9,20 +9,14 @@ async fn subscribed_through_a_relay(
     cp: &ControlPlane,
     ns: &str,
 ) -> (Relay, Proxy, Streaming<v1::SyncFlagsResponse>) {
-    cp.grant_proxy_cluster_wide().await;
-    cp.create_namespace(ns).await;
-    create_flag(cp, ns, "flags", "red").await;
+    granted_red_flag(cp, ns, "flags").await;
     let relay = Relay::start(std::net::SocketAddr::from(([127, 0, 0, 1], cp.port()))).await;
     let mut args = cp.proxy_args(&[]);
     assert_eq!(args[0], "--kube-api-server");
     args[1] = format!("https://127.0.0.1:{}", relay.address().port());
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let proxy = Proxy::start(&args).await;
-    let mut client = client(&proxy).await;
-    let mut stream = open(&mut client, &selector(ns, "flags"))
-        .await
-        .expect("stream opened");
-    assert_eq!(next_variant(&mut stream).await, "red");
+    let (_client, stream) = red_stream(&proxy, &selector(ns, "flags")).await;
     cp.wait_for_open_watches("featureflags", 1).await;
     (relay, proxy, stream)
 }
@@ -38,8 +32,7 @@ async fn reads(cp: &ControlPlane) -> u64 {
 /// list, and delivers the change.
 #[tokio::test]
 async fn a_cut_connection_resumes_the_watch_without_a_list() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
     let (relay, proxy, mut stream) = subscribed_through_a_relay(&cp, "cut").await;
@@ -64,8 +57,7 @@ async fn a_cut_connection_resumes_the_watch_without_a_list() {
 /// next, neither the one in between nor the one they have again.
 #[tokio::test]
 async fn a_watch_resumed_after_compaction_lists_again() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(mut cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, mut cp)) = control_plane_or_skip().await else {
         return;
     };
     let (relay, proxy, mut stream) = subscribed_through_a_relay(&cp, "compaction").await;
@@ -98,8 +90,7 @@ async fn a_watch_resumed_after_compaction_lists_again() {
 /// meanwhile.
 #[tokio::test]
 async fn a_path_that_drops_packets_is_noticed_and_the_watch_comes_back() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
     let (relay, proxy, mut stream) = subscribed_through_a_relay(&cp, "blackhole").await;
@@ -127,18 +118,12 @@ async fn a_path_that_drops_packets_is_noticed_and_the_watch_comes_back() {
 /// keep their flags meanwhile, and get the resource once it exists again.
 #[tokio::test]
 async fn the_crd_deleted_and_created_again_serves_the_resource_again() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
-    cp.grant_proxy_cluster_wide().await;
-    cp.create_namespace("crd").await;
-    create_flag(&cp, "crd", "flags", "red").await;
-    let proxy = start_proxy_with_flags(&cp, &[]).await;
+    let proxy = proxy_with_red_flag(&cp, "crd", "flags", &[]).await;
     let target = selector("crd", "flags");
-    let mut client = client(&proxy).await;
-    let mut stream = open(&mut client, &target).await.expect("stream opened");
-    assert_eq!(next_variant(&mut stream).await, "red");
+    let (mut client, mut stream) = red_stream(&proxy, &target).await;
     cp.wait_for_open_watches("featureflags", 1).await;
 
     cp.delete_feature_flag_crd().await;

@@ -26,7 +26,7 @@ use kube::discovery::Scope;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use support::client::{
-    Client, assert_status, client, default_variant, next_message, open, v1, with_selector,
+    Client, assert_status, client, default_variant, fetch, next_message, open, v1, with_selector,
 };
 use support::control_plane::{self, ControlPlane, feature_flag_resource};
 use support::relay::Relay;
@@ -42,6 +42,22 @@ const FORBIDDEN_METRIC: &str =
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
+
+/// This test's turn at the control plane, and a new control plane; `None` without its binaries
+/// (the test is skipped). The turn is held until it is dropped, at the end of the test.
+async fn control_plane_or_skip() -> Option<(tokio::sync::MutexGuard<'static, ()>, ControlPlane)> {
+    let turn = CONTROL_PLANE_TURN.lock().await;
+    let cp = control_plane::start_or_skip().await?;
+    Some((turn, cp))
+}
+
+/// Lets the proxy read cluster-wide and creates the namespace `ns` with the FeatureFlag
+/// `<ns>/<name>` (`color` red).
+async fn granted_red_flag(cp: &ControlPlane, ns: &str, name: &str) {
+    cp.grant_proxy_cluster_wide().await;
+    cp.create_namespace(ns).await;
+    create_flag(cp, ns, name, "red").await;
+}
 
 /// A FeatureFlag `<ns>/<name>` with one string flag `color` defaulting to `variant`.
 fn feature_flag(ns: &str, name: &str, variant: &str) -> DynamicObject {
@@ -63,14 +79,19 @@ async fn create_flag(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
 }
 
 async fn set_variant(cp: &ControlPlane, ns: &str, name: &str, variant: &str) {
-    let api = flags_api(cp, ns);
     let patch = json!({"spec": {"flagSpec": {"flags": {"color": {
         "variants": {variant: variant},
         "defaultVariant": variant
     }}}}});
+    patch_flag(cp, ns, name, "updating", &patch).await;
+}
+
+/// Merges `patch` into the FeatureFlag `<ns>/<name>`; `doing` says what for, in a failure.
+async fn patch_flag(cp: &ControlPlane, ns: &str, name: &str, doing: &str, patch: &Value) {
+    let api = flags_api(cp, ns);
     let params = PatchParams::default();
-    let patch = Patch::Merge(&patch);
-    eventually(&format!("updating FeatureFlag {ns}/{name}"), || {
+    let patch = Patch::Merge(patch);
+    eventually(&format!("{doing} FeatureFlag {ns}/{name}"), || {
         api.patch(name, &params, &patch)
     })
     .await;
@@ -131,8 +152,27 @@ async fn wait_for_log_line_within(proxy: &Proxy, needles: &[&str], timeout: Dura
     .await
 }
 
+/// [`granted_red_flag`], then the proxy with `extra` flags.
+async fn proxy_with_red_flag(cp: &ControlPlane, ns: &str, name: &str, extra: &[&str]) -> Proxy {
+    granted_red_flag(cp, ns, name).await;
+    start_proxy_with_flags(cp, extra).await
+}
+
 async fn start_proxy_with_flags(cp: &ControlPlane, extra: &[&str]) -> Proxy {
+    start_proxy_with_env(cp, extra, &[]).await
+}
+
+/// The proxy against the control plane with `extra` flags and the environment variables `env`.
+async fn start_proxy_with_env(cp: &ControlPlane, extra: &[&str], env: &[(&str, &str)]) -> Proxy {
     let args = cp.proxy_args(extra);
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    Proxy::start(&args).await
+    Proxy::start_with_env(&args, env).await
+}
+
+/// A client of `proxy` and its stream of `target`, which has delivered `color` red.
+async fn red_stream(proxy: &Proxy, target: &str) -> (Client, Streaming<v1::SyncFlagsResponse>) {
+    let mut client = client(proxy).await;
+    let mut stream = open(&mut client, target).await.expect("stream opened");
+    assert_eq!(next_variant(&mut stream).await, "red");
+    (client, stream)
 }

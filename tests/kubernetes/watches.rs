@@ -6,8 +6,7 @@ use super::*;
 /// deletions and re-creations reach open streams. Connects through KUBECONFIG.
 #[tokio::test]
 async fn one_watch_per_resource_and_changes_propagate() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
     cp.grant_proxy_cluster_wide().await;
@@ -49,11 +48,9 @@ async fn one_watch_per_resource_and_changes_propagate() {
         let quiet = tokio::time::timeout(Duration::from_millis(200), stream.message()).await;
         assert!(quiet.is_err(), "nothing is sent for a deletion: {quiet:?}");
     }
-    let fetched = clients[0]
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), &shared))
+    let fetched = fetch(&mut clients[0], &shared)
         .await
-        .expect("the last flags are still served")
-        .into_inner();
+        .expect("the last flags are still served");
     assert_eq!(
         default_variant(&fetched.flag_configuration, "color"),
         "blue"
@@ -95,8 +92,7 @@ async fn one_watch_per_resource_and_changes_propagate() {
 /// the missing permission, A keeps working, and B works once it is granted.
 #[tokio::test]
 async fn rbac_refusal_is_explained_and_recovers_when_granted() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
     for ns in ["rbac-a", "rbac-b"] {
@@ -126,11 +122,10 @@ async fn rbac_refusal_is_explained_and_recovers_when_granted() {
             "{needle:?} missing: {status:?}"
         );
     }
-    let fetch = client
-        .fetch_all_flags(with_selector(v1::FetchAllFlagsRequest::default(), &b))
+    let refused = fetch(&mut client, &b)
         .await
         .expect_err("fetching B is refused too");
-    assert_eq!(fetch.code(), Code::PermissionDenied, "{fetch:?}");
+    assert_eq!(refused.code(), Code::PermissionDenied, "{refused:?}");
     let line = wait_for_log_line(&proxy, &["access denied", &b]).await;
     assert!(line.contains("RBAC forbids list"), "{line}");
     assert!(proxy.metric(FORBIDDEN_METRIC).await > 0.0);
@@ -163,14 +158,10 @@ async fn rbac_refusal_is_explained_and_recovers_when_granted() {
 /// after the restart reaches every one of them.
 #[tokio::test]
 async fn subscribers_catch_up_after_an_api_server_restart() {
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(mut cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, mut cp)) = control_plane_or_skip().await else {
         return;
     };
-    cp.grant_proxy_cluster_wide().await;
-    cp.create_namespace("restart").await;
-    create_flag(&cp, "restart", "flags", "red").await;
-    let proxy = start_proxy_with_flags(&cp, &[]).await;
+    let proxy = proxy_with_red_flag(&cp, "restart", "flags", &[]).await;
     let target = selector("restart", "flags");
     let mut client = client(&proxy).await;
     let mut streams = Vec::new();
@@ -203,8 +194,7 @@ async fn subscribers_catch_up_after_an_api_server_restart() {
 async fn many_resources_each_get_their_own_watch() {
     const RESOURCES: usize = 200;
     const CONNECTIONS: usize = 4;
-    let _turn = CONTROL_PLANE_TURN.lock().await;
-    let Some(cp) = control_plane::start_or_skip().await else {
+    let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
     };
     cp.grant_proxy_cluster_wide().await;

@@ -256,12 +256,7 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
     let manifests = tempfile::tempdir().expect("a manifests folder");
     let dir = manifests.path();
     for (namespace, name) in [("default", "demo"), ("shop", "checkout"), ("team", "beta")] {
-        support::write_manifest(
-            dir,
-            namespace,
-            name,
-            support::string_flag("color", "red", &["red", "blue"]),
-        );
+        support::write_color(dir, namespace, name, "red", &["red", "blue"]);
     }
     // A serving certificate that expires in 10 days.
     let today = i64::try_from(
@@ -349,12 +344,7 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
             while updating.load(Ordering::SeqCst) {
                 n += 1;
                 let color = if n.is_multiple_of(2) { "red" } else { "blue" };
-                support::write_manifest(
-                    &dir,
-                    "default",
-                    "demo",
-                    support::string_flag("color", color, &["red", "blue"]),
-                );
+                support::write_color(&dir, "default", "demo", color, &["red", "blue"]);
                 tokio::time::sleep(Duration::from_millis(300)).await;
             }
         })

@@ -147,6 +147,13 @@ impl Harness {
         }
     }
 
+    /// A harness whose watch is [`established`](Self::established), and that watch's events.
+    async fn established_start() -> (Harness, WatchEvents) {
+        let mut h = Harness::start().await;
+        let events = h.established().await;
+        (h, events)
+    }
+
     /// Lists `ns/flags` (version 10, flag `f` defaulting to `red`) and opens its watch; the
     /// subscriber has the object.
     async fn established(&mut self) -> WatchEvents {
@@ -155,6 +162,24 @@ impl Harness {
             .list("10", vec![feature_flag("flags", "10", "red")]);
         let events = self.watch("10").await;
         assert_eq!(self.next_variant().await, "red");
+        events
+    }
+
+    /// Answers the list that follows a watch gone too old with `ns/flags` (flag `f` defaulting to
+    /// `violet`, at `list_version`, the object at `object_version`) and opens the watch from
+    /// there: subscribers get the listed object, and the resource stays present.
+    async fn relists(&mut self, list_version: &str, object_version: &str) -> WatchEvents {
+        self.list().await.list(
+            list_version,
+            vec![feature_flag("flags", object_version, "violet")],
+        );
+        let events = self.watch(list_version).await;
+        assert_eq!(self.next_variant().await, "violet");
+        assert_eq!(
+            self.hub.resources()[0].1.availability,
+            Availability::Present,
+            "a relist is not a failure"
+        );
         events
     }
 
@@ -170,8 +195,7 @@ impl Harness {
 
 #[tokio::test]
 async fn listed_then_changed_then_deleted() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     events.send("MODIFIED", feature_flag("flags", "11", "blue"));
     assert_eq!(h.next_variant().await, "blue");
     events.send("DELETED", feature_flag("flags", "12", "blue"));
@@ -186,24 +210,14 @@ async fn listed_then_changed_then_deleted() {
 
 #[tokio::test]
 async fn gone_watch_lists_again() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     // The watch's resource version is too old: the watcher lists again, and the list is what
     // subscribers get (here: the object was deleted and created again meanwhile).
     events.send(
         "ERROR",
         status(410, "Expired", "too old resource version: 10 (20)"),
     );
-    h.list()
-        .await
-        .list("20", vec![feature_flag("flags", "19", "violet")]);
-    let _events = h.watch("20").await;
-    assert_eq!(h.next_variant().await, "violet");
-    assert_eq!(
-        h.hub.resources()[0].1.availability,
-        Availability::Present,
-        "a relist is not a failure"
-    );
+    let _events = h.relists("20", "19").await;
 }
 
 #[tokio::test]
@@ -259,8 +273,7 @@ async fn refused_at_once_on_a_new_watch() {
 
 #[tokio::test]
 async fn refusal_after_success_is_believed_when_it_repeats() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     // The watch expires and the relist is refused: once or twice may be an API server whose
     // RBAC caches are not filled yet, and subscribers keep their stream.
     events.send("ERROR", status(410, "Expired", "too old"));
@@ -306,8 +319,7 @@ fn bookmark(resource_version: &str) -> Value {
 
 #[tokio::test]
 async fn a_lost_watch_resumes_from_its_last_version_without_a_list() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     events.send("MODIFIED", feature_flag("flags", "11", "blue"));
     assert_eq!(h.next_variant().await, "blue");
     events.send("BOOKMARK", bookmark("25"));
@@ -338,23 +350,13 @@ async fn a_lost_watch_resumes_from_its_last_version_without_a_list() {
 
 #[tokio::test]
 async fn a_watch_refused_as_too_old_lists_again() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     drop(events);
     // The version to resume from was compacted away: 410 Gone on the watch request itself.
     h.watch_call("10")
         .await
         .status(410, "Expired", "too old resource version: 10 (40)");
-    h.list()
-        .await
-        .list("40", vec![feature_flag("flags", "39", "violet")]);
-    let _events = h.watch("40").await;
-    assert_eq!(h.next_variant().await, "violet");
-    assert_eq!(
-        h.hub.resources()[0].1.availability,
-        Availability::Present,
-        "a relist is not a failure"
-    );
+    let _events = h.relists("40", "39").await;
 }
 
 /// (attempt, request, failed) of every connect span so far.
@@ -384,8 +386,7 @@ fn attempts(spans: &RecordedSpans) -> Vec<(i64, String, bool)> {
 /// not.
 #[tokio::test]
 async fn attempts_to_reach_the_api_server_are_spans() {
-    let mut h = Harness::start().await;
-    let events = h.established().await;
+    let (mut h, events) = Harness::established_start().await;
     assert_eq!(attempts(&h.spans), vec![(1, "list".into(), false)]);
     // The API server ends the watch; it is made again at once, and works: no attempt.
     drop(events);
