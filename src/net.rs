@@ -5,6 +5,7 @@
 //! port (`management`) both build on it; neither reaches into the other.
 use std::time::Duration;
 
+pub(crate) mod arrivals;
 pub(crate) mod authority;
 pub(crate) mod connection;
 pub(crate) mod deadlines;

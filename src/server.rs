@@ -183,6 +183,12 @@ fn accept_all(
         http2_max_header_list_size: http2_max_header_list_size(options) as usize,
         closed,
     });
+    tokio::spawn(
+        admission
+            .room
+            .clone()
+            .close_idle_when_refused(budget.clone(), shutdown.clone()),
+    );
     for listener in listeners {
         let (tx, admission) = (tx.clone(), admission.clone());
         match listener {

@@ -15,6 +15,7 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
 use crate::budget::Charge;
+use crate::net::arrivals::StreamArrivals;
 use crate::net::authority::AuthorityFilter;
 use crate::net::deadlines::{PrefaceDeadline, WriteStall};
 use crate::net::info::{Activity, ConnectionInfo};
@@ -35,7 +36,9 @@ pub struct Connection {
     /// This connection's place in its address's count, given back when the connection drops.
     _slot: AddressSlot,
     /// Its charge to the memory budget.
-    _memory: Option<Charge>,
+    memory: Option<Charge>,
+    /// The streams its client opens in one go, counted on an HTTP/2 connection.
+    arrivals: Option<StreamArrivals>,
     /// Set once its side is closed: how long the client's last bytes are still read.
     linger: Option<Pin<Box<tokio::time::Sleep>>>,
 }
@@ -55,14 +58,18 @@ impl Connection {
             idle: None,
             closed: None,
             _slot: slot,
-            _memory: None,
+            memory: None,
+            arrivals: None,
             linger: None,
         }
     }
 
-    /// Closed unless the HTTP/2 preface arrives in time.
+    /// An HTTP/2 connection, closed unless the preface arrives in time. What its stream store
+    /// keeps of each burst of new streams is charged to its memory budget (see
+    /// [`Activity::retain_peak`]).
     pub(crate) fn with_preface(mut self, preface: PrefaceDeadline) -> Self {
         self.preface = Some(preface);
+        self.arrivals = Some(StreamArrivals::default());
         self
     }
 
@@ -94,8 +101,28 @@ impl Connection {
 
     /// Holding `memory` while open.
     pub(crate) fn charged(mut self, memory: Charge) -> Self {
-        self._memory = Some(memory);
+        self.memory = Some(memory);
         self
+    }
+
+    /// Counts the streams `read` opens; once the client has nothing more to read (`pending`),
+    /// the HTTP/2 layer holds the whole batch at once beside the streams still open.
+    fn count_arrivals(&mut self, read: &[u8], pending: bool) {
+        let Some(arrivals) = &mut self.arrivals else {
+            return;
+        };
+        if arrivals.feed(read) > 0 {
+            // A request on its way: not a connection to close as idle.
+            self.activity.heard();
+        }
+        if !pending {
+            return;
+        }
+        let batch = arrivals.take_batch();
+        if let (true, Some(memory)) = (batch > 0, &self.memory) {
+            let held = self.activity.streams() + batch;
+            self.activity.retain_peak(held, memory.budget());
+        }
     }
 }
 
@@ -186,6 +213,7 @@ impl AsyncRead for Connection {
         let before = buf.filled().len();
         let result = this.stream.io().poll_read(cx, buf);
         let read = buf.filled().len() - before;
+        this.count_arrivals(&buf.filled()[before..], result.is_pending());
         let result = match &mut this.preface {
             Some(preface) => preface.check(cx, read, result),
             None => result,

@@ -1,11 +1,13 @@
 //! What the services can learn about the connection a request came on. A leaf: the listener
 //! fills it in, authorization and the wire read it.
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use futures::task::AtomicWaker;
+
+use crate::budget::{self, Charge, Kind, MemoryBudget};
 
 /// The client's address and certificate chain, as seen when the connection was accepted.
 #[derive(Clone, Debug)]
@@ -23,6 +25,10 @@ pub struct ConnectionInfo {
 #[derive(Debug)]
 pub struct Activity {
     streams: AtomicUsize,
+    /// The most streams open at once so far.
+    peak: AtomicUsize,
+    /// What the connection keeps for that many streams until it closes (see [`Activity::retain`]).
+    retained: Mutex<Option<Charge>>,
     /// [`clock_ms`] when the connection last did something (opened, was read from, or saw its
     /// last stream end).
     heard: AtomicU64,
@@ -34,6 +40,8 @@ impl Default for Activity {
     fn default() -> Self {
         Self {
             streams: AtomicUsize::new(0),
+            peak: AtomicUsize::new(0),
+            retained: Mutex::new(None),
             heard: AtomicU64::new(clock_ms()),
             idle: AtomicWaker::new(),
         }
@@ -45,6 +53,24 @@ impl Activity {
     pub fn open_stream(self: &Arc<Self>) -> OpenStream {
         self.streams.fetch_add(1, Ordering::SeqCst);
         OpenStream(self.clone())
+    }
+
+    /// Notes that the connection's HTTP/2 layer holds `streams` at once now, and charges to
+    /// `budget`, until the connection closes, what it keeps for the streams that adds to the
+    /// most it ever held (its stream store grows to the connection's busiest moment and does
+    /// not shrink). Charged whether or not it fits: it is held already; new work is what the
+    /// budget refuses.
+    pub fn retain_peak(&self, streams: usize, budget: &Arc<MemoryBudget>) {
+        let grown = streams.saturating_sub(self.peak.fetch_max(streams, Ordering::SeqCst));
+        if grown == 0 {
+            return;
+        }
+        let bytes = grown * budget::RETAINED_STREAM_BYTES;
+        let mut retained = crate::locks::lock(&self.retained);
+        match retained.as_mut() {
+            Some(charge) => charge.grow(bytes),
+            None => *retained = Some(budget.charge(bytes, Kind::Connections)),
+        }
     }
 
     /// Streams open now.
@@ -86,4 +112,36 @@ pub fn clock_ms() -> u64 {
     static EPOCH: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
     let epoch = EPOCH.get_or_init(Instant::now);
     u64::try_from(epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::metrics::Metrics;
+
+    /// A connection is charged for the most streams it held at once, once each, until it
+    /// closes: streams that come and go below that peak cost nothing more.
+    #[test]
+    fn a_connection_is_charged_its_busiest_moment_until_it_closes() {
+        let budget = MemoryBudget::unlimited(Arc::new(Metrics::new()));
+        let activity = Arc::new(Activity::default());
+        let streams: Vec<OpenStream> = (0..3).map(|_| activity.open_stream()).collect();
+        activity.retain_peak(activity.streams(), &budget);
+        assert_eq!(budget.used(), 3 * budget::RETAINED_STREAM_BYTES);
+        drop(streams);
+        assert_eq!(activity.streams(), 0);
+        for _ in 0..5 {
+            let _again = activity.open_stream();
+            activity.retain_peak(activity.streams(), &budget);
+        }
+        assert_eq!(
+            budget.used(),
+            3 * budget::RETAINED_STREAM_BYTES,
+            "below the peak"
+        );
+        activity.retain_peak(4, &budget);
+        assert_eq!(budget.used(), 4 * budget::RETAINED_STREAM_BYTES);
+        drop(activity);
+        assert_eq!(budget.used(), 0, "given back when the connection goes");
+    }
 }

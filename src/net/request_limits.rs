@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 
 use crate::budget::{self, Kind, MemoryBudget};
 use crate::metrics::Metrics;
-use crate::net::info::{Activity, ConnectionInfo};
+use crate::net::info::ConnectionInfo;
 
 /// Refuses requests whose header block is over the limit with `RESOURCE_EXHAUSTED`, and counts
 /// those and the requests a service refused for a message over `max_request_bytes`.
@@ -73,12 +73,17 @@ where
         };
         let metrics = self.limits.metrics.clone();
         // The stream counts as open on its connection, and is charged to the budget, until its
-        // response body is dropped.
+        // response body is dropped; what a new busiest moment makes the connection keep is
+        // charged until it closes.
         let open = request
             .extensions()
             .get::<ConnectionInfo>()
             .and_then(|info| info.activity.as_ref())
-            .map(Activity::open_stream);
+            .map(|activity| {
+                let open = activity.open_stream();
+                activity.retain_peak(activity.streams(), &self.limits.budget);
+                open
+            });
         let held = (open, memory);
         let response = self.inner.call(request);
         Box::pin(async move {

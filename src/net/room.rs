@@ -16,6 +16,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
+use crate::budget::MemoryBudget;
 use crate::net::info::{Activity, clock_ms};
 use crate::net::limits::TotalSlot;
 
@@ -77,6 +78,53 @@ impl Room {
         let entry = connections.remove(&quietest)?;
         entry.close.cancel();
         Some(entry.place)
+    }
+
+    /// Closes every connection with no stream open that has been quiet for `quiet` (so not one
+    /// whose client is sending a request right now); returns how many. They serve no one, and
+    /// what they keep goes back with them (each leaves the room once it has closed).
+    pub(crate) fn close_idle(&self, quiet: Duration) -> usize {
+        let since = clock_ms().saturating_sub(u64::try_from(quiet.as_millis()).unwrap_or(0));
+        let connections = self.lock();
+        let idle = connections.values().filter(|entry| {
+            entry.activity.streams() == 0
+                && entry.activity.last_heard() <= since
+                && !entry.close.is_cancelled()
+        });
+        idle.map(|entry| entry.close.cancel()).count()
+    }
+
+    /// Whenever the memory budget refuses new work, and until it has room for a stream again,
+    /// closes the connections with no stream open (what they keep, see
+    /// [`Activity::retain_peak`], is charged to the budget) every `PAUSE`; until `shutdown`.
+    pub(crate) async fn close_idle_when_refused(
+        self: Arc<Self>,
+        budget: Arc<MemoryBudget>,
+        shutdown: CancellationToken,
+    ) {
+        const PAUSE: Duration = Duration::from_millis(250);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = budget.refused() => {}
+            }
+            loop {
+                let closed = self.close_idle(PAUSE);
+                if closed > 0 {
+                    tracing::warn!(
+                        closed,
+                        "at the memory budget (--memory-budget): closing the connections with no stream open"
+                    );
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(PAUSE) => {}
+                }
+                if budget.has_room(crate::budget::STREAM_BYTES) {
+                    break;
+                }
+            }
+        }
     }
 }
 
@@ -270,6 +318,41 @@ mod tests {
         assert!(limit.admit().is_none());
         drop(place);
         assert!(limit.admit().is_some());
+    }
+
+    /// At the memory budget, the connections with no stream open are closed; one serving a
+    /// stream is not.
+    #[tokio::test]
+    async fn connections_with_no_stream_are_closed_when_the_budget_refuses_work() {
+        let metrics = Arc::new(Metrics::new());
+        let limit = TotalLimit::new(0, "sync", "max_connections", metrics.clone());
+        let budget = MemoryBudget::new(1, metrics);
+        let room = Room::new();
+        let serving = room.enter(limit.admit().expect("place"));
+        let _stream = serving.activity().open_stream();
+        let idle = room.enter(limit.admit().expect("place"));
+        let talking = room.enter(limit.admit().expect("place"));
+        // Quiet for longer than the room asks (250 ms) before the budget refuses; the other
+        // one was just heard from (a request on its way).
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        talking.activity().heard();
+        let shutdown = CancellationToken::new();
+        let task = tokio::spawn(
+            room.clone()
+                .close_idle_when_refused(budget.clone(), shutdown.clone()),
+        );
+        assert!(budget.try_charge(2, crate::budget::Kind::Streams).is_none());
+        idle.closed().await;
+        assert!(
+            !serving.close.is_cancelled(),
+            "a connection serving a stream stays"
+        );
+        assert!(
+            !talking.close.is_cancelled(),
+            "a connection just heard from stays"
+        );
+        shutdown.cancel();
+        task.await.expect("the task ends at shutdown");
     }
 
     #[tokio::test]

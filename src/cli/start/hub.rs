@@ -43,10 +43,12 @@ pub struct HubArgs {
     pub max_waiting_resources: usize,
 
     /// The memory budget for what clients can make the proxy hold: versions (once each, while
-    /// any stream holds them), connections and streams (at their measured size). Above it, new
-    /// connections are closed and new streams get RESOURCE_EXHAUSTED; established streams keep
-    /// being served. Bytes, or with a unit (512Mi, 2Gi). Default: three quarters of the
-    /// container's memory limit (cgroup), else half the machine's memory. 0 means no limit.
+    /// any stream holds them), connections (with what each keeps of its busiest moment) and
+    /// streams, at their measured size. Above it, new connections are closed, new streams get
+    /// RESOURCE_EXHAUSTED and sync connections with no stream open are closed; established
+    /// streams keep being served. Bytes, or with a unit (512Mi, 2Gi). Default: three quarters
+    /// of the container's memory limit (cgroup), else half the machine's memory. 0 means no
+    /// limit.
     #[arg(long, value_name = "BYTES", env = "FLAGD_PROXY_MEMORY_BUDGET", value_parser = budget::parse_bytes)]
     pub memory_budget: Option<usize>,
 }
