@@ -656,6 +656,8 @@ async fn what_connections_keep_after_a_burst_is_charged_and_let_go_at_the_budget
             .await
             .expect("the idle connection is closed");
     }
+    // Closed at this end too, as a client does when its connection ends.
+    drop(idle);
     support::eventually("the budget is given back", || async {
         let held = scene.metric(CONNECTIONS_HELD).await;
         if held < f64::from(REQUESTS) * 1024.0 {
