@@ -25,6 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
@@ -223,19 +224,12 @@ impl ResourceEvents {
 
 /// Writes the newest outcome of one resource, at most once per [`MIN_INTERVAL`], until the
 /// sender is dropped.
-async fn write_events(
-    shared: Arc<Shared>,
-    key: ResourceKey,
-    mut rx: watch::Receiver<Option<Outcome>>,
-) {
+async fn write_events(shared: Arc<Shared>, key: ResourceKey, rx: watch::Receiver<Option<Outcome>>) {
     // One recorder per reason and problem, so that a recurring problem continues its series and a
     // different problem gets an Event of its own (a series keeps the note of its first Event).
     // Each Normal Event is new: it names the version that is valid.
     let mut recorders: HashMap<String, Recorder> = HashMap::new();
-    while rx.changed().await.is_ok() {
-        let Some(outcome) = rx.borrow_and_update().clone() else {
-            continue;
-        };
+    paced(rx, move |outcome| {
         let fresh = || Recorder::new(shared.client.clone(), shared.reporter.clone());
         let recorder = match &outcome.problem {
             Some(problem) => {
@@ -260,13 +254,32 @@ async fn write_events(
             action: action.to_owned(),
             secondary: None,
         };
-        match recorder.publish(&event, &outcome.regarding).await {
-            Ok(()) => {
-                shared.refusal_logged.store(false, Ordering::Relaxed);
-                tracing::debug!(resource = %key, reason, "event recorded");
+        let (shared, key) = (shared.clone(), key.clone());
+        Box::pin(async move {
+            match recorder.publish(&event, &outcome.regarding).await {
+                Ok(()) => {
+                    shared.refusal_logged.store(false, Ordering::Relaxed);
+                    tracing::debug!(resource = %key, reason, "event recorded");
+                }
+                Err(error) => report_failure(&shared, &key, &error),
             }
-            Err(error) => report_failure(&shared, &key, &error),
-        }
+        })
+    })
+    .await;
+}
+
+/// Hands `write` the newest outcome and waits [`MIN_INTERVAL`] after each write; outcomes that
+/// arrive meanwhile replace each other, so the next write is of the newest. Until the sender is
+/// dropped.
+async fn paced<W>(mut rx: watch::Receiver<Option<Outcome>>, mut write: W)
+where
+    W: FnMut(Outcome) -> BoxFuture<'static, ()>,
+{
+    while rx.changed().await.is_ok() {
+        let Some(outcome) = rx.borrow_and_update().clone() else {
+            continue;
+        };
+        write(outcome).await;
         tokio::time::sleep(MIN_INTERVAL).await;
     }
 }
@@ -337,6 +350,36 @@ fn truncate(note: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// However fast outcomes come, writes are at least [`MIN_INTERVAL`] apart (in the runtime's
+    /// virtual time), and the last write is of the newest outcome.
+    #[tokio::test(start_paused = true)]
+    async fn writes_are_spaced_and_end_with_the_newest_outcome() {
+        let (events, rx) = events();
+        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let record = written.clone();
+        let writer = tokio::spawn(paced(rx, move |outcome: Outcome| {
+            let at = tokio::time::Instant::now();
+            crate::locks::lock(&record).push((at, outcome.note));
+            Box::pin(async {})
+        }));
+        // 100 different problems, one every 100 ms of virtual time, then a fix.
+        for i in 0..100 {
+            events.rejected(&resource(i), &format!("problem {i}"));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        events.accepted(&resource(100));
+        drop(events);
+        writer.await.expect("the writer ends with its sender");
+        let written = crate::locks::lock(&written).clone();
+        // 10 s of edits: the first write, then at most one per 5 s, then the fix.
+        assert!((2..=4).contains(&written.len()), "{written:#?}");
+        for pair in written.windows(2) {
+            assert!(pair[1].0 - pair[0].0 >= MIN_INTERVAL, "{written:#?}");
+        }
+        let last = &written.last().expect("written").1;
+        assert!(last.contains("generation 100"), "{last}");
+    }
 
     fn resource(generation: i64) -> Value {
         serde_json::json!({

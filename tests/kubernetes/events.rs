@@ -226,28 +226,18 @@ async fn rejected_versions_are_told_with_events_on_the_resource() {
     wait_for_variant(&mut stream, "green").await;
     wait_for_events(&cp, "events", "demo", "Normal", 2).await;
     // At most one Event write per resource per interval (5 s), plus the first: the bound in
-    // docs/kubernetes.md, whatever the number of edits. Read from the Events themselves: the
-    // times the proxy stamped on the ones it wrote for these edits are that far apart.
-    let mut times: Vec<_> = events_about(&cp, "events", "demo")
+    // docs/kubernetes.md, whatever the number of edits. The spacing itself is checked in
+    // virtual time (`kubernetes::events` unit tests); here, that 100 edits make few Events.
+    let made = events_about(&cp, "events", "demo")
         .await
         .into_iter()
         .filter(|e| !before.contains(&e.metadata.name))
-        .map(|e| e.event_time.expect("an Event written with its time").0)
-        .collect();
-    times.sort();
-    let made = times.len();
+        .count();
     eprintln!("{made} Event objects for 100 invalid edits and a fix");
     assert!(
         (2..100).contains(&made),
         "{made} Event objects for 100 edits"
     );
-    for pair in times.windows(2) {
-        let gap = pair[1].duration_since(pair[0]);
-        assert!(
-            gap.as_millis() >= 5_000,
-            "two Event writes {gap:?} apart: {times:?}"
-        );
-    }
 }
 
 /// Without permission to write Events, flags still flow and one log line says what is missing.
