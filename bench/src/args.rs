@@ -51,6 +51,13 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) accept_gzip: bool,
 
+    /// Every message is decompressed and decoded on its own, all of them on this machine's
+    /// cores beside the proxy. Without it, a message of 16 KiB or more whose bytes equal
+    /// (compared in full) those of a recent message carries that message's version without
+    /// being decoded again, as if each subscriber decoded its copy on a CPU of its own.
+    #[arg(long)]
+    pub(crate) decode_each: bool,
+
     /// An argument for this proxy (repeatable), such as `--proxy-arg=--compression=off`.
     #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
     pub(crate) proxy_arg: Vec<String>,

@@ -57,6 +57,7 @@ mod capacity;
 mod costs;
 mod floor;
 mod load;
+mod messages;
 mod phases;
 mod proxy;
 mod report;
@@ -124,6 +125,7 @@ fn main() -> anyhow::Result<ExitCode> {
     let most = if args.costs { 8_000 } else { args.subscribers };
     raise_fd_limit(most.max(args.subscribers) + args.first_snapshot_samples + 1024)?;
     load::ACCEPT_GZIP.store(args.accept_gzip, std::sync::atomic::Ordering::Relaxed);
+    messages::DECODE_EACH.store(args.decode_each, std::sync::atomic::Ordering::Relaxed);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.threads.max(1))
         .enable_all()

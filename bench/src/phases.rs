@@ -279,6 +279,7 @@ impl Live<'_> {
         let messages_before = tracker.messages.load(Ordering::Relaxed);
         let cpu_before = proc_sample(pid).cpu_seconds;
         let own_cpu_before = proc_sample(std::process::id()).cpu_seconds;
+        let decoded_before = crate::messages::DECODED.load(Ordering::Relaxed);
         let written_before = written_bytes(pid);
         let mut propagation = Vec::new();
         let mut first_receiver = Vec::new();
@@ -324,6 +325,9 @@ impl Live<'_> {
                 written_bytes(pid).saturating_sub(written_before) as f64 / applied as f64;
             result.load_generator_cpu_seconds_per_update =
                 (proc_sample(std::process::id()).cpu_seconds - own_cpu_before) / applied as f64;
+            result.decoded_per_update = (crate::messages::DECODED.load(Ordering::Relaxed)
+                - decoded_before) as f64
+                / applied as f64;
             if result.subscribers_connected > 0 {
                 result.messages_per_subscriber_per_update =
                     (tracker.messages.load(Ordering::Relaxed) - messages_before) as f64

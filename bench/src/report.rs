@@ -185,6 +185,11 @@ fn cost_rows() -> Vec<Row> {
             |r| Some(r.load_generator_cpu_seconds_per_update),
             3,
         ),
+        (
+            "load generator: large messages decoded per update",
+            |r| Some(r.decoded_per_update),
+            1,
+        ),
         ("stream errors", |r| Some(r.stream_errors as f64), 0),
         (
             "first-snapshot failures",

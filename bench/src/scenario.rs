@@ -90,6 +90,9 @@ pub(crate) struct RunResult {
     pub(crate) cpu_seconds_total: f64,
     /// CPU time of this load generator per paced update (it shares the machine).
     pub(crate) load_generator_cpu_seconds_per_update: f64,
+    /// Large messages the load generator decoded in full per paced update (one equal to a
+    /// message decoded before is not, unless `--decode-each`; see `messages.rs`).
+    pub(crate) decoded_per_update: f64,
     /// Bytes the proxy wrote (`wchar` of /proc/PID/io: sockets, logs) per paced update.
     pub(crate) bytes_written_per_update: f64,
     pub(crate) stream_errors: u64,
