@@ -113,8 +113,9 @@ impl ManifestSource {
         }
         let (events_tx, events_rx) = mpsc::unbounded_channel::<Instant>();
         let notified = events_tx.clone();
+        let roots = Roots::of(&dirs);
         let on_event = move |event: notify::Result<notify::Event>| {
-            if event.is_ok_and(|e| !matches!(e.kind, notify::EventKind::Access(_))) {
+            if event.is_ok_and(|e| roots.concern(&e)) {
                 let _ = notified.send(Instant::now());
             }
         };
@@ -226,6 +227,39 @@ impl Source for ManifestSource {
                 }
             }
         })
+    }
+}
+
+/// The configured directories as file notifications name them (as given, and absolute).
+#[derive(Clone, Debug)]
+struct Roots(Vec<PathBuf>);
+
+impl Roots {
+    fn of(dirs: &[PathBuf]) -> Self {
+        let mut paths = Vec::new();
+        for dir in dirs {
+            paths.push(dir.clone());
+            if let Ok(absolute) = std::path::absolute(dir) {
+                paths.push(absolute);
+            }
+        }
+        Self(paths)
+    }
+
+    /// Whether a notification may change what the directories hold: a change inside one of
+    /// them or of one of them itself, not a read (the scanner's own opens are notified too),
+    /// and not a change of another entry of a parent watched for swaps (its neighbours, such as
+    /// log files written beside the directory, would otherwise make every write a rescan).
+    /// Notifications that name no path (the watcher lost events) count.
+    fn concern(&self, event: &notify::Event) -> bool {
+        if matches!(event.kind, notify::EventKind::Access(_)) {
+            return false;
+        }
+        event.paths.is_empty()
+            || event
+                .paths
+                .iter()
+                .any(|path| self.0.iter().any(|root| path.starts_with(root)))
     }
 }
 

@@ -9,8 +9,8 @@ pub(crate) const SIDECARS: [usize; 2] = [10_000, 100_000];
 pub(crate) const DOCUMENTS: [usize; 2] = [1024, 102_400];
 
 /// The measured two-tier runs the model is checked against, both on a quiet machine of 2 cores
-/// on 2026-12-02 (docs/benchmarks.md, "Two tiers: on a quiet machine" and "Two tiers with
-/// Kubernetes and the Go proxy, on a quiet machine"): 50 node proxies × 2,000 subscribers over
+/// on 2026-12-02 (docs/benchmarks.md, "Two tiers with manifest files, on a quiet machine" and
+/// "Two tiers with Kubernetes and the Go proxy, on a quiet machine"): 50 node proxies × 2,000 subscribers over
 /// 20 resources of 1 KiB, 10 streams per subscriber connection, every process on the same
 /// machine; each paced update rewrote all 20 resources.
 #[derive(Clone, Copy, Debug)]
@@ -30,18 +30,18 @@ pub(crate) struct Measured {
 }
 
 pub(crate) const MEASURED: [Measured; 2] = [
-    // Load average 0.8 before.
+    // Load average 0.05 before.
     Measured {
         run: "files, 50 × 2,000",
         source: SourceKind::Files,
         nodes: 50.0,
         per_node: 2_000.0,
-        central_cpu_s: 0.032,
-        nodes_cpu_s: 1.783,
-        load_generator_cpu_s: Some(0.634),
-        central_rss_mib: 18.8,
-        node_rss_mib: 23.7,
-        p99_ms: 1558.8,
+        central_cpu_s: 0.017,
+        nodes_cpu_s: 1.606,
+        load_generator_cpu_s: Some(0.734),
+        central_rss_mib: 19.3,
+        node_rss_mib: 23.9,
+        p99_ms: 1353.5,
     },
     // Load average 0.16 before.
     Measured {

@@ -167,9 +167,13 @@ impl<'a> Topology<'a> {
     ) -> anyhow::Result<Self> {
         std::fs::create_dir_all(dir)?;
         let cluster = start_cluster(Kind::Rust, shape.flat(1)).await?;
+        // The manifests in a directory of their own, apart from the 52 processes' logs: the
+        // central watches the manifests directory's parent for swaps of the directory, and a
+        // parent where every log line is a change notification is not what a cluster has.
+        let source_dir = dir.join("source");
         let sources = Sources::new(
             Kind::Rust,
-            dir,
+            &source_dir,
             shape.resources,
             (shape.payload, args.documents),
             cluster.as_ref(),
@@ -180,7 +184,7 @@ impl<'a> Topology<'a> {
             Some(cluster) => cluster.proxy_args(&[]),
             None => vec![
                 "--manifests".to_owned(),
-                dir.join("manifests").display().to_string(),
+                source_dir.join("manifests").display().to_string(),
             ],
         };
         source.extend(["--max-watches".to_owned(), "10000".to_owned()]);

@@ -30,10 +30,14 @@ pub(super) fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
         return Err(not_regular());
     }
     let file = std::fs::File::open(path).map_err(|e| e.to_string())?;
-    if !file.metadata().map_err(|e| e.to_string())?.is_file() {
+    let meta = file.metadata().map_err(|e| e.to_string())?;
+    if !meta.is_file() {
         return Err(not_regular());
     }
-    let mut content = Vec::new();
+    // Room for what the file holds now (and one byte to see its end), so that it is read in
+    // one or two calls; the reported size is a hint only, bounded by the limit.
+    let hint = meta.len().min(MAX_FILE_BYTES) as usize + 1;
+    let mut content = Vec::with_capacity(hint);
     file.take(MAX_FILE_BYTES + 1)
         .read_to_end(&mut content)
         .map_err(|e| e.to_string())?;

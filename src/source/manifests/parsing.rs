@@ -1,4 +1,6 @@
-//! Parses of manifest files, off the scanner: at most a few at once, each on a worker thread;
+//! Parses of manifest files, off the scanner: at most a few at once, each on a worker thread
+//! (a thread without work waits a while for the next before it ends, so that files read one
+//! after another do not each start a thread);
 //! per file the newest content wins (a newer edit cancels a running parse of older content and
 //! replaces a queued one, so a file has at most one parse running and one waiting); and one
 //! slot is kept for small files, so that an edit of a small file is parsed at once however many
@@ -18,6 +20,8 @@ use crate::locks::lock;
 pub(super) const SMALL_FILE_BYTES: usize = 1024 * 1024;
 /// A parse that takes longer than this is logged.
 const SLOW_PARSE: Duration = Duration::from_millis(500);
+/// How long a parser thread without work waits for more before it ends.
+const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
 /// Tells a running parse that its result is no longer wanted (a newer edit of its file came, or
 /// the file is gone). The parser checks it as it goes.
@@ -63,6 +67,8 @@ struct Shared {
     state: Mutex<State>,
     /// Notified whenever a parse ends.
     ended: Condvar,
+    /// Notified when a parse is handed to a waiting thread.
+    handed: Condvar,
     /// The most parses at once.
     limit: usize,
     parser: Parser,
@@ -79,6 +85,9 @@ struct State {
     order: VecDeque<PathBuf>,
     finished: HashMap<PathBuf, Parsed>,
     counts: ParseCounts,
+    /// Threads waiting for a parse, and the parses handed to them (counted as running).
+    idle: usize,
+    handed: VecDeque<(PathBuf, Job, Cancel)>,
 }
 
 impl State {
@@ -110,6 +119,7 @@ impl Parses {
             shared: Arc::new(Shared {
                 state: Mutex::default(),
                 ended: Condvar::new(),
+                handed: Condvar::new(),
                 limit: limit.max(2),
                 parser,
                 finished,
@@ -204,9 +214,14 @@ impl Parses {
 }
 
 impl Shared {
-    /// Starts queued parses on new threads while there are free slots.
+    /// Starts queued parses while there are free slots: on a waiting thread, else on a new one.
     fn dispatch(self: &Arc<Self>, state: &mut State) {
         while let Some((path, job, cancel)) = self.next(state) {
+            if state.idle > state.handed.len() {
+                state.handed.push_back((path, job, cancel));
+                self.handed.notify_one();
+                continue;
+            }
             let shared = self.clone();
             let content = job.content.clone();
             let noticed = job.noticed;
@@ -255,7 +270,7 @@ impl Shared {
         Some((path, job, cancel))
     }
 
-    /// Runs parses on this thread until none may start.
+    /// Runs parses on this thread until none is handed to it for [`KEEP_ALIVE`].
     fn work(self: Arc<Self>, mut path: PathBuf, mut job: Job, mut cancel: Cancel) {
         loop {
             let began = Instant::now();
@@ -281,11 +296,38 @@ impl Shared {
             // threads of their own (a small file may be waiting behind a large one).
             let next = self.next(&mut state);
             self.dispatch(&mut state);
-            drop(state);
             match next {
                 Some(next) => (path, job, cancel) = next,
-                None => return,
+                None => match self.wait_for_work(state) {
+                    Some(next) => (path, job, cancel) = next,
+                    None => return,
+                },
             }
+        }
+    }
+
+    /// Waits for a parse handed to this thread, for at most [`KEEP_ALIVE`].
+    fn wait_for_work(
+        &self,
+        mut state: std::sync::MutexGuard<'_, State>,
+    ) -> Option<(PathBuf, Job, Cancel)> {
+        state.idle += 1;
+        let until = Instant::now() + KEEP_ALIVE;
+        loop {
+            if let Some(next) = state.handed.pop_front() {
+                state.idle -= 1;
+                return Some(next);
+            }
+            let left = until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                state.idle -= 1;
+                return None;
+            }
+            state = self
+                .handed
+                .wait_timeout(state, left)
+                .map(|(state, _)| state)
+                .unwrap_or_else(|p| p.into_inner().0);
         }
     }
 

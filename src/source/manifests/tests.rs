@@ -114,3 +114,31 @@ async fn a_small_files_edit_is_published_while_a_large_file_is_being_parsed() {
     let most = held.most.load(Ordering::SeqCst);
     assert!(most <= LIMIT, "{most} parses at once");
 }
+
+/// Only notifications about the directories or what is in them make the scanner read again:
+/// not reads, and not the neighbours of a directory in the parent watched for swaps.
+#[test]
+fn notifications_of_the_directories_neighbours_are_not_changes() {
+    use notify::event::{AccessKind, CreateKind, ModifyKind, RenameMode};
+    use notify::{Event, EventKind};
+    let roots = Roots::of(&[PathBuf::from("/srv/flags/manifests")]);
+    let event = |kind: EventKind, path: &str| Event::new(kind).add_path(PathBuf::from(path));
+    let renamed = EventKind::Modify(ModifyKind::Name(RenameMode::To));
+    // A file renamed into the directory, one in a subdirectory, the directory itself swapped.
+    assert!(roots.concern(&event(renamed, "/srv/flags/manifests/a.yaml")));
+    assert!(roots.concern(&event(renamed, "/srv/flags/manifests/team/b.yaml")));
+    assert!(roots.concern(&event(
+        EventKind::Create(CreateKind::Folder),
+        "/srv/flags/manifests"
+    )));
+    // A log file beside the directory, a directory of a similar name, a read.
+    let written = EventKind::Modify(ModifyKind::Any);
+    assert!(!roots.concern(&event(written, "/srv/flags/proxy.log")));
+    assert!(!roots.concern(&event(written, "/srv/flags/manifests-old/a.yaml")));
+    assert!(!roots.concern(&event(
+        EventKind::Access(AccessKind::Any),
+        "/srv/flags/manifests/a.yaml"
+    )));
+    // The watcher lost events: read again.
+    assert!(roots.concern(&Event::new(EventKind::Other)));
+}
