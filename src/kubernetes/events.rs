@@ -229,7 +229,8 @@ async fn write_events(shared: Arc<Shared>, key: ResourceKey, rx: watch::Receiver
     // different problem gets an Event of its own (a series keeps the note of its first Event).
     // Each Normal Event is new: it names the version that is valid.
     let mut recorders: HashMap<String, Recorder> = HashMap::new();
-    paced(rx, move |outcome| {
+    let pause = || -> BoxFuture<'static, ()> { Box::pin(tokio::time::sleep(MIN_INTERVAL)) };
+    paced(rx, pause, move |outcome| {
         let fresh = || Recorder::new(shared.client.clone(), shared.reporter.clone());
         let recorder = match &outcome.problem {
             Some(problem) => {
@@ -268,11 +269,12 @@ async fn write_events(shared: Arc<Shared>, key: ResourceKey, rx: watch::Receiver
     .await;
 }
 
-/// Hands `write` the newest outcome and waits [`MIN_INTERVAL`] after each write; outcomes that
-/// arrive meanwhile replace each other, so the next write is of the newest. Until the sender is
-/// dropped.
-async fn paced<W>(mut rx: watch::Receiver<Option<Outcome>>, mut write: W)
+/// Hands `write` the newest outcome and waits for `pause` (for [`MIN_INTERVAL`]) after each
+/// write; outcomes that arrive meanwhile replace each other, so the next write is of the newest.
+/// Until the sender is dropped.
+async fn paced<P, W>(mut rx: watch::Receiver<Option<Outcome>>, mut pause: P, mut write: W)
 where
+    P: FnMut() -> BoxFuture<'static, ()>,
     W: FnMut(Outcome) -> BoxFuture<'static, ()>,
 {
     while rx.changed().await.is_ok() {
@@ -280,7 +282,7 @@ where
             continue;
         };
         write(outcome).await;
-        tokio::time::sleep(MIN_INTERVAL).await;
+        pause().await;
     }
 }
 
@@ -351,34 +353,58 @@ fn truncate(note: &str) -> String {
 mod tests {
     use super::*;
 
-    /// However fast outcomes come, writes are at least [`MIN_INTERVAL`] apart (in the runtime's
-    /// virtual time), and the last write is of the newest outcome.
-    #[tokio::test(start_paused = true)]
-    async fn writes_are_spaced_and_end_with_the_newest_outcome() {
+    /// However fast outcomes come, nothing is written while the pause after a write lasts, and
+    /// the write after it is of the newest outcome: the test holds each pause until it lets it
+    /// end (one permit per pause).
+    #[tokio::test]
+    async fn writes_wait_for_the_pause_and_then_write_the_newest_outcome() {
         let (events, rx) = events();
-        let written = Arc::new(std::sync::Mutex::new(Vec::new()));
-        let record = written.clone();
-        let writer = tokio::spawn(paced(rx, move |outcome: Outcome| {
-            let at = tokio::time::Instant::now();
-            crate::locks::lock(&record).push((at, outcome.note));
+        let pauses = Arc::new(tokio::sync::Semaphore::new(0));
+        let ends = pauses.clone();
+        let pause = move || -> BoxFuture<'static, ()> {
+            let ends = ends.clone();
+            Box::pin(async move {
+                if let Ok(permit) = ends.acquire().await {
+                    permit.forget();
+                }
+            })
+        };
+        let (written_tx, mut written) = tokio::sync::mpsc::unbounded_channel();
+        let writer = tokio::spawn(paced(rx, pause, move |outcome: Outcome| {
+            let _ = written_tx.send(outcome.note);
             Box::pin(async {})
         }));
-        // 100 different problems, one every 100 ms of virtual time, then a fix.
-        for i in 0..100 {
+        let settle = || async {
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        };
+        events.rejected(&resource(0), "problem 0");
+        let first = written
+            .recv()
+            .await
+            .expect("the first outcome is written at once");
+        assert!(first.contains("problem 0"), "{first}");
+        // 99 more problems while the pause lasts: none is written.
+        for i in 1..100 {
             events.rejected(&resource(i), &format!("problem {i}"));
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            settle().await;
         }
+        assert!(written.try_recv().is_err(), "written during the pause");
+        // The pause ends: one write, of the newest.
+        pauses.add_permits(1);
+        let next = written.recv().await.expect("written after the pause");
+        assert!(next.contains("problem 99"), "{next}");
+        settle().await;
+        assert!(written.try_recv().is_err(), "one write per pause");
+        // The fix comes; the writer ends with its sender once the pauses end.
         events.accepted(&resource(100));
         drop(events);
+        pauses.add_permits(2);
         writer.await.expect("the writer ends with its sender");
-        let written = crate::locks::lock(&written).clone();
-        // 10 s of edits: the first write, then at most one per 5 s, then the fix.
-        assert!((2..=4).contains(&written.len()), "{written:#?}");
-        for pair in written.windows(2) {
-            assert!(pair[1].0 - pair[0].0 >= MIN_INTERVAL, "{written:#?}");
-        }
-        let last = &written.last().expect("written").1;
+        let last = written.recv().await.expect("the fix is written");
         assert!(last.contains("generation 100"), "{last}");
+        assert!(written.try_recv().is_err(), "nothing after the fix");
     }
 
     fn resource(generation: i64) -> Value {
