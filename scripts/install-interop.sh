@@ -2,7 +2,7 @@
 # Installs the JS, Python and Rust provider clients used by tests/compatibility/:
 #   - interop/js      npm ci (node_modules inside interop/js)
 #   - interop/python  a virtualenv at $CACHE/venv with interop/python/requirements.txt
-#   - interop/rust    cargo build --release --locked into $CACHE/target-interop
+#   - interop/rust    cargo build --locked (debug profile) into $CACHE/target-interop
 # where CACHE=${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}.
 #
 # Idempotent: each step is skipped when its inputs have not changed since the last
@@ -89,9 +89,11 @@ install_rust() {
     local target="$CACHE/target-interop"
     command -v cargo >/dev/null || die "cargo is not installed"
     ensure_protoc
-    log "rust: cargo build --release --locked (target dir $target)"
-    (cd "$dir" && "${NICE[@]}" cargo build --release --locked --target-dir "$target" >&2)
-    echo "rust client:   $target/release/flagd-proxy-interop-rust"
+    # The debug profile: the client's speed does not matter to the tests, and an optimised
+    # build of its dependency tree costs several times the CPU.
+    log "rust: cargo build --locked (target dir $target)"
+    (cd "$dir" && "${NICE[@]}" cargo build --locked --target-dir "$target" >&2)
+    echo "rust client:   $target/debug/flagd-proxy-interop-rust"
 }
 
 steps=("$@")

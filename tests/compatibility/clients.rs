@@ -159,7 +159,7 @@ impl Kind {
                 Ok(Launch::Stdout(cmd))
             }
             Kind::Rust => Ok(Launch::Stdout(StdCommand::new(file(
-                cache.join("target-interop/release/flagd-proxy-interop-rust"),
+                cache.join("target-interop/debug/flagd-proxy-interop-rust"),
             )?))),
             Kind::Java => {
                 let java_home = cache.join("java");
