@@ -137,8 +137,7 @@ pub fn build_proxy_image(archive: &Path, reference: &str) -> String {
 /// What this machine lacks for a cluster, each with where it comes from.
 pub fn missing_dependencies() -> Vec<String> {
     let mut missing = Vec::new();
-    let uid = Command::new("id").arg("-u").output().ok();
-    if uid.map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned()) != Some("0".to_owned()) {
+    if !crate::skip::running_as_root() {
         missing
             .push("root (the cluster creates a network namespace, mounts and cgroups)".to_owned());
     }

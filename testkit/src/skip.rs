@@ -12,6 +12,14 @@ pub fn in_ci() -> bool {
     std::env::var_os("CI").is_some()
 }
 
+/// Whether this process runs as root (network namespaces, mounts, cgroups need it).
+pub fn running_as_root() -> bool {
+    std::process::Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
+}
+
 /// The file skips are recorded in: `target/skipped-tests.log`.
 pub fn log_path() -> PathBuf {
     crate::profile_dir()

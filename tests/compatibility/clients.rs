@@ -132,6 +132,12 @@ impl Kind {
                 )))
             }
         };
+        if matches!(self, Kind::Flagd | Kind::FlagdLegacy) && !support::skip::running_as_root() {
+            return Err(Missing::NotInstalled(
+                "flagd runs in a network namespace of its own (`unshare --net`), which needs root"
+                    .into(),
+            ));
+        }
         match self {
             Kind::Flagd => Ok(Launch::Flagd {
                 bin: file(cache.join(format!("bin/flagd-{}/flagd", v.flagd)))?,
