@@ -13,7 +13,9 @@ use crate::kubernetes::reviews::KubeReviewer;
 use crate::kubernetes::{KubeError, KubeSettings, KubernetesSource};
 use crate::management::ManagementOptions;
 use crate::metrics::Metrics;
-use crate::net::listener::{MANAGEMENT_BACKLOG, SYNC_BACKLOG, SocketError, UnixSocket, listen_tcp};
+use crate::net::listener::{
+    MANAGEMENT_BACKLOG, SYNC_BACKLOG, SocketError, UnixSocket, check_socket_path, listen_tcp,
+};
 use crate::net::tls::{ReloadingTls, TlsError, TlsFiles};
 use crate::server::{self, ServerOptions};
 use crate::settings::{ServeSettings, Settings, SourceSettings};
@@ -37,7 +39,7 @@ pub enum ConfigError {
     Upstream(#[source] UpstreamError),
     #[error("{0}")]
     Authz(#[source] AuthzConfigError),
-    #[error("{0}")]
+    #[error("--context-value: {0}")]
     ContextValues(String),
     #[error("{0}")]
     Otlp(#[source] OtlpError),
@@ -45,6 +47,8 @@ pub enum ConfigError {
         "--sync-socket-path cannot be combined with --client-ca-path: the unix socket carries no TLS, so its clients present no certificate"
     )]
     SocketWithoutClientCertificates,
+    #[error("--sync-socket-path {0}")]
+    SocketPath(#[source] SocketError),
 }
 
 /// A failure while running.
@@ -146,6 +150,9 @@ fn check(settings: &Settings) -> Result<(), ConfigError> {
         .is_some_and(|tls| tls.client_ca.is_some());
     if serve.sync_socket_path.is_some() && client_certificates {
         return Err(ConfigError::SocketWithoutClientCertificates);
+    }
+    if let Some(path) = &serve.sync_socket_path {
+        check_socket_path(path).map_err(ConfigError::SocketPath)?;
     }
     crate::context::check_entries(&settings.context_values).map_err(ConfigError::ContextValues)?;
     Ok(())

@@ -27,9 +27,11 @@ pub mod protocol;
 pub mod selector;
 pub mod server;
 pub mod settings;
+pub mod signals;
 pub mod source;
 pub mod status;
 pub mod telemetry;
+pub mod text;
 pub mod wire;
 
 #[cfg(test)]

@@ -8,7 +8,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use flagd_proxy::app;
 use flagd_proxy::cli::{CliError, Command, LogFormat, StartArgs, StatusArgs, StatusOutput};
-use futures::StreamExt;
+use flagd_proxy::signals::{self, EarlySignals, StopSignals};
 use tokio_util::sync::CancellationToken;
 use tracing_subscriber::EnvFilter;
 
@@ -23,6 +23,9 @@ static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 const EXIT_CONFIG: u8 = 64;
 
 fn main() -> ExitCode {
+    // First of all, before the command line (and so the config file) is read: a signal that
+    // finds its default action in place ends the process.
+    let signals = EarlySignals::install();
     let cli = match flagd_proxy::cli::parse_from(std::env::args_os()) {
         Ok(cli) => cli,
         Err(CliError::Clap(error)) if error.use_stderr() => {
@@ -40,11 +43,15 @@ fn main() -> ExitCode {
     };
     match cli.command {
         Command::GenerateCliDocs => {
+            signals.restore_defaults();
             print!("{}", flagd_proxy::cli::markdown());
             ExitCode::SUCCESS
         }
-        Command::Start(args) => start(*args),
-        Command::Status(args) => status(&args),
+        Command::Start(args) => start(*args, signals),
+        Command::Status(args) => {
+            signals.restore_defaults();
+            status(&args)
+        }
     }
 }
 
@@ -69,13 +76,15 @@ fn status(args: &StatusArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(error) => {
-            eprintln!("flagd-proxy: {error}");
+            // The error may quote what the peer sent.
+            let message = flagd_proxy::text::escaped(&error.to_string()).into_owned();
+            eprintln!("flagd-proxy: {message}");
             ExitCode::FAILURE
         }
     }
 }
 
-fn start(args: StartArgs) -> ExitCode {
+fn start(args: StartArgs, signals: EarlySignals) -> ExitCode {
     init_logging(args.log.log_format, args.log.debug);
     let settings = flagd_proxy::settings::Settings::from(args);
     // One TLS crypto provider for the sync port and the Kubernetes client.
@@ -88,9 +97,9 @@ fn start(args: StartArgs) -> ExitCode {
         }
     };
     runtime.block_on(async move {
-        // Before anything else, so that a signal during start-up is handled like any other:
-        // SIGHUP and the like ignored, a stop signal stopping the proxy once it has started.
-        let stop = listen_for_signals();
+        // Before anything else in the runtime: the signals caught since `main` began, and
+        // those to come, are handled from here on.
+        let stop = signals::listen(signals);
         let prepared = match app::prepare(settings).await {
             Ok(prepared) => prepared,
             Err(error) => {
@@ -123,69 +132,6 @@ async fn serve(bound: app::Bound, stop: StopSignals) -> anyhow::Result<()> {
         .run(shutdown)
         .await
         .context("flagd-proxy stopped with an error")
-}
-
-/// The signals that stop the proxy, listened for from the start.
-struct StopSignals(Vec<(tokio::signal::unix::Signal, &'static str)>);
-
-/// SIGTERM, SIGINT and SIGQUIT drain and stop the proxy ([`StopSignals::wait`]). SIGHUP, SIGUSR1
-/// and SIGUSR2 are logged and otherwise ignored (the configuration is read once, at start; TLS
-/// files and manifests are followed without a signal), so a supervisor's stray signal cannot
-/// kill it. Installed first thing at start, so that no signal finds the default action (which
-/// ends the process) in place.
-fn listen_for_signals() -> StopSignals {
-    use tokio::signal::unix::{SignalKind, signal};
-    let listen = |kind: SignalKind, name: &'static str| match signal(kind) {
-        Ok(signal) => Some((signal, name)),
-        Err(error) => {
-            tracing::warn!(%error, signal = name, "cannot listen for the signal");
-            None
-        }
-    };
-    let listen_all = |signals: [(SignalKind, &'static str); 3]| -> Vec<_> {
-        signals
-            .into_iter()
-            .filter_map(|(kind, name)| listen(kind, name))
-            .collect()
-    };
-    let stop = listen_all([
-        (SignalKind::terminate(), "SIGTERM"),
-        (SignalKind::interrupt(), "SIGINT"),
-        (SignalKind::quit(), "SIGQUIT"),
-    ]);
-    let ignored = listen_all([
-        (SignalKind::hangup(), "SIGHUP"),
-        (SignalKind::user_defined1(), "SIGUSR1"),
-        (SignalKind::user_defined2(), "SIGUSR2"),
-    ]);
-    tokio::spawn(async move {
-        let mut ignored = futures::stream::select_all(ignored.into_iter().map(|(signal, name)| {
-            tokio_stream::wrappers::SignalStream::new(signal).map(move |()| name)
-        }));
-        while let Some(name) = ignored.next().await {
-            tracing::info!(
-                signal = name,
-                "signal received and ignored; the proxy keeps serving"
-            );
-        }
-    });
-    tracing::debug!("listening for signals");
-    StopSignals(stop)
-}
-
-impl StopSignals {
-    /// Waits for a stop signal (one received during start-up counts), then cancels `shutdown`.
-    async fn wait(self, shutdown: CancellationToken) {
-        let mut stop = futures::stream::select_all(self.0.into_iter().map(|(signal, name)| {
-            tokio_stream::wrappers::SignalStream::new(signal).map(move |()| name)
-        }));
-        match stop.next().await {
-            Some(name) => tracing::info!(signal = name, "signal received; shutting down"),
-            // No stop signal can be received: serve until killed.
-            None => futures::future::pending::<()>().await,
-        }
-        shutdown.cancel();
-    }
 }
 
 fn init_logging(format: LogFormat, debug: bool) {

@@ -20,6 +20,14 @@ pub use collect::fetch;
 /// How long one request to the management port may take, connecting included.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The largest answer read from the management port (`/status` or `/metrics`). A proxy at
+/// `--max-watches` (10,000 resources) answers with a few MiB; anything beyond this is not a
+/// flagd-proxy, and is not read further.
+pub const MAX_RESPONSE_BYTES: usize = 16 * 1024 * 1024;
+
+/// An error of the HTTP client, or of reading an answer's body.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 /// Why no status could be read.
 #[derive(Debug, thiserror::Error)]
 pub enum StatusError {
@@ -32,8 +40,14 @@ pub enum StatusError {
     Http {
         address: String,
         path: &'static str,
-        source: hyper::Error,
+        source: BoxError,
     },
+    #[error(
+        "GET {path} from {address}: the answer is larger than {} MiB, which no flagd-proxy sends; \
+         not read further",
+        MAX_RESPONSE_BYTES / (1024 * 1024)
+    )]
+    TooLarge { address: String, path: &'static str },
     #[error("GET {path} from {address}: no answer within {}s", REQUEST_TIMEOUT.as_secs())]
     Timeout { address: String, path: &'static str },
     #[error(

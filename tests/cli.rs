@@ -30,23 +30,30 @@ fn start_on_manifests(manifests: &std::path::Path, extra: &[&std::ffi::OsStr]) -
     run(&args)
 }
 
-/// `flagd-proxy start` with `extra` flags on free ports of 127.0.0.1, serving a new manifests
-/// folder that holds `<namespace>/<name>` (`color` red), with no configuration file and no
-/// Kubernetes configuration in its environment; its log (stderr) is piped. The folder lives as
-/// long as the first value returned.
-fn spawn_serving(namespace: &str, name: &str, extra: &[&str]) -> (tempfile::TempDir, Child) {
-    let manifests = tempfile::tempdir().expect("a manifests folder");
-    flagd_proxy_testkit::write_color(manifests.path(), namespace, name, "red", &["red", "blue"]);
-    let child = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"))
+/// `flagd-proxy start` on free ports of 127.0.0.1, serving the manifests folder `manifests`,
+/// with no configuration file and no Kubernetes configuration in its environment; its log
+/// (stderr) is piped. More arguments may be added.
+fn start_command(manifests: &std::path::Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"));
+    command
         .args(["start", "--port", "0", "--management-port", "0"])
-        .args(extra)
         .args(["--bind-address", "127.0.0.1", "--manifests"])
-        .arg(manifests.path())
+        .arg(manifests)
         .env_remove("FLAGD_PROXY_CONFIG")
         .env_remove("KUBERNETES_SERVICE_HOST")
         .env_remove("KUBECONFIG")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    command
+}
+
+/// [`start_command`] with `extra` flags, serving a new manifests folder that holds
+/// `<namespace>/<name>` (`color` red). The folder lives as long as the first value returned.
+fn spawn_serving(namespace: &str, name: &str, extra: &[&str]) -> (tempfile::TempDir, Child) {
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    flagd_proxy_testkit::write_color(manifests.path(), namespace, name, "red", &["red", "blue"]);
+    let child = start_command(manifests.path())
+        .args(extra)
         .spawn()
         .expect("run flagd-proxy");
     (manifests, child)
@@ -323,4 +330,206 @@ fn unusable_otlp_settings_exit_64() {
         assert_eq!(output.status.code(), Some(64), "{args:?}: {stderr}");
         assert!(stderr.contains(needle), "{args:?}: {needle:?} in {stderr}");
     }
+}
+
+/// `flagd-proxy start` on loopback, serving an empty manifests folder with `extra` flags, when
+/// it must refuse them: its exit status and log. One that starts serving instead is stopped and
+/// the test fails (the log says so: no waiting on a clock).
+fn refused_at_start(extra: &[&std::ffi::OsStr]) -> (Option<i32>, String) {
+    use std::io::BufRead as _;
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    let mut child = start_command(manifests.path())
+        .args(extra)
+        .spawn()
+        .expect("run flagd-proxy");
+    let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut seen = Vec::new();
+    loop {
+        let mut line = Vec::new();
+        if log.read_until(b'\n', &mut line).expect("a log line") == 0 {
+            break;
+        }
+        seen.extend_from_slice(&line);
+        if String::from_utf8_lossy(&line).contains("flagd-proxy is serving") {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "flagd-proxy started serving with {extra:?} instead of refusing it:\n{}",
+                String::from_utf8_lossy(&seen)
+            );
+        }
+    }
+    let status = child.wait().expect("the exit status");
+    (status.code(), String::from_utf8_lossy(&seen).into_owned())
+}
+
+/// Characters that would act on a terminal (or hide what follows) in a message.
+fn has_terminal_controls(text: &str) -> bool {
+    text.chars()
+        .any(|c| c != '\n' && (c.is_control() || ('\u{200b}'..='\u{200f}').contains(&c)))
+}
+
+/// Context keys a client could not tell from a reserved one (another case, a look-alike letter,
+/// an invisible character around it) or could not read (a line break, an escape sequence) are
+/// refused before anything listens: exit status 64, one message naming the key escaped, nothing
+/// raw from it on the terminal.
+#[test]
+fn look_alike_and_unreadable_context_keys_exit_64_with_the_key_escaped() {
+    for (key, shown) in [
+        ("a\nb", r#""a\nb""#),
+        ("x\u{1b}[31m", r#""x\u{1b}[31m""#),
+        ("\u{0455}elector", r#""\u{455}elector""#),
+        ("ver\u{0455}ion", r#""ver\u{455}ion""#),
+        ("\u{200b}flagSetId", r#""\u{200b}flagSetId""#),
+        ("FLAGSETID", r#""FLAGSETID""#),
+    ] {
+        let entry = format!("{key}=v");
+        let (code, log) = refused_at_start(&["--context-value".as_ref(), entry.as_ref()]);
+        assert_eq!(code, Some(64), "{key:?}: {log}");
+        assert!(log.contains(shown), "{key:?}: {shown} in {log}");
+        assert_eq!(log.lines().count(), 1, "{key:?}: {log}");
+        assert!(!has_terminal_controls(&log), "{key:?}: {log:?}");
+    }
+    // Whitespace around a key is dropped: the reserved key it surrounds is refused.
+    let (code, log) = refused_at_start(&["--context-value".as_ref(), " version\u{a0}=v".as_ref()]);
+    assert_eq!(code, Some(64), "{log}");
+    assert!(log.contains("\"version\""), "{log}");
+}
+
+/// A unix socket path longer than the kernel takes (sun_path: 108 bytes with the final NUL) is
+/// refused before anything listens, with exit status 64 and the limit named; the proxy never
+/// serves a socket no client could connect to.
+#[test]
+fn a_socket_path_longer_than_the_platform_allows_exits_64() {
+    let dir = tempfile::tempdir().expect("a folder");
+    let name = "s".repeat(120 - dir.path().as_os_str().len());
+    let path = dir.path().join(name);
+    let (code, log) = refused_at_start(&["--sync-socket-path".as_ref(), path.as_os_str()]);
+    assert_eq!(code, Some(64), "{log}");
+    assert!(
+        log.contains(&format!(
+            "--sync-socket-path {}: 121 bytes, longer than the 107",
+            path.display()
+        )),
+        "{log}"
+    );
+    assert_eq!(log.lines().count(), 1, "{log}");
+    assert!(!path.exists());
+}
+
+/// The bit of signal `number` in a `/proc/<pid>/status` signal mask.
+fn signal_bit(number: u32) -> u64 {
+    1 << (number - 1)
+}
+
+/// The signals process `pid` catches (`SigCgt` of `/proc/<pid>/status`).
+fn caught_signals(pid: u32) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the status");
+    let mask = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .expect("a SigCgt line");
+    u64::from_str_radix(mask.trim(), 16).expect("a hex mask")
+}
+
+/// Opens the FIFO at `path` for writing, which returns once `child` has opened it to read; if
+/// `child` ends first, the test fails with its log.
+fn open_when_read(path: &std::path::Path, child: &mut Child) -> std::fs::File {
+    let (tx, rx) = std::sync::mpsc::channel();
+    let fifo = path.to_owned();
+    std::thread::spawn(move || {
+        let _ = tx.send(std::fs::OpenOptions::new().write(true).open(fifo));
+    });
+    loop {
+        match rx.recv_timeout(std::time::Duration::from_millis(50)) {
+            Ok(file) => return file.expect("open the FIFO for writing"),
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            Err(error) => panic!("the opening thread ended: {error}"),
+        }
+        if let Some(status) = child.try_wait().expect("poll flagd-proxy") {
+            // Lets the opening thread go.
+            let _ = std::fs::File::open(path);
+            let mut log = String::new();
+            if let Some(mut stderr) = child.stderr.take() {
+                let _ = std::io::Read::read_to_string(&mut stderr, &mut log);
+            }
+            panic!("flagd-proxy ended ({status}) before reading its config file:\n{log}");
+        }
+    }
+}
+
+/// The signals are caught before the proxy does any start-up work: when it opens its config
+/// file (here a FIFO, so it waits there for the test, with nothing logged and nothing bound),
+/// SIGHUP, SIGUSR1, SIGUSR2, SIGTERM, SIGINT and SIGQUIT already have its handlers, not their
+/// default action (which ends the process). The reload signals sent at that point are ignored:
+/// it goes on to serve and logs each as ignored; SIGTERM then stops it cleanly. (What this
+/// cannot show: a signal that arrives before `main` runs finds the default action; no program
+/// can catch it.)
+#[test]
+fn signals_are_caught_before_the_config_file_is_read() {
+    use std::io::{BufRead as _, Write as _};
+    let dir = tempfile::tempdir().expect("a folder");
+    let fifo = dir.path().join("config.yaml");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    let mut child = start_command(manifests.path())
+        .arg("--config")
+        .arg(&fifo)
+        .spawn()
+        .expect("run flagd-proxy");
+    let pid = child.id();
+    let mut config = open_when_read(&fifo, &mut child);
+
+    let caught = caught_signals(pid);
+    for (number, name) in [
+        (1, "SIGHUP"),
+        (2, "SIGINT"),
+        (3, "SIGQUIT"),
+        (10, "SIGUSR1"),
+        (12, "SIGUSR2"),
+        (15, "SIGTERM"),
+    ] {
+        assert_ne!(
+            caught & signal_bit(number),
+            0,
+            "{name} is not caught yet when flagd-proxy reads its config file (SigCgt {caught:016x})"
+        );
+    }
+    for signal in ["HUP", "USR1", "USR2"] {
+        send_signal(pid, signal);
+    }
+    config
+        .write_all(b"log-format: console\n")
+        .expect("write the config file");
+    drop(config);
+
+    let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut seen = String::new();
+    let mut ignored = Vec::new();
+    let mut serving = false;
+    // Each signal is logged as ignored, during start-up or after it (its delivery is the
+    // kernel's to time), and the proxy serves.
+    while !(serving && ignored.len() == 3) {
+        let mut line = String::new();
+        if log.read_line(&mut line).expect("a log line") == 0 {
+            let status = child.wait().expect("the exit status");
+            panic!("flagd-proxy ended ({status}) after a reload signal during start-up:\n{seen}");
+        }
+        serving |= line.contains("flagd-proxy is serving");
+        for name in ["SIGHUP", "SIGUSR1", "SIGUSR2"] {
+            if line.contains(name) && line.contains("ignored") && !ignored.contains(&name) {
+                ignored.push(name);
+            }
+        }
+        seen.push_str(&line);
+    }
+    send_signal(pid, "TERM");
+    // The log is read to its end so the proxy never blocks on a full pipe.
+    std::thread::spawn(move || std::io::copy(&mut log, &mut std::io::sink()));
+    let status = child.wait().expect("the exit status");
+    assert!(status.success(), "{status}\n{seen}");
 }

@@ -21,6 +21,16 @@ fn status(args: &[&str]) -> Output {
         .expect("run flagd-proxy status")
 }
 
+/// Runs `status` against `address`, which must fail (exit status 1, nothing printed on
+/// stdout): its message.
+fn status_error(address: &str) -> String {
+    let output = status(&["--address", address]);
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    assert!(output.stdout.is_empty(), "{stderr}");
+    stderr
+}
+
 #[tokio::test]
 async fn status_shows_resources_watches_and_limits_of_a_running_proxy() {
     let manifests = tempfile::tempdir().expect("a manifests folder");
@@ -148,14 +158,140 @@ async fn status_shows_resources_watches_and_limits_of_a_running_proxy() {
 #[test]
 fn status_of_a_port_where_nothing_listens_fails_with_the_reason() {
     let address = format!("127.0.0.1:{}", support::free_port());
-    let output = status(&["--address", &address]);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert_eq!(output.status.code(), Some(1), "{stderr}");
+    let stderr = status_error(&address);
     assert!(
         stderr.starts_with(&format!(
             "flagd-proxy: cannot connect to the management port at {address}: "
         )),
         "{stderr}"
     );
-    assert!(output.stdout.is_empty());
+}
+
+/// Accepts one connection on `listener` and reads its request head: the connection and the
+/// request's path.
+fn accept_request(listener: &std::net::TcpListener) -> (std::net::TcpStream, String) {
+    use std::io::Read as _;
+    let (mut stream, _) = listener.accept().expect("a connection");
+    let mut head = Vec::new();
+    let mut buffer = [0; 1024];
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = stream.read(&mut buffer).expect("the request");
+        assert_ne!(n, 0, "the request head ends early");
+        head.extend_from_slice(&buffer[..n]);
+    }
+    let head = String::from_utf8_lossy(&head);
+    let path = head.split(' ').nth(1).expect("a request line").to_owned();
+    (stream, path)
+}
+
+/// A management port that streams garbage as the answer to `/status` (up to 128 MiB, then it
+/// closes; "endless" for a client that reads a few MiB): `status` reads no more than its limit,
+/// says so, and closes the connection, so the port sees its writes fail long before the end.
+#[test]
+fn status_reads_a_bounded_answer_from_a_hostile_port() {
+    use std::io::Write as _;
+    const SENT_AT_MOST: usize = 128 << 20;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    let port = std::thread::spawn(move || {
+        let (mut stream, _) = accept_request(&listener);
+        let chunk = vec![b'x'; 64 << 10];
+        let mut sent = 0;
+        let head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n";
+        if stream.write_all(head).is_err() {
+            return sent;
+        }
+        while sent < SENT_AT_MOST && stream.write_all(&chunk).is_ok() {
+            sent += chunk.len();
+        }
+        sent
+    });
+    let stderr = status_error(&address);
+    assert!(
+        stderr.contains(&format!(
+            "GET /status from {address}: the answer is larger than 16 MiB"
+        )),
+        "{stderr}"
+    );
+    let sent = port.join().expect("the port's thread");
+    assert!(
+        sent < SENT_AT_MOST,
+        "the client read all {sent} bytes instead of closing at its limit"
+    );
+}
+
+/// The characters a hostile management port puts in its answers to act on a terminal: ESC
+/// sequences, the one-character CSI (U+009B), DEL, a line break that forges a line, and a
+/// right-to-left override.
+const HOSTILE: &str = "\u{1b}]0;owned\u{7}\u{1b}[2J\u{9b}31m\u{7f}\nFORGED LINE\u{202e}";
+
+/// A management port whose answers carry [`HOSTILE`] text in every field `status` prints (the
+/// source, a selector, a state, an error, a file name and its error, metric labels): neither the
+/// table nor the JSON prints one of its characters raw; the table shows them escaped, and the
+/// JSON still holds the same strings.
+#[test]
+fn status_prints_no_control_characters_from_the_wire() {
+    use std::io::Write as _;
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let address = listener.local_addr().expect("address").to_string();
+    let page = json!({
+        "ready": true,
+        "source": format!("manifests{HOSTILE}"),
+        "sourceStatus": {"resources": 1, "apiServer": HOSTILE, "problems": [
+            {"path": format!("/flags/{HOSTILE}.yaml"), "error": HOSTILE}
+        ]},
+        "resources": [
+            {"selector": format!("core.openfeature.dev/default/{HOSTILE}"),
+             "availability": HOSTILE, "reason": HOSTILE, "version": 1, "bytes": 10,
+             "subscribers": 1}
+        ]
+    })
+    .to_string();
+    let label = HOSTILE.replace('\n', "\\n");
+    let metrics = format!(
+        "flagd_proxy_rejected_requests_total{{reason=\"{label}\"}} 1\n\
+         flagd_proxy_open_connections{{port=\"{label}\"}} 1\n\
+         flagd_proxy_memory_charged_bytes{{kind=\"{label}\"}} 1\n"
+    );
+    // Two requests for each of the two runs.
+    let port = std::thread::spawn(move || {
+        for _ in 0..4 {
+            let (mut stream, path) = accept_request(&listener);
+            let body = if path == "/status" { &page } else { &metrics };
+            let head = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(body.as_bytes());
+        }
+    });
+    let raw = |text: &str| {
+        text.chars()
+            .any(|c| c != '\n' && (c.is_control() || c == '\u{202e}'))
+    };
+
+    let output = status(&["--address", &address]);
+    let table = String::from_utf8(output.stdout).expect("UTF-8");
+    assert!(output.status.success(), "{table}");
+    assert!(!raw(&table), "{table:?}");
+    assert!(!table.contains("\nFORGED LINE"), "{table}");
+    let escaped = r"\u{1b}]0;owned\u{7}\u{1b}[2J\u{9b}31m\u{7f}\nFORGED LINE\u{202e}";
+    for shown in [
+        format!("source manifests{escaped}"),
+        format!("core.openfeature.dev/default/{escaped}"),
+        format!("Source problem: /flags/{escaped}.yaml: {escaped}"),
+        format!("Limits hit:   {escaped} 1"),
+    ] {
+        assert!(table.contains(&shown), "{shown} in {table}");
+    }
+
+    let output = status(&["--address", &address, "-o", "json"]);
+    let json = String::from_utf8(output.stdout).expect("UTF-8");
+    assert!(output.status.success(), "{json}");
+    assert!(!raw(&json), "{json:?}");
+    let report: Value = serde_json::from_str(&json).expect("JSON");
+    assert_eq!(report["resources"][0]["lastError"], HOSTILE);
+    assert_eq!(report["sourceStatus"]["problems"][0]["error"], HOSTILE);
+    port.join().expect("the port's thread");
 }

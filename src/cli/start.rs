@@ -32,6 +32,36 @@ pub use source::SourceArgs;
 pub use sync::SyncArgs;
 pub use tls::TlsArgs;
 
+/// The value parser of the `KEY=VALUE` flags: `parse` splits and checks an entry, and its
+/// refusal is the whole message. (With a plain function as the parser, clap's message would
+/// quote the value as given, with any control characters in it, before `parse`'s own, which
+/// names what is wrong with the key escaped.)
+#[derive(Clone, Copy)]
+struct KeyValue(fn(&str) -> Result<(String, String), String>);
+
+impl clap::builder::TypedValueParser for KeyValue {
+    type Value = (String, String);
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &std::ffi::OsStr,
+    ) -> Result<Self::Value, clap::Error> {
+        use clap::error::{ContextKind, ContextValue, ErrorKind};
+        let flag = arg.map(ToString::to_string).unwrap_or_default();
+        let refused = |message: &str| {
+            let text = format!("invalid value for '{flag}': {message}\n");
+            let mut error = clap::Error::raw(ErrorKind::ValueValidation, text).with_cmd(cmd);
+            // Names the flag for a config file's message (its key), as clap's own errors do.
+            error.insert(ContextKind::InvalidArg, ContextValue::String(flag.clone()));
+            error
+        };
+        let text = value.to_str().ok_or_else(|| refused("not valid UTF-8"))?;
+        (self.0)(text).map_err(|message| refused(&message))
+    }
+}
+
 /// A default duration as the command line spells it (`30s`).
 fn duration_text(duration: Duration) -> String {
     humantime::format_duration(duration).to_string()

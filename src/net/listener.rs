@@ -54,6 +54,18 @@ pub enum SocketError {
     NotASocket { path: PathBuf },
     #[error("{path}: another process is serving this socket")]
     InUse { path: PathBuf },
+    #[error(
+        "{path}: {bytes} bytes, longer than the {MAX_SOCKET_PATH_BYTES} a unix socket path may \
+         have (sun_path holds 108 bytes with the final NUL); choose a shorter path"
+    )]
+    PathTooLong { path: PathBuf, bytes: usize },
+    #[error(
+        "{path}: the socket is first bound under a temporary name in its folder ({bytes} bytes \
+         with the longest such name), longer than the {MAX_SOCKET_PATH_BYTES} a unix socket path \
+         may have (sun_path holds 108 bytes with the final NUL); choose a folder with a shorter \
+         path"
+    )]
+    FolderPathTooLong { path: PathBuf, bytes: usize },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -81,6 +93,43 @@ pub fn listen_tcp(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener
     socket.listen(backlog)
 }
 
+/// The most bytes a unix socket's path may take on Linux: `sun_path` holds 108, the last of them
+/// the terminating NUL. A longer path cannot be bound or connected to.
+pub const MAX_SOCKET_PATH_BYTES: usize = 107;
+
+/// The longest temporary name the socket is bound under in its folder ([`bind_with_mode`]):
+/// the largest process id Linux gives (`pid_max` is at most 2^22) and the last attempt.
+const LONGEST_STAGED_NAME: &str = ".fp4194304-100/s";
+
+/// Refuses a socket path that is too long to be served: the path itself, or the temporary path
+/// the socket is bound under before it is moved to it.
+pub fn check_socket_path(path: &Path) -> Result<(), SocketError> {
+    let bytes = path.as_os_str().len();
+    if bytes > MAX_SOCKET_PATH_BYTES {
+        return Err(SocketError::PathTooLong {
+            path: path.to_owned(),
+            bytes,
+        });
+    }
+    let staged = staging_folder(path).join(LONGEST_STAGED_NAME);
+    let bytes = staged.as_os_str().len();
+    if bytes > MAX_SOCKET_PATH_BYTES {
+        return Err(SocketError::FolderPathTooLong {
+            path: path.to_owned(),
+            bytes,
+        });
+    }
+    Ok(())
+}
+
+/// The folder the socket at `path` is bound in before it is moved to `path`: `path`'s own.
+fn staging_folder(path: &Path) -> &Path {
+    match path.parent() {
+        Some(parent) if !parent.as_os_str().is_empty() => parent,
+        _ => Path::new("."),
+    }
+}
+
 /// A bound unix socket whose file is removed on drop.
 pub struct UnixSocket {
     listener: UnixListener,
@@ -92,6 +141,7 @@ pub struct UnixSocket {
 impl UnixSocket {
     /// Binds `path` with permission bits `mode`, replacing a stale socket file.
     pub fn bind(path: &Path, mode: u32) -> Result<Self, SocketError> {
+        check_socket_path(path)?;
         let io_error = |source| SocketError::Io {
             path: path.to_owned(),
             source,
@@ -137,12 +187,10 @@ impl UnixSocket {
 /// Binds a socket at `path` whose file has permission bits `mode` from the moment it exists
 /// there: bound in a private directory beside `path`, given `mode`, then renamed into place.
 fn bind_with_mode(path: &Path, mode: u32) -> io::Result<UnixListener> {
-    let parent = match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent,
-        _ => Path::new("."),
-    };
-    // Short, so the staged path stays within the length a socket path may have; another name
-    // when one is taken (left by a crashed process that had this pid, say).
+    let parent = staging_folder(path);
+    // Short, so the staged path stays within the length a socket path may have (checked with
+    // the longest such name, LONGEST_STAGED_NAME); another name when one is taken (left by a
+    // crashed process that had this pid, say).
     let mut attempt = 0;
     let private = loop {
         let private = parent.join(format!(".fp{}-{attempt}", std::process::id()));
@@ -223,6 +271,52 @@ mod tests {
         let err = UnixSocket::bind(&path, 0o600).err().expect("not a socket");
         assert!(matches!(err, SocketError::NotASocket { .. }), "{err}");
         assert_eq!(std::fs::read_to_string(&path).expect("read"), "data");
+    }
+
+    /// A path the kernel cannot take is refused before anything is bound, with the limit named;
+    /// one at the limit is served and can be connected to. The limit is the platform's: the
+    /// standard library refuses an address one byte longer.
+    #[tokio::test]
+    async fn socket_paths_longer_than_the_platform_allows_are_refused() {
+        use std::os::unix::net::SocketAddr as UnixAddr;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let at_length = |bytes: usize| {
+            let folder = dir.path().as_os_str().len() + 1;
+            dir.path().join("s".repeat(bytes - folder))
+        };
+        let longest = at_length(MAX_SOCKET_PATH_BYTES);
+        let too_long = at_length(MAX_SOCKET_PATH_BYTES + 1);
+        assert!(UnixAddr::from_pathname(&longest).is_ok());
+        assert!(UnixAddr::from_pathname(&too_long).is_err());
+
+        let socket = UnixSocket::bind(&longest, 0o600).expect("the longest path is served");
+        std::os::unix::net::UnixStream::connect(&longest).expect("and reached");
+        drop(socket);
+
+        let error = UnixSocket::bind(&too_long, 0o600)
+            .err()
+            .expect("one byte more is refused");
+        assert!(
+            matches!(error, SocketError::PathTooLong { bytes: 108, .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("longer than the 107"), "{error}");
+        assert!(!too_long.exists());
+
+        // A short name in a deep folder: the temporary name it is bound under would not fit.
+        let mut folder = dir.path().to_path_buf();
+        while folder.as_os_str().len() < 100 {
+            folder.push("deep");
+        }
+        std::fs::create_dir_all(&folder).expect("a deep folder");
+        let short_name = folder.join("s");
+        assert!(short_name.as_os_str().len() <= MAX_SOCKET_PATH_BYTES);
+        let error = check_socket_path(&short_name).expect_err("no room for the staged name");
+        assert!(
+            matches!(error, SocketError::FolderPathTooLong { .. }),
+            "{error}"
+        );
+        assert!(error.to_string().contains("shorter path"), "{error}");
     }
 
     /// The socket file is never at its path with a mode other than the one asked for: it

@@ -2,13 +2,16 @@
 //! its management port, the Prometheus samples parsed, and both gathered into a [`Report`].
 use std::collections::BTreeMap;
 
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::{Memory, REQUEST_TIMEOUT, Report, ResourceReport, StatusError, Watches};
+use super::{
+    BoxError, MAX_RESPONSE_BYTES, Memory, REQUEST_TIMEOUT, Report, ResourceReport, StatusError,
+    Watches,
+};
 
 /// What `/status` says (the fields this command reads; others are kept in `source_status`).
 #[derive(Debug, Deserialize)]
@@ -50,19 +53,20 @@ pub async fn fetch(address: &str) -> Result<Report, StatusError> {
     ))
 }
 
-/// One HTTP/1.1 GET on a connection of its own: the body of a 200 answer.
+/// One HTTP/1.1 GET on a connection of its own: the body of a 200 answer, read within
+/// [`REQUEST_TIMEOUT`] and at most [`MAX_RESPONSE_BYTES`] of it.
 async fn get(address: &str, path: &'static str) -> Result<Bytes, StatusError> {
     let timeout = || StatusError::Timeout {
         address: address.to_owned(),
         path,
     };
-    tokio::time::timeout(REQUEST_TIMEOUT, get_unbounded(address, path))
+    tokio::time::timeout(REQUEST_TIMEOUT, get_bounded(address, path))
         .await
         .map_err(|_| timeout())?
 }
 
-async fn get_unbounded(address: &str, path: &'static str) -> Result<Bytes, StatusError> {
-    let http = |source| StatusError::Http {
+async fn get_bounded(address: &str, path: &'static str) -> Result<Bytes, StatusError> {
+    let http = |source: BoxError| StatusError::Http {
         address: address.to_owned(),
         path,
         source,
@@ -75,16 +79,18 @@ async fn get_unbounded(address: &str, path: &'static str) -> Result<Bytes, Statu
         })?;
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
-        .map_err(http)?;
-    let connection = tokio::spawn(connection);
+        .map_err(|error| http(error.into()))?;
+    // The connection ends with this call, however it ends (a timeout drops this future).
+    let _connection = AbortOnDrop(tokio::spawn(connection));
     let request = hyper::Request::get(path)
         .header(hyper::header::HOST, address)
         .body(Empty::<Bytes>::new())
         .expect("a GET with a path and a host is a valid request");
-    let response = sender.send_request(request).await.map_err(http)?;
+    let response = sender
+        .send_request(request)
+        .await
+        .map_err(|error| http(error.into()))?;
     let status = response.status();
-    let body = response.into_body().collect().await.map_err(http)?;
-    connection.abort();
     if status != hyper::StatusCode::OK {
         return Err(StatusError::Status {
             address: address.to_owned(),
@@ -92,7 +98,29 @@ async fn get_unbounded(address: &str, path: &'static str) -> Result<Bytes, Statu
             status,
         });
     }
+    let body = Limited::new(response.into_body(), MAX_RESPONSE_BYTES)
+        .collect()
+        .await
+        .map_err(|error| {
+            if error.is::<LengthLimitError>() {
+                StatusError::TooLarge {
+                    address: address.to_owned(),
+                    path,
+                }
+            } else {
+                http(error)
+            }
+        })?;
     Ok(body.to_bytes())
+}
+
+/// A task aborted when this is dropped.
+struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for AbortOnDrop<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The samples of a Prometheus text exposition: (name, labels, value).

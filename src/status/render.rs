@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::Value;
 
 use super::{Memory, Report};
+use crate::text::escaped;
 
 impl Memory {
     /// "12.0 MiB of 384.0 MiB budget (versions 4.0 MiB, ...)".
@@ -20,27 +21,32 @@ impl Memory {
         let parts: Vec<String> = self
             .charged
             .iter()
-            .map(|(kind, bytes)| format!("{kind} {}", mib(*bytes)))
+            .map(|(kind, bytes)| format!("{} {}", escaped(kind), mib(*bytes)))
             .collect();
         format!("{} charged {budget} ({})", mib(used), parts.join(", "))
     }
 }
 
 impl Report {
-    /// The report as JSON, for scripts.
+    /// The report as JSON, for scripts: the same value, with every control or invisible
+    /// character in its strings written as a JSON escape (`\u001b`), so that printing it to a
+    /// terminal cannot act on it.
     pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("a report serializes") + "\n"
+        let json = serde_json::to_string_pretty(self).expect("a report serializes");
+        crate::text::json_escaped(&json).into_owned() + "\n"
     }
 
-    /// The report as text for a terminal; `now` dates the certificate's expiry.
+    /// The report as text for a terminal; `now` dates the certificate's expiry. Every text from
+    /// the wire (and so every file name the proxy reports) is shown with its control and
+    /// invisible characters escaped (`\u{1b}`), one line each.
     pub fn to_table(&self, now: SystemTime) -> String {
         let mut out = String::new();
         let _ = writeln!(
             out,
             "flagd-proxy at {}: {}, source {}{}",
-            self.address,
+            escaped(&self.address),
             if self.ready { "ready" } else { "NOT READY" },
-            self.source,
+            escaped(&self.source),
             source_summary(&self.source_status),
         );
         out.push('\n');
@@ -52,13 +58,15 @@ impl Report {
                 .iter()
                 .map(|r| {
                     [
-                        r.selector.clone(),
-                        r.state.clone(),
+                        escaped(&r.selector).into_owned(),
+                        escaped(&r.state).into_owned(),
                         r.version.map_or("-".into(), |v| v.to_string()),
                         r.version_age_seconds
                             .map_or("-".into(), |s| age(Duration::from_secs_f64(s.max(0.0)))),
                         r.subscribers.to_string(),
-                        r.last_error.clone().unwrap_or_else(|| "-".into()),
+                        r.last_error
+                            .as_deref()
+                            .map_or("-".into(), |e| escaped(e).into_owned()),
                     ]
                 })
                 .collect();
@@ -108,7 +116,7 @@ fn source_summary(status: &Value) -> String {
     }
     for key in ["apiServer", "upstream"] {
         if let Some(text) = status.get(key).and_then(Value::as_str) {
-            parts.push(text.to_owned());
+            parts.push(escaped(text).into_owned());
         }
     }
     if parts.is_empty() {
@@ -128,10 +136,10 @@ fn source_problems(status: &Value) -> Vec<String> {
         .map(|p| match (p.get("path"), p.get("error")) {
             (Some(path), Some(error)) => format!(
                 "{}: {}",
-                path.as_str().unwrap_or_default(),
-                error.as_str().unwrap_or_default()
+                escaped(path.as_str().unwrap_or_default()),
+                escaped(error.as_str().unwrap_or_default())
             ),
-            _ => p.to_string(),
+            _ => escaped(&p.to_string()).into_owned(),
         })
         .collect()
 }
@@ -143,7 +151,7 @@ fn listing(entries: &BTreeMap<String, u64>) -> String {
     }
     entries
         .iter()
-        .map(|(key, value)| format!("{key} {value}"))
+        .map(|(key, value)| format!("{} {value}", escaped(key)))
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -25,7 +25,7 @@ pub struct OtlpArgs {
         value_name = "KEY=VALUE",
         env = "FLAGD_PROXY_OTLP_HEADERS",
         value_delimiter = ',',
-        value_parser = telemetry::parse_pair,
+        value_parser = super::KeyValue(telemetry::parse_pair),
         requires = "otlp_endpoint"
     )]
     pub otlp_headers: Vec<(String, String)>,
@@ -52,7 +52,7 @@ pub struct OtlpArgs {
         value_name = "KEY=VALUE",
         env = "FLAGD_PROXY_OTLP_RESOURCE_ATTRIBUTES",
         value_delimiter = ',',
-        value_parser = telemetry::parse_pair,
+        value_parser = super::KeyValue(telemetry::parse_pair),
         requires = "otlp_endpoint"
     )]
     pub otlp_resource_attributes: Vec<(String, String)>,

@@ -13,8 +13,9 @@ pub struct SyncArgs {
     /// use it (for example region=eu). Repeatable or comma-separated; in the config file a list
     /// of key=value or a mapping. The keys proxy, proxyVersion and selector are the proxy's own,
     /// flagSetId and version each flag set's (refused, as are keys that differ from them only in
-    /// case); a key a flag set's own metadata also sets keeps the flag set's value.
-    #[arg(long = "context-value", value_name = "KEY=VALUE", env = "FLAGD_PROXY_CONTEXT_VALUES", value_delimiter = ',', value_parser = crate::context::parse_entry)]
+    /// case or in characters that look alike, and keys with control or invisible characters); a
+    /// key a flag set's own metadata also sets keeps the flag set's value.
+    #[arg(long = "context-value", value_name = "KEY=VALUE", env = "FLAGD_PROXY_CONTEXT_VALUES", value_delimiter = ',', value_parser = super::KeyValue(crate::context::parse_entry))]
     pub context_values: Vec<(String, String)>,
 
     /// gzip for sync messages: `auto` sends the messages of at least --compression-min-bytes
