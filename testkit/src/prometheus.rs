@@ -1,6 +1,6 @@
 //! A real Prometheus for the alert and dashboard tests (`tests/prometheus/`): `promtool` and a
-//! `prometheus` server on loopback that scrapes given targets and evaluates given rule files,
-//! and a client of its HTTP API.
+//! `prometheus` server on loopback with given scrape configurations and rule files, and a
+//! client of its HTTP API.
 //!
 //! Both come from `FLAGD_PROXY_PROMETHEUS_BIN` (a folder holding both), the cache
 //! (`scripts/install-prometheus.sh`), or `PATH`. Without them the caller skips with a notice,
@@ -73,23 +73,15 @@ pub struct Prometheus {
 }
 
 impl Prometheus {
-    /// Starts a server that scrapes `targets` (`host:port`, path `/metrics`) as job `job` every
-    /// second and evaluates `rule_files` every second, and waits until it is ready.
-    pub async fn start(
-        tools: &Tools,
-        job: &str,
-        targets: &[String],
-        rule_files: &[PathBuf],
-    ) -> Self {
+    /// Starts a server with these `scrape_configs` (Prometheus' configuration, as JSON), a
+    /// default scrape interval of one second, and `rule_files` evaluated every second; waits
+    /// until it is ready.
+    pub async fn start(tools: &Tools, scrape_configs: &[Value], rule_files: &[PathBuf]) -> Self {
         let dir = tempfile::tempdir().expect("tempdir");
         let config = serde_json::json!({
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
             "rule_files": rule_files,
-            "scrape_configs": [{
-                "job_name": job,
-                "metrics_path": "/metrics",
-                "static_configs": [{"targets": targets}],
-            }],
+            "scrape_configs": scrape_configs,
         });
         // JSON is YAML.
         let config_path = dir.path().join("prometheus.yml");

@@ -200,6 +200,15 @@ fn invalid_values_are_refused_with_a_message() {
     refused(&["image.pullPolicy=Sometimes"], &["pullPolicy"]);
     refused(&["central.service.name=Flagd_Proxy"], &["name"]);
     refused(&["securityContext.runAsUser=0"], &["runAsUser"]);
+    refused(
+        &["prometheusRule.requestsRefused.perReason.no_such_reason=1"],
+        &["no_such_reason", "max_watches"],
+    );
+    refused(
+        &["prometheusRule.requestsRefused.perSecond=0"],
+        &["perSecond"],
+    );
+    refused(&["prometheusRule.requestsRefused.window=soon"], &["window"]);
     // Checks across values, with a message that says what to do.
     refused(&["mode=node"], &["node.upstream.address"]);
     refused(

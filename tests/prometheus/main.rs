@@ -1,12 +1,18 @@
 //! The alerts and the dashboard against a real Prometheus (built from its Go module by
 //! `scripts/install-prometheus.sh`): `promtool check rules` and `promtool test rules` (every
 //! alert fires and resolves), and a Prometheus that scrapes a real proxy under load (subscribers
-//! on both protocols, a stream of updates, an invalid version, refused watches and connections,
+//! on both protocols, a stream of updates, invalid versions, refused watches and connections,
 //! a certificate that expires in 10 days, a manifest that does not parse) and a target that is
 //! down: every dashboard query returns data and the alerts that should be active are, and no
-//! other. Also: the chart and `deploy/` carry the same rules and dashboard.
+//! other. That Prometheus scrapes as the Prometheus Operator would for the chart's
+//! ServiceMonitor and evaluates the chart's PrometheusRule, both rendered by helm
+//! (`operator.rs`): every alert about a FeatureFlag names its namespace, and every panel keeps
+//! flags of the same name in different namespaces apart. FlagdProxyRequestsRefused stays quiet
+//! for one refused request and fires for refusals without a pause (`refusals.rs`). Also: the chart and
+//! `deploy/` carry the same rules and dashboard, and the runbook names every refusal reason.
 //!
-//! Without prometheus and promtool these tests print a notice and pass, unless `CI` is set.
+//! Without prometheus and promtool (or helm, for the tests that render the chart) these tests
+//! print a notice and pass, unless `CI` is set.
 //! `FLAGD_PROXY_UPDATE_DOCS=1` also redraws `docs/dashboard.svg` from the run's data.
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -20,7 +26,9 @@ use support::client::{self, Client, LegacyClient, legacy};
 use support::prometheus::{Prometheus, Tools};
 use tonic::transport::{Certificate, ClientTlsConfig};
 
+mod operator;
 mod picture;
+mod refusals;
 
 const ALERTS: &str = "charts/flagd-proxy/files/alerts.yaml";
 const DASHBOARD: &str = "charts/flagd-proxy/files/dashboard.json";
@@ -135,6 +143,34 @@ fn every_alert_has_a_runbook() {
     }
 }
 
+/// The runbook of FlagdProxyRequestsRefused names every reason the proxy counts refusals by,
+/// and the chart's `perReason` takes exactly those.
+#[test]
+fn the_refusals_runbook_names_every_reason() {
+    let docs = std::fs::read_to_string(root().join("docs/alerts.md")).expect("docs/alerts.md");
+    let start = docs
+        .find("\n### FlagdProxyRequestsRefused\n")
+        .expect("the runbook");
+    let runbook = &docs[start + 1..];
+    let runbook = &runbook[..runbook.find("\n### ").unwrap_or(runbook.len())];
+    for reason in flagd_proxy::metrics::REJECT_REASONS {
+        assert!(
+            runbook.contains(&format!("| `{reason}` |")),
+            "the runbook of FlagdProxyRequestsRefused has no row for the reason {reason}"
+        );
+    }
+    let schema = std::fs::read_to_string(root().join("charts/flagd-proxy/values.schema.json"))
+        .expect("values.schema.json");
+    let schema: Value = serde_json::from_str(&schema).expect("the schema is JSON");
+    let reasons = &schema["properties"]["prometheusRule"]["properties"]["requestsRefused"]["properties"]
+        ["perReason"]["propertyNames"]["enum"];
+    assert_eq!(
+        *reasons,
+        json!(flagd_proxy::metrics::REJECT_REASONS),
+        "values.schema.json: prometheusRule.requestsRefused.perReason takes every reason"
+    );
+}
+
 /// Every alert has a unit test in which it fires and, later, has resolved.
 #[test]
 fn every_alert_is_unit_tested_firing_and_resolving() {
@@ -238,24 +274,84 @@ const MAX_CONNECTIONS: usize = 10;
 
 /// Alerts the run makes active (pending or firing). The others must not be, except
 /// FlagdProxyPropagationSlow, which depends on how fast the machine is: its expression must
-/// evaluate, and its input must have data.
-const ACTIVE: [&str; 6] = [
+/// evaluate, and its input must have data. One refused watch and one refused connection do not
+/// make FlagdProxyRequestsRefused active.
+const ACTIVE: [&str; 5] = [
     "FlagdProxyDown",
     "FlagdProxyVersionRejected",
-    "FlagdProxyRequestsRefused",
     "FlagdProxyConnectionsNearLimit",
     "FlagdProxyCertificateExpiresSoon",
     "FlagdProxyWatchesFailing",
 ];
+
+/// The chart's release, and its namespace: the proxy's, which no FeatureFlag of the run is in.
+pub(crate) const RELEASE: &str = "flagd-proxy";
+pub(crate) const RELEASE_NAMESPACE: &str = "flagd-system";
+
+/// The FeatureFlags the run serves (`--max-watches` is their number): two of the same name in
+/// different namespaces.
+const FLAGS: [(&str, &str); 4] = [
+    ("default", "demo"),
+    ("shop", "checkout"),
+    ("team", "checkout"),
+    ("team", "beta"),
+];
+
+/// The two that get an invalid version.
+const INVALID: [(&str, &str); 2] = [("shop", "checkout"), ("team", "checkout")];
+
+/// A Prometheus that scrapes the pods at `targets` as the Prometheus Operator would for the
+/// rendered chart's ServiceMonitor, and evaluates its PrometheusRule. The folder holds the rule
+/// file; keep it while Prometheus runs.
+pub(crate) async fn operator_prometheus(
+    tools: &Tools,
+    chart: &operator::Chart,
+    targets: &[String],
+) -> (Prometheus, tempfile::TempDir) {
+    let rules = tempfile::tempdir().expect("a rules folder");
+    let prometheus = Prometheus::start(
+        tools,
+        &chart.scrape_configs(targets),
+        &[chart.rule_file(rules.path())],
+    )
+    .await;
+    (prometheus, rules)
+}
+
+/// The (namespace, name) of every series of `result` that has a `name` label.
+fn flags_in(result: &[Value]) -> BTreeSet<(String, String)> {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    result
+        .iter()
+        .map(|series| &series["metric"])
+        .filter(|labels| labels.get("name").is_some())
+        .map(|labels| (text(&labels["namespace"]), text(&labels["name"])))
+        .collect()
+}
+
+/// Every series about a FeatureFlag is about one of the run's, by its own namespace (not the
+/// proxy's, which a scrape without honor_labels would put in its place).
+fn assert_flags_of_the_run(what: &str, flags: &BTreeSet<(String, String)>, seen: &Value) {
+    for (namespace, name) in flags {
+        assert!(
+            FLAGS.contains(&(namespace.as_str(), name.as_str())),
+            "{what}: FeatureFlag {name} in namespace {namespace:?}, which is not its namespace \
+             ({RELEASE_NAMESPACE} is the proxy's): {seen}"
+        );
+    }
+}
 
 #[tokio::test]
 async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
     let Some(tools) = Tools::find_or_skip() else {
         return;
     };
+    let Some(chart) = operator::Chart::render(RELEASE, RELEASE_NAMESPACE, &[]) else {
+        return;
+    };
     let manifests = tempfile::tempdir().expect("a manifests folder");
     let dir = manifests.path();
-    for (namespace, name) in [("default", "demo"), ("shop", "checkout"), ("team", "beta")] {
+    for (namespace, name) in FLAGS {
         support::write_color(dir, namespace, name, "red", &["red", "blue"]);
     }
     // A serving certificate that expires in 10 days.
@@ -276,7 +372,7 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
         "--manifests".into(),
         dir.display().to_string(),
         "--max-watches".into(),
-        "3".into(),
+        FLAGS.len().to_string(),
         "--max-connections".into(),
         MAX_CONNECTIONS.to_string(),
     ];
@@ -289,8 +385,7 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
         format!("127.0.0.1:{}", proxy.management_port),
         format!("127.0.0.1:{down}"),
     ];
-    let prometheus =
-        Prometheus::start(&tools, "flagd-proxy", &targets, &[root().join(ALERTS)]).await;
+    let (prometheus, _rules) = operator_prometheus(&tools, &chart, &targets).await;
     let started = SystemTime::now();
 
     // Subscribers: every connection the limit allows, streams of both protocols on them.
@@ -301,8 +396,8 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
         let channel = client::tls_channel(proxy.port, tls_config(&ca.ca_cert))
             .await
             .expect("a TLS connection");
-        let selector = ["default/demo", "shop/checkout", "team/beta"][i % 3];
-        let selector = format!("core.openfeature.dev/{selector}");
+        let (namespace, name) = FLAGS[i % FLAGS.len()];
+        let selector = format!("core.openfeature.dev/{namespace}/{name}");
         let mut v1 = Client::new(channel.clone());
         let mut stream = client::open(&mut v1, &selector).await.expect("a stream");
         client::next(&mut stream).await;
@@ -366,7 +461,7 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
         "a connection over --max-connections is closed",
     )
     .await;
-    // A fourth resource is over --max-watches.
+    // One resource more is over --max-watches.
     let mut v1 = Client::new(channels[0].clone());
     let status = match client::open(&mut v1, "core.openfeature.dev/default/other").await {
         Ok(mut stream) => client::next_message(&mut stream)
@@ -375,13 +470,15 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
         Err(status) => status,
     };
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
-    // An invalid version of shop/checkout (a state clients do not know).
-    support::write_manifest(
-        dir,
-        "shop",
-        "checkout",
-        json!({"color": {"state": "ON", "variants": {"red": "red"}, "defaultVariant": "red"}}),
-    );
+    // An invalid version of both checkouts (a state clients do not know).
+    for (namespace, name) in INVALID {
+        support::write_manifest(
+            dir,
+            namespace,
+            name,
+            json!({"color": {"state": "ON", "variants": {"red": "red"}, "defaultVariant": "red"}}),
+        );
+    }
     // A manifest that does not parse; once Prometheus has its error count, another error.
     support::write_atomically(&dir.join("broken.yaml"), "kind: [unclosed\n");
     wait_for_series(
@@ -391,42 +488,29 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
     .await;
     support::write_atomically(&dir.join("broken.yaml"), "kind: {unclosed\n");
 
-    // Every panel's query returns data.
-    let queries = dashboard_queries();
-    for (title, expr) in &queries {
-        let expr = concrete(expr);
-        eprintln!("panel {title:?}: {expr}");
-        wait_for_series(&prometheus, &expr).await;
-    }
-
     // The alerts that should be active are, and no others.
     let alerts = alerts();
     let expected: BTreeSet<String> = ACTIVE.iter().map(|a| (*a).to_owned()).collect();
-    let active = support::eventually("the expected alerts are active", || {
+    let invalid: BTreeSet<(String, String)> = INVALID
+        .iter()
+        .map(|(namespace, name)| ((*namespace).to_owned(), (*name).to_owned()))
+        .collect();
+    let active_alerts = support::eventually("the expected alerts are active", || {
         let prometheus = &prometheus;
-        let expected = expected.clone();
+        let (expected, invalid) = (expected.clone(), invalid.clone());
         async move {
-            let data = prometheus.api("alerts", &[]).await?;
-            let active: BTreeSet<String> = data["alerts"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|a| a["state"] == "pending" || a["state"] == "firing")
-                .map(|a| {
-                    a["labels"]["alertname"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .to_owned()
-                })
-                .collect();
-            if expected.is_subset(&active) {
-                Ok(active)
+            let alerts = active_alerts(prometheus).await?;
+            let names: BTreeSet<String> = alerts.iter().map(alert_name).collect();
+            let rejected = series_of(&alerts, "FlagdProxyVersionRejected");
+            if expected.is_subset(&names) && rejected.len() >= invalid.len() {
+                Ok(alerts)
             } else {
-                Err(format!("active so far: {active:?}"))
+                Err(format!("active so far: {names:?}"))
             }
         }
     })
     .await;
+    let active: BTreeSet<String> = active_alerts.iter().map(alert_name).collect();
     let unexpected: Vec<&String> = active
         .iter()
         .filter(|a| !expected.contains(*a) && *a != "FlagdProxyPropagationSlow")
@@ -435,6 +519,51 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
         unexpected.is_empty(),
         "alerts active that should not be: {unexpected:?}"
     );
+    // An alert about a FeatureFlag names its namespace; one about a proxy, the proxy's.
+    for alert in &active_alerts {
+        let labels = &alert["labels"];
+        let what = format!("alert {}", alert_name(alert));
+        match labels.get("name") {
+            Some(_) => {
+                assert_flags_of_the_run(&what, &flags_in(&[json!({"metric": labels})]), labels);
+            }
+            None => assert_eq!(
+                labels["namespace"], RELEASE_NAMESPACE,
+                "{what} is about a proxy, in the namespace {RELEASE_NAMESPACE}: {labels}"
+            ),
+        }
+    }
+    let rejected = series_of(&active_alerts, "FlagdProxyVersionRejected");
+    assert_eq!(
+        flags_in(&rejected),
+        invalid,
+        "one FlagdProxyVersionRejected per invalid FeatureFlag: {rejected:?}"
+    );
+
+    // Every panel's query returns data; a panel of FeatureFlags shows each by its own
+    // namespace, both checkouts apart.
+    let queries = dashboard_queries();
+    for (title, expr) in &queries {
+        let expr = concrete(expr);
+        eprintln!("panel {title:?}: {expr}");
+        wait_for_series(&prometheus, &expr).await;
+        let what = format!("panel {title:?}: {expr}");
+        let invalid = &invalid;
+        support::eventually(&format!("{what} keeps the checkouts apart"), || {
+            let (prometheus, expr, what) = (&prometheus, &expr, &what);
+            async move {
+                let result = prometheus.query(expr).await?;
+                let flags = flags_in(&result);
+                assert_flags_of_the_run(what, &flags, &json!(result));
+                if flags.is_empty() || invalid.is_subset(&flags) {
+                    Ok(())
+                } else {
+                    Err(format!("FeatureFlags so far: {flags:?}"))
+                }
+            }
+        })
+        .await;
+    }
     // Every rule is loaded and evaluates without an error.
     let rules = prometheus
         .api("rules", &[("type", "alert")])
@@ -479,8 +608,36 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
     }
 }
 
+/// The alerts pending or firing.
+pub(crate) async fn active_alerts(prometheus: &Prometheus) -> Result<Vec<Value>, String> {
+    let data = prometheus.api("alerts", &[]).await?;
+    Ok(data["alerts"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|a| a["state"] == "pending" || a["state"] == "firing")
+        .cloned()
+        .collect())
+}
+
+/// The labels of the alerts named `name`, as series (`{"metric": labels}`).
+fn series_of(alerts: &[Value], name: &str) -> Vec<Value> {
+    alerts
+        .iter()
+        .filter(|a| alert_name(a) == name)
+        .map(|a| json!({"metric": a["labels"]}))
+        .collect()
+}
+
+pub(crate) fn alert_name(alert: &Value) -> String {
+    alert["labels"]["alertname"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
 /// Waits until `expr` has data in Prometheus.
-async fn wait_for_series(prometheus: &Prometheus, expr: &str) {
+pub(crate) async fn wait_for_series(prometheus: &Prometheus, expr: &str) {
     support::eventually(&format!("Prometheus has {expr}"), || async move {
         match prometheus.query(expr).await? {
             result if result.is_empty() => Err("no data yet".to_owned()),

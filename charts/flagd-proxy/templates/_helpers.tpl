@@ -598,3 +598,20 @@ spec:
             path: ca.crt
   {{- end }}
 {{- end -}}
+
+{{/*
+The expression of FlagdProxyRequestsRefused from prometheusRule.requestsRefused: the rate of
+refusals of each reason over `window` above `perSecond`, or above the reason's own threshold in
+`perReason`. With the defaults it is the expression of files/alerts.yaml.
+*/}}
+{{- define "flagd-proxy.refusalsExpr" -}}
+{{- $metric := "flagd_proxy_rejected_requests_total" -}}
+{{- $reasons := keys .perReason | sortAlpha -}}
+{{- if $reasons -}}
+rate({{ $metric }}{reason!~"{{ join "|" $reasons }}"}[{{ .window }}]) > {{ .perSecond }}
+{{- range $reasons }} or rate({{ $metric }}{reason="{{ . }}"}[{{ $.window }}]) > {{ index $.perReason . }}
+{{- end }}
+{{- else -}}
+rate({{ $metric }}[{{ .window }}]) > {{ .perSecond }}
+{{- end -}}
+{{- end -}}
