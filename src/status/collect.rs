@@ -33,6 +33,8 @@ pub(super) struct StatusResource {
     subscribers: u64,
     #[serde(default)]
     version_age_seconds: Option<f64>,
+    #[serde(default)]
+    warnings: Option<String>,
 }
 
 /// Reads the state of the proxy whose management port is at `address` (`host:port`).
@@ -165,6 +167,7 @@ impl Report {
                 bytes: r.bytes,
                 subscribers: r.subscribers,
                 last_error: r.reason,
+                warnings: r.warnings,
             })
             .collect();
         Report {

@@ -58,7 +58,11 @@ impl Report {
                         r.version_age_seconds
                             .map_or("-".into(), |s| age(Duration::from_secs_f64(s.max(0.0)))),
                         r.subscribers.to_string(),
-                        r.last_error.clone().unwrap_or_else(|| "-".into()),
+                        match (&r.last_error, &r.warnings) {
+                            (Some(error), _) => error.clone(),
+                            (None, Some(warnings)) => format!("served with warnings: {warnings}"),
+                            (None, None) => "-".into(),
+                        },
                     ]
                 })
                 .collect();
