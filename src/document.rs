@@ -2,9 +2,10 @@
 //! clients parse, and the checks that keep a broken resource from reaching them.
 //!
 //! The output matches what flagd's own Kubernetes sync produces:
-//! `{"flags": {...}, "metadata": ..., "$evaluators": ...}`, with exactly the keys `state`,
-//! `variants`, `defaultVariant` (always a string), `targeting` and `metadata` per flag. Some
-//! clients reject a whole payload for one unknown key, so nothing else is passed through.
+//! `{"flags": {...}, "metadata": ..., "$evaluators": ...}`, with at most the keys `state`,
+//! `variants`, `defaultVariant`, `targeting` and `metadata` per flag, each as the resource has
+//! it. Some clients reject a whole payload for one unknown key, so nothing else is passed
+//! through.
 //!
 //! The checks follow flagd, the reference server, and come in two kinds:
 //!

@@ -6,7 +6,7 @@
 use serde_json::{Map, Value};
 
 use super::validation::field;
-use super::{DocumentError, DocumentWarning, MAX_DEPTH, check, depth};
+use super::{DocumentError, DocumentWarning, FLAG_KEYS, MAX_DEPTH, check, depth};
 
 /// A flag configuration document made from a resource, and what clients will report about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -107,29 +107,18 @@ fn from_flag_spec(spec: &Map<String, Value>) -> Value {
     Value::Object(document)
 }
 
-/// A flag as clients get it: the fields flagd reads, under their own names; `defaultVariant`
-/// always a string (empty: none). A `null` flag stays `null` (flagd loads it with nothing set).
+/// A flag as clients get it: the fields flagd reads, under their own names, each as the
+/// resource has it (a missing field stays missing and a null one null: clients may tell them
+/// apart, and flagd does not). A `null` flag stays `null` (flagd loads it with nothing set).
 fn client_flag(flag: &Value) -> Value {
     let Value::Object(flag) = flag else {
         return Value::Null;
     };
-    let mut out = Map::with_capacity(5);
-    for name in ["state", "variants", "metadata"] {
-        match field(flag, name) {
-            None | Some(Value::Null) => {}
-            Some(value) => {
-                out.insert(name.to_owned(), value.clone());
-            }
+    let mut out = Map::with_capacity(FLAG_KEYS.len());
+    for name in FLAG_KEYS {
+        if let Some(value) = field(flag, name) {
+            out.insert((*name).to_owned(), value.clone());
         }
-    }
-    let default_variant = match field(flag, "defaultVariant") {
-        Some(Value::String(s)) => s.clone(),
-        _ => String::new(),
-    };
-    out.insert("defaultVariant".to_owned(), Value::String(default_variant));
-    // A null rule is kept: flagd evaluates it (to the default variant), unlike no rule.
-    if let Some(targeting) = field(flag, "targeting") {
-        out.insert("targeting".to_owned(), targeting.clone());
     }
     Value::Object(out)
 }

@@ -219,12 +219,6 @@ fn check_document(text: &str) -> Result<(), TestCaseError> {
                 key
             );
         }
-        prop_assert!(
-            flag["defaultVariant"].is_string(),
-            "flag {:?}: defaultVariant {}",
-            name,
-            flag["defaultVariant"]
-        );
     }
     Ok(())
 }

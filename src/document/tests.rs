@@ -29,14 +29,21 @@ fn emits_exactly_the_client_keys() {
     );
 }
 
+/// A field the resource leaves out stays out, and a null one stays null: clients may tell them
+/// apart (flagd does not), and a client must see what it would read from the file.
 #[test]
-fn missing_default_variant_becomes_empty_string() {
+fn fields_are_passed_as_the_resource_has_them() {
     let doc = from_resource(&resource(json!({
-        "flags": {"f": {"state": "DISABLED", "variants": {"on": true}}}
+        "flags": {"f": {"state": "DISABLED", "variants": {"on": true}},
+                  "g": {"state": "ENABLED", "variants": {"on": true}, "defaultVariant": null}}
     })))
     .expect("valid");
     let doc: Value = serde_json::from_str(&doc).expect("json");
-    assert_eq!(doc["flags"]["f"]["defaultVariant"], json!(""));
+    assert_eq!(
+        doc["flags"]["f"],
+        json!({"state": "DISABLED", "variants": {"on": true}})
+    );
+    assert_eq!(doc["flags"]["g"]["defaultVariant"], Value::Null);
     assert!(doc.get("metadata").is_none() && doc.get("$evaluators").is_none());
 }
 

@@ -7,8 +7,14 @@
 //! variant, reason, or error code) must be the same. A document the proxy held back that flagd
 //! loads shows up as flags flagd cannot find through the proxy, and the other way round.
 //!
+//! The in-process providers of the compatibility matrix go through the same corpus twice too:
+//! each reads every document from a file and syncs it from the proxy (`providers.rs`), and each
+//! flag must evaluate the same both ways; a provider that treats a document differently from
+//! flagd is listed (`docs/fidelity.md`, rewritten when `FLAGD_PROXY_UPDATE_DOCS` is set).
+//!
 //! Needs flagd (`scripts/install-compat.sh flagd`) and root (flagd runs in a network namespace
-//! of its own); skipped without them, a failure under `CI`.
+//! of its own), and the providers' programs (`scripts/install-interop.sh`,
+//! `scripts/install-compat.sh`); skipped without them, a failure under `CI`.
 use flagd_proxy_testkit as support;
 
 use std::collections::BTreeMap;
@@ -21,9 +27,14 @@ use tokio::time::Instant;
 
 mod corpus;
 mod flagd;
+mod providers;
 
 use corpus::Doc;
 use flagd::{EVENT_TIMEOUT, Flagd, marker_document};
+use providers::{CLIENTS, JobDocument, Outcome};
+
+/// The two tests share the machine's cores: one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The corpus' seed: the same documents in every run.
 const SEED: u64 = 0x5EED_F1A6;
@@ -167,7 +178,7 @@ async fn through_proxy(
 ) -> BTreeMap<(String, usize), Value> {
     let marker = format!("marker-{batch}");
     let mut names = vec![marker.clone()];
-    names.extend(docs.iter().map(|(index, _)| format!("doc-{index}")));
+    names.extend(docs.iter().map(|(index, _)| doc_name(*index)));
     // flagd keeps each source's flags under its URI (a payload replaces the flags its source
     // gave before): every source gets a path of its own, a link to the proxy's socket.
     let links = socket.with_file_name(format!("links-{batch}"));
@@ -239,45 +250,72 @@ fn flagd_binary() -> Option<PathBuf> {
     Some(bin)
 }
 
+/// The corpus, in batches, as FeatureFlag manifests a proxy serves (with a marker resource per
+/// batch), and the proxy serving them on a unix socket as well as its port.
+struct Setup {
+    docs: Vec<Doc>,
+    batches: Vec<Vec<usize>>,
+    work: tempfile::TempDir,
+    manifests: PathBuf,
+    socket: PathBuf,
+    proxy: Proxy,
+}
+
+impl Setup {
+    async fn new() -> Setup {
+        let vectors = test_data("flagd-schemas-flagd/json/test/flags").ok();
+        let docs = corpus::corpus(SEED, RANDOM_DOCUMENTS, vectors.as_deref());
+        let work = tempfile::tempdir().expect("work directory");
+        let manifests = work.path().join("manifests");
+        std::fs::create_dir_all(&manifests).expect("manifests directory");
+        let batches = batches(&docs);
+        for (batch, members) in batches.iter().enumerate() {
+            write_resource(
+                &manifests,
+                &format!("marker-{batch}"),
+                &marker_document("v1"),
+            );
+            for index in members {
+                write_resource(&manifests, &doc_name(*index), &docs[*index].value);
+            }
+        }
+        let socket = work.path().join("proxy.sock");
+        let manifests_arg = manifests.display().to_string();
+        let socket_arg = socket.display().to_string();
+        let proxy = Proxy::start(&[
+            "--manifests",
+            &manifests_arg,
+            "--sync-socket-path",
+            &socket_arg,
+        ])
+        .await;
+        Setup {
+            docs,
+            batches,
+            work,
+            manifests,
+            socket,
+            proxy,
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn flagd_fed_by_the_proxy_answers_as_flagd_reading_the_file() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let Some(bin) = flagd_binary() else {
         return;
     };
-    let vectors = test_data("flagd-schemas-flagd/json/test/flags").ok();
-    let docs = corpus::corpus(SEED, RANDOM_DOCUMENTS, vectors.as_deref());
-    let work = tempfile::tempdir().expect("work directory");
-    let manifests = work.path().join("manifests");
-    std::fs::create_dir_all(&manifests).expect("manifests directory");
-    let batches = batches(&docs);
-    for (batch, members) in batches.iter().enumerate() {
-        write_resource(
-            &manifests,
-            &format!("marker-{batch}"),
-            &marker_document("v1"),
-        );
-        for index in members {
-            write_resource(&manifests, &format!("doc-{index}"), &docs[*index].value);
-        }
-    }
-    let socket = work.path().join("proxy.sock");
-    let manifests_arg = manifests.display().to_string();
-    let socket_arg = socket.display().to_string();
-    let proxy = Proxy::start(&[
-        "--manifests",
-        &manifests_arg,
-        "--sync-socket-path",
-        &socket_arg,
-    ])
-    .await;
-
+    let setup = Setup::new().await;
+    let (docs, batches, work) = (&setup.docs, &setup.batches, &setup.work);
+    let (manifests, socket, proxy) = (&setup.manifests, &setup.socket, &setup.proxy);
     let mut compared = 0;
     let mut disagreements = Vec::new();
     for (batch, members) in batches.iter().enumerate() {
         let docs_in: Vec<(usize, &Doc)> = members.iter().map(|i| (*i, &docs[*i])).collect();
         let plain: Vec<&Doc> = docs_in.iter().map(|(_, doc)| *doc).collect();
         let file = from_files(&bin, &work.path().join(format!("files-{batch}")), &plain).await;
-        let fed = through_proxy(&bin, &proxy, &socket, &manifests, batch, &docs_in).await;
+        let fed = through_proxy(&bin, proxy, socket, manifests, batch, &docs_in).await;
         for (index, doc) in &docs_in {
             for key in doc.flag_keys() {
                 for context in 0..contexts().len() {
@@ -311,4 +349,154 @@ async fn flagd_fed_by_the_proxy_answers_as_flagd_reading_the_file() {
         disagreements.join("\n")
     );
     assert!(docs.len() >= 500, "the corpus has {} documents", docs.len());
+}
+
+/// How one provider did over the corpus: documents evaluated the same both ways, and the names
+/// of those it loads although flagd refuses them, or refuses although flagd loads them.
+struct ProviderRow {
+    name: &'static str,
+    same: usize,
+    loads: Vec<String>,
+    refuses: Vec<String>,
+}
+
+/// The providers' table for `docs/fidelity.md`.
+fn providers_doc(rows: &[ProviderRow], docs: usize) -> String {
+    let mut out = String::from(
+        "# Documents providers treat differently from flagd\n\n<!-- Generated by `cargo test \
+         --test fidelity` (FLAGD_PROXY_UPDATE_DOCS=1 rewrites it); do not edit. -->\n\n",
+    );
+    out.push_str(&format!(
+        "Each in-process provider read the {docs} documents of the differential corpus \
+         (`tests/fidelity/`) from a file (its offline file mode) and synced them from the proxy \
+         (its in-process gRPC mode); every flag was evaluated both ways, as a boolean, a string, \
+         a number and an object, in two contexts. The proxy serves exactly the documents flagd \
+         loads, so where a provider loads a document flagd refuses, or refuses one flagd loads, \
+         its two modes differ: that is the provider's own defect, and it is listed here. Every \
+         other document evaluates the same both ways (the test fails otherwise).\n\n",
+    ));
+    out.push_str(
+        "| client | documents evaluated the same both ways | documents this client treats \
+         differently from flagd | loads what flagd refuses (examples) | refuses what flagd \
+         loads (examples) |\n|---|---|---|---|---|\n",
+    );
+    for ProviderRow {
+        name,
+        same,
+        loads,
+        refuses,
+    } in rows
+    {
+        let examples = |list: &[String]| {
+            if list.is_empty() {
+                "-".to_owned()
+            } else {
+                let shown: Vec<&str> = list.iter().take(3).map(String::as_str).collect();
+                format!("{} ({})", list.len(), shown.join("; "))
+            }
+        };
+        out.push_str(&format!(
+            "| {name} | {same} | {} | {} | {} |\n",
+            loads.len() + refuses.len(),
+            examples(loads),
+            examples(refuses)
+        ));
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_answer_the_same_from_a_file_and_through_the_proxy() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let mut commands = Vec::new();
+    for client in CLIENTS {
+        match client.command() {
+            Ok(_) => commands.push(client),
+            Err(missing) => {
+                support::skip::skip(format_args!("{}: {missing}", client.name()));
+                return;
+            }
+        }
+    }
+    let setup = Setup::new().await;
+    let files = setup.work.path().join("documents");
+    std::fs::create_dir_all(&files).expect("documents directory");
+    let mut client = support::client::client(&setup.proxy).await;
+    let mut documents = Vec::new();
+    for (index, doc) in setup.docs.iter().enumerate() {
+        let id = doc_name(index);
+        let path = files.join(format!("{id}.json"));
+        std::fs::write(&path, doc.value.to_string()).expect("document file");
+        let served = support::client::fetch(&mut client, &selector(&id))
+            .await
+            .is_ok();
+        documents.push(JobDocument {
+            selector: selector(&id),
+            id,
+            path,
+            flags: doc.flag_keys(),
+            served,
+        });
+    }
+    let contexts = contexts();
+    let mut rows = Vec::new();
+    let mut failures = Vec::new();
+    for client in commands {
+        let dir = setup.work.path();
+        let port = setup.proxy.port;
+        let file = providers::run(client, "file", port, &contexts, &documents, dir).await;
+        let sync = providers::run(client, "sync", port, &contexts, &documents, dir).await;
+        let (file, sync) = match (file, sync) {
+            (Ok(file), Ok(sync)) => (file, sync),
+            (Err(e), _) | (_, Err(e)) => {
+                failures.push(format!("{}: {e}", client.name()));
+                continue;
+            }
+        };
+        let (mut same, mut loads, mut refuses) = (0, Vec::new(), Vec::new());
+        for (index, document) in documents.iter().enumerate() {
+            let (f, s) = (&file[&document.id], &sync[&document.id]);
+            match providers::compare(f, s, document.served) {
+                Outcome::Same => same += 1,
+                Outcome::ClientDiffers { loads: true } => {
+                    loads.push(setup.docs[index].name.clone())
+                }
+                Outcome::ClientDiffers { loads: false } => {
+                    refuses.push(setup.docs[index].name.clone())
+                }
+                Outcome::Differs => failures.push(format!(
+                    "{}: document {index} ({}) evaluates differently from the file ({f}) and \
+                     through the proxy ({s})",
+                    client.name(),
+                    setup.docs[index].name
+                )),
+            }
+        }
+        eprintln!(
+            "fidelity: {}: {same} of {} documents the same both ways, {} loaded that flagd \
+             refuses, {} refused that flagd loads",
+            client.name(),
+            documents.len(),
+            loads.len(),
+            refuses.len()
+        );
+        rows.push(ProviderRow {
+            name: client.name(),
+            same,
+            loads,
+            refuses,
+        });
+    }
+    let doc = providers_doc(&rows, documents.len());
+    eprintln!("{doc}");
+    if std::env::var_os("FLAGD_PROXY_UPDATE_DOCS").is_some() && failures.is_empty() {
+        std::fs::write(support::repo_root().join("docs/fidelity.md"), &doc)
+            .expect("write docs/fidelity.md");
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The resource name of document `index`.
+fn doc_name(index: usize) -> String {
+    format!("doc-{index}")
 }
