@@ -166,10 +166,17 @@ pub async fn run(
         .map_err(|_| format!("no end within {RUN_TIMEOUT:?}"))??;
     let err = String::from_utf8_lossy(&err);
     if !status.success() {
-        let tail: Vec<&str> = err.lines().rev().take(20).collect();
+        // A crash names its cause in its first lines and where it was in its last ones.
+        let lines: Vec<&str> = err.lines().collect();
+        let first = lines
+            .iter()
+            .position(|l| l.contains("panic") || l.contains("fatal"));
+        let cause = first.map_or(&[][..], |at| &lines[at..lines.len().min(at + 5)]);
+        let tail = &lines[lines.len().saturating_sub(15)..];
         return Err(format!(
-            "{mode} mode exited with {status}; its last log lines:\n{}",
-            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+            "{mode} mode exited with {status}; its log:\n{}\n...\n{}",
+            cause.join("\n"),
+            tail.join("\n")
         ));
     }
     let mut lines = BTreeMap::new();

@@ -34,8 +34,11 @@ const (
 	hangGuard = 15 * time.Second
 	// How long to wait for a provider to shut down before moving on.
 	shutdownGuard = 10 * time.Second
-	// How many documents are handled at once.
-	parallelism = 8
+	// How many documents are handled at once: one. Every new provider registers flagd's
+	// JsonLogic operators in the library's process-wide table (flagd/core's NewResolver calls
+	// jsonlogic.AddOperator), which is not safe while another provider evaluates: the Go
+	// runtime stops the process on the concurrent map access.
+	parallelism = 1
 
 	stringDefault = "<default>"
 	floatDefault  = -1.0
@@ -134,8 +137,14 @@ func providerLogger() logr.Logger {
 }
 
 // evaluationContext turns a job context into an OpenFeature one: `targetingKey` (a string) is
-// the targeting key, every other entry an attribute.
-func evaluationContext(raw map[string]any) openfeature.EvaluationContext {
+// the targeting key, every other entry an attribute. Each evaluation gets a context of its own,
+// built from a deep copy: the provider's evaluation adds to the context's maps, and documents
+// are evaluated concurrently.
+func evaluationContext(shared map[string]any) openfeature.EvaluationContext {
+	raw := map[string]any{}
+	if encoded, err := json.Marshal(shared); err == nil {
+		_ = json.Unmarshal(encoded, &raw)
+	}
 	attributes := make(map[string]any, len(raw))
 	targetingKey := ""
 	for key, value := range raw {
@@ -238,7 +247,7 @@ func shutdown(id string, provider *flagd.Provider) {
 	}
 }
 
-func run(j *job, index int, doc document, contexts []openfeature.EvaluationContext, portErr error, port uint16) any {
+func run(j *job, index int, doc document, contexts []map[string]any, portErr error, port uint16) any {
 	if j.Mode == "sync" && doc.Served != nil && !*doc.Served {
 		return notReadyLine{ID: doc.ID, Event: "not served"}
 	}
@@ -282,8 +291,8 @@ func run(j *job, index int, doc document, contexts []openfeature.EvaluationConte
 	answers := make(map[string][][]answer, len(doc.Flags))
 	for _, flag := range doc.Flags {
 		perContext := make([][]answer, 0, len(contexts))
-		for _, evalCtx := range contexts {
-			perContext = append(perContext, evaluate(client, doc.ID, flag, evalCtx))
+		for _, raw := range contexts {
+			perContext = append(perContext, evaluate(client, doc.ID, flag, evaluationContext(raw)))
 		}
 		answers[flag] = perContext
 	}
@@ -291,7 +300,7 @@ func run(j *job, index int, doc document, contexts []openfeature.EvaluationConte
 }
 
 // handle runs one document and always writes its line, whatever goes wrong.
-func handle(j *job, index int, doc document, contexts []openfeature.EvaluationContext, portErr error, port uint16) {
+func handle(j *job, index int, doc document, contexts []map[string]any, portErr error, port uint16) {
 	var line any
 	func() {
 		defer func() {
@@ -341,10 +350,7 @@ func main() {
 		os.Exit(2)
 	}
 
-	contexts := make([]openfeature.EvaluationContext, 0, len(j.Contexts))
-	for _, raw := range j.Contexts {
-		contexts = append(contexts, evaluationContext(raw))
-	}
+	contexts := j.Contexts
 	port, portErr := uint16(0), error(nil)
 	if j.Mode == "sync" {
 		port, portErr = parsePort(j)
