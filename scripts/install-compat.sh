@@ -4,6 +4,7 @@
 #   flagd          flagd v0.16.0, built from interop/flagd/current   -> $BIN/flagd-v0.16.0/flagd
 #   flagd-legacy   flagd v0.4.2 (legacy sync.v1 only), interop/flagd/legacy -> $BIN/flagd-v0.4.2/flagd
 #   go             the Go in-process provider client, interop/go     -> $BIN/interop-go/flagd-proxy-interop-go
+#                  and its differential program, interop/go/diff -> $BIN/interop-go/flagd-proxy-interop-go-diff
 #   go-legacy      an old Go provider (legacy sync.v1), interop/go/legacy
 #                                                 -> $BIN/interop-go-legacy/flagd-proxy-interop-go-legacy
 #   java           the Java in-process provider client, interop/java -> $CACHE/java/{lib,classes}
@@ -105,15 +106,19 @@ install_go() {
     local dir="$ROOT/interop/go"
     local out="$BIN/interop-go/flagd-proxy-interop-go"
     local want
-    want="$(hash_of "$dir/main.go" "$dir/go.mod" "$dir/go.sum") $(go env GOVERSION)"
-    if up_to_date "$out.stamp" "$want" "$out"; then
+    local diff="$BIN/interop-go/flagd-proxy-interop-go-diff"
+    want="$(hash_of "$dir/main.go" "$dir/go.mod" "$dir/go.sum" $(find "$dir/diff" -name '*.go' | LC_ALL=C sort)) $(go env GOVERSION)"
+    if up_to_date "$out.stamp" "$want" "$out" "$diff"; then
         log "go: up to date"
     else
         log "go: go build"
         go_build "$dir" . "$out" ""
+        # The differential program (interop/differential.md).
+        go_build "$dir" ./diff "$diff" ""
         printf '%s' "$want" >"$out.stamp"
     fi
     echo "go client:     $out"
+    echo "go diff:       $diff"
 }
 
 install_go_legacy() {
@@ -140,7 +145,7 @@ install_java() {
     local out="$CACHE/java"
     local want
     want="$(hash_of $(files_under "$dir")) $(javac -version 2>&1)"
-    if up_to_date "$out/stamp" "$want" "$out/classes/interop/Client.class" "$out/lib"; then
+    if up_to_date "$out/stamp" "$want" "$out/classes/interop/Client.class" "$out/classes/interop/Diff.class" "$out/lib"; then
         log "java: up to date"
     else
         log "java: resolving dependencies from Maven Central (mvn dependency:copy-dependencies)"
@@ -150,7 +155,7 @@ install_java() {
             -DincludeScope=runtime -DoutputDirectory="$out/lib" >&2
         log "java: javac"
         "${NICE[@]}" javac --release 17 -nowarn -d "$out/classes" -cp "$out/lib/*" \
-            "$dir/src/main/java/interop/Client.java" 2>&1 | grep -v '^warning:\|SuppressFBWarnings\|^[0-9]* warnings$' >&2 || true
+            "$dir"/src/main/java/interop/*.java 2>&1 | grep -v '^warning:\|SuppressFBWarnings\|^[0-9]* warnings$' >&2 || true
         [[ -f "$out/classes/interop/Client.class" ]] || { echo "javac produced no class file" >&2; return 1; }
         printf '%s' "$want" >"$out/stamp"
     fi

@@ -2,22 +2,23 @@
 //! clients parse, and the checks that keep a broken resource from reaching them.
 //!
 //! The output matches what flagd's own Kubernetes sync produces:
-//! `{"flags": {...}, "metadata": ..., "$evaluators": ...}`, with exactly the keys `state`,
-//! `variants`, `defaultVariant` (always a string), `targeting` and `metadata` per flag. Some
-//! clients reject a whole payload for one unknown key, so nothing else is passed through.
+//! `{"flags": {...}, "metadata": ..., "$evaluators": ...}`, with at most the keys `state`,
+//! `variants`, `defaultVariant`, `targeting` and `metadata` per flag, each as the resource has
+//! it. Some clients reject a whole payload for one unknown key, so nothing else is passed
+//! through.
 //!
-//! The checks come in two kinds:
+//! The checks follow flagd, the reference server, and come in two kinds:
 //!
-//! - [`DocumentError`]: problems that break a client's parser or make the whole payload unusable
-//!   (not an object, `flags` or `$evaluators` not an object, a flag whose `state`, `variants`,
-//!   `defaultVariant`, `metadata` or `targeting` has the wrong shape, a `defaultVariant` that is
-//!   not one of the flag's variants, metadata that is not flat, nesting deeper than
-//!   [`MAX_DEPTH`]). Such a version is refused.
-//! - [`DocumentWarning`]: problems that flagd tolerates when it loads a document and reports
-//!   for one flag only, when that flag is evaluated (a targeting rule with an operator this
-//!   proxy does not know, a reference to a shared evaluator that is not defined). Such a version
-//!   is served as it is, and the warnings are told to whoever edits the resource. The proxy
-//!   never refuses an operator it does not know: a newer flagd may know it.
+//! - [`DocumentError`]: what makes flagd refuse the whole document when it loads it (not an
+//!   object, `flags` missing or not an object, a flag that is not an object, a field of the
+//!   wrong JSON type, a `defaultVariant` that is not one of the flag's variants, an empty shared
+//!   evaluator), and what cannot be delivered at all (nesting deeper than [`MAX_DEPTH`]; the
+//!   size limit is the hub's). Such a version is refused.
+//! - [`DocumentWarning`]: everything flagd loads although its schema says otherwise, and what it
+//!   reports for one flag only, when that flag is evaluated (a `state` other than `ENABLED` or
+//!   `DISABLED`, variants of mixed types or holding null, targeting that is not a rule, an
+//!   operator flagd does not know, a reference to a shared evaluator that is not defined). Such
+//!   a version is served as it is, and the warnings are told to whoever edits the resource.
 //!
 //! This file holds the limits and the error; the steps are in `conversion.rs` (a resource to a
 //! document), `validation.rs` (what makes a document unusable) and `warnings.rs` (what clients
@@ -30,7 +31,7 @@ mod warnings;
 
 pub use conversion::{Converted, context_bytes, convert, from_resource};
 pub use validation::{check, validate};
-pub use warnings::{DocumentWarning, Place, Problem};
+pub use warnings::{DocumentWarning, KNOWN_OPERATORS, Place, Problem, SCHEMA_OPERATORS};
 
 /// The keys of a flag in a converted document: all that clients get.
 pub const FLAG_KEYS: &[&str] = &[
@@ -48,13 +49,15 @@ pub const DOCUMENT_KEYS: &[&str] = &["flags", "metadata", "$evaluators"];
 pub enum DocumentError {
     #[error("the resource has no spec.flagSpec object")]
     MissingFlagSpec,
-    #[error("`flags` must be an object mapping flag keys to flags")]
-    FlagsNotAnObject,
+    #[error("`flags` is missing")]
+    FlagsMissing,
+    #[error("`flags` must be an object mapping flag keys to flags, found {found}")]
+    FlagsNotAnObject { found: &'static str },
     #[error("flag {flag:?}: {reason}")]
     InvalidFlag { flag: String, reason: String },
-    #[error("`metadata` must be an object of string, number or boolean values: {reason}")]
+    #[error("`metadata` must be an object: {reason}")]
     InvalidMetadata { reason: String },
-    #[error("`$evaluators` must be an object of JsonLogic rules: {reason}")]
+    #[error("`$evaluators` must be an object of JsonLogic rules, none of them empty: {reason}")]
     InvalidEvaluators { reason: String },
     #[error("the document is not a JSON object")]
     NotAnObject,

@@ -268,6 +268,7 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
                 "bytes": resource.snapshot.as_ref().map(|s| s.flag_configuration.len()),
                 "versionAgeSeconds": resource.snapshot.as_ref().map(|s| s.changed_at.elapsed().as_secs_f64()),
                 "subscribers": subscribers,
+                "warnings": resource.snapshot.as_ref().and_then(|s| s.warnings.as_deref()),
             })
         })
         .collect();

@@ -115,6 +115,9 @@ pub struct ResourceReport {
     /// Why the resource is not served as it is now (the newest version refused, the source
     /// unreachable, no permission).
     pub last_error: Option<String>,
+    /// What clients report about some flags of the version they get (it is served all the
+    /// same).
+    pub warnings: Option<String>,
 }
 
 #[derive(Debug, PartialEq, Serialize)]

@@ -3,6 +3,9 @@
 //!
 //! - a flag whose targeting uses an operator the proxy does not know is served as it is, with
 //!   the other flags, and warned about (log, metric); edits like that are served too;
+//! - so is every flag flagd itself loads (a state other than ENABLED or DISABLED, a null
+//!   variant, targeting that is not a rule, variants of mixed types): the other flags reach
+//!   clients, and the odd one is named in the log, the metric and `/status`;
 //! - a first version that clients cannot use at all ends `SyncFlags` and `FetchAllFlags` with
 //!   `FAILED_PRECONDITION` and the reason, and is served once it is fixed;
 //! - a resource that does not exist yet still keeps its streams open.
@@ -107,6 +110,86 @@ async fn a_first_version_with_an_unknown_operator_is_served_whole_and_warned() {
     assert_eq!(proxy.metric(&invalid_metric("mixed")).await, 0.0);
 }
 
+/// Each odd flag flagd loads, beside a good one, in a first version: served whole, and warned
+/// about on the flag (log, metric, `/status`). A default variant that is not a variant is what
+/// flagd refuses: that version is held back.
+#[tokio::test]
+async fn a_first_version_with_one_odd_flag_flagd_loads_serves_the_other_flags() {
+    let odd_flags = [
+        (
+            "state",
+            json!({"state": "ON", "variants": {"a": "a"}, "defaultVariant": "a"}),
+            "flag \"odd\": state is \"ON\"",
+        ),
+        (
+            "null-variant",
+            json!({"state": "ENABLED", "variants": {"a": null}, "defaultVariant": "a"}),
+            "flag \"odd\": variant \"a\" is null",
+        ),
+        (
+            "targeting",
+            json!({"state": "ENABLED", "variants": {"a": "a"}, "defaultVariant": "a",
+                   "targeting": "nope"}),
+            "flag \"odd\": targeting is a string",
+        ),
+        (
+            "mixed",
+            json!({"state": "ENABLED", "variants": {"a": "a", "b": true}, "defaultVariant": "a"}),
+            "flag \"odd\": variants mix types",
+        ),
+    ];
+    let dir = tempfile::tempdir().expect("tempdir");
+    for (name, odd, _) in &odd_flags {
+        write_manifest(
+            dir.path(),
+            NAMESPACE,
+            name,
+            json!({"color": color("red"), "odd": odd}),
+        );
+    }
+    write_manifest(
+        dir.path(),
+        NAMESPACE,
+        "refused",
+        json!({"color": color("red"), "odd": {"state": "ENABLED", "variants": {"a": "a"},
+                                              "defaultVariant": "b"}}),
+    );
+    let proxy = manifests_proxy(&dir).await;
+    let mut client = client(&proxy).await;
+    for (name, odd, warning) in &odd_flags {
+        let mut stream = open(&mut client, &selector(name)).await.expect("stream");
+        let first = parse(&next(&mut stream).await.flag_configuration);
+        assert_eq!(first["flags"]["color"], color("red"), "{name}");
+        assert_eq!(&first["flags"]["odd"], odd, "{name}");
+        proxy.wait_for_metric(&warnings_metric(name), 1.0).await;
+        proxy.wait_for_log(warning).await;
+        let (code, status) = support::http_get(proxy.management_port, "/status")
+            .await
+            .expect("/status");
+        assert_eq!(code, 200);
+        let status: Value = serde_json::from_str(&status).expect("JSON");
+        let row = status["resources"]
+            .as_array()
+            .expect("resources")
+            .iter()
+            .find(|r| r["selector"] == selector(name))
+            .unwrap_or_else(|| panic!("{name} not in {status}"));
+        assert_eq!(row["availability"], "present", "{row}");
+        assert!(
+            row["warnings"]
+                .as_str()
+                .is_some_and(|w| w.contains(warning)),
+            "{name}: {row}"
+        );
+    }
+    let error = fetch(&mut client, "refused").await.expect_err("refused");
+    assert_status(
+        &error,
+        Code::FailedPrecondition,
+        "defaultVariant \"b\" is not one of the variants",
+    );
+}
+
 #[tokio::test]
 async fn a_broken_first_version_ends_streams_with_the_reason_until_it_is_fixed() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -114,7 +197,7 @@ async fn a_broken_first_version_ends_streams_with_the_reason_until_it_is_fixed()
         dir.path(),
         NAMESPACE,
         "broken",
-        json!({"color": color("red"), "size": {"state": "ON", "variants": {"s": "s"}}}),
+        json!({"color": color("red"), "size": {"state": "ENABLED", "variants": {"s": "s"}, "defaultVariant": "m"}}),
     );
     let proxy = manifests_proxy(&dir).await;
     let mut client = client(&proxy).await;
@@ -131,14 +214,17 @@ async fn a_broken_first_version_ends_streams_with_the_reason_until_it_is_fixed()
         .await
         .expect_err("the stream ends without a message");
     assert_status(&status, Code::FailedPrecondition, &selector("broken"));
-    for needle in ["is invalid", "flag \"size\": state must be"] {
+    for needle in [
+        "is invalid",
+        "flag \"size\": defaultVariant \"m\" is not one of the variants",
+    ] {
         assert!(status.message().contains(needle), "{needle:?}: {status:?}");
     }
     let status = fetch(&mut client, "broken").await.expect_err("refused");
     assert_status(
         &status,
         Code::FailedPrecondition,
-        "flag \"size\": state must be",
+        "flag \"size\": defaultVariant \"m\" is not one of the variants",
     );
     proxy.wait_for_metric(&invalid_metric("broken"), 1.0).await;
 

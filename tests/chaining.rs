@@ -108,7 +108,7 @@ async fn aged_connections_close_and_reconnecting_clients_stay_current() {
 #[tokio::test]
 async fn a_refused_first_version_is_passed_on_by_the_node_tier() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let broken = serde_json::json!({"color": {"state": "ON", "variants": {"red": "red"}}});
+    let broken = serde_json::json!({"color": {"state": "ENABLED", "variants": {"red": "red"}, "defaultVariant": "blue"}});
     write_manifest(dir.path(), "default", "demo", broken);
     let manifests = dir.path().to_str().expect("utf-8").to_owned();
     let central = Proxy::start(&["--manifests", &manifests]).await;
@@ -121,7 +121,8 @@ async fn a_refused_first_version_is_passed_on_by_the_node_tier() {
         .expect_err("the stream ends with the refusal");
     assert_eq!(status.code(), tonic::Code::FailedPrecondition, "{status:?}");
     assert!(
-        status.message().contains("is invalid") && status.message().contains("state must be"),
+        status.message().contains("is invalid")
+            && status.message().contains("is not one of the variants"),
         "{status:?}"
     );
 

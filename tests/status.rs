@@ -6,9 +6,9 @@ use flagd_proxy_testkit as support;
 use serde_json::{Value, json};
 use support::client;
 
-/// A flag whose `state` is not one clients know: a version holding it is refused.
+/// A flag whose default variant is not one of its variants: a version holding it is refused.
 fn invalid_flag(key: &str) -> Value {
-    json!({key: {"state": "ON", "variants": {"s": "s"}, "defaultVariant": "s"}})
+    json!({key: {"state": "ENABLED", "variants": {"s": "s"}, "defaultVariant": "m"}})
 }
 
 fn status(args: &[&str]) -> Output {
@@ -114,7 +114,7 @@ async fn status_shows_resources_watches_and_limits_of_a_running_proxy() {
     assert_eq!(checkout_row["version"], 1, "clients keep the good version");
     assert_eq!(checkout_row["subscribers"], 1);
     let error = checkout_row["lastError"].as_str().expect("an error");
-    assert!(error.contains("\"ON\""), "{error}");
+    assert!(error.contains("is not one of the variants"), "{error}");
 
     let output = status(&["--address", &address]);
     let table = String::from_utf8_lossy(&output.stdout);

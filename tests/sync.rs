@@ -654,7 +654,7 @@ async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_versio
         dir.path(),
         "default",
         "demo",
-        json!({"color": {"state": "ON", "variants": {"red": "red"}}}),
+        json!({"color": {"state": "ENABLED", "variants": {"red": "red"}, "defaultVariant": "nope"}}),
     );
     proxy
         .wait_for_metric(

@@ -1,10 +1,12 @@
 //! From a `FeatureFlag` resource to the document clients get: the flag configuration under
-//! `spec.flagSpec` is parsed, rebuilt with only the keys clients accept
-//! ([`FLAG_KEYS`](super::FLAG_KEYS), [`DOCUMENT_KEYS`](super::DOCUMENT_KEYS)), checked
-//! ([`check`]) and rendered as JSON, with the size its metadata adds to every message.
+//! `spec.flagSpec` is checked as flagd would load it ([`check`]), rebuilt with only the keys
+//! clients accept ([`FLAG_KEYS`](super::FLAG_KEYS), [`DOCUMENT_KEYS`](super::DOCUMENT_KEYS);
+//! the array form of `flags` becomes the map form, as flagd reads it) and rendered as JSON,
+//! with the size its metadata adds to every message.
 use serde_json::{Map, Value};
 
-use super::{DocumentError, DocumentWarning, MAX_DEPTH, check, depth, invalid, kind};
+use super::validation::field;
+use super::{DocumentError, DocumentWarning, FLAG_KEYS, MAX_DEPTH, check, depth};
 
 /// A flag configuration document made from a resource, and what clients will report about it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -49,10 +51,14 @@ pub fn convert(resource: &Value) -> Result<Converted, DocumentError> {
     }
     let flag_spec = resource
         .pointer("/spec/flagSpec")
-        .and_then(Value::as_object)
+        .filter(|spec| spec.is_object())
         .ok_or(DocumentError::MissingFlagSpec)?;
-    let document = from_flag_spec(flag_spec)?;
-    let warnings = check(&document)?;
+    let warnings = check(flag_spec)?;
+    let document = from_flag_spec(
+        flag_spec
+            .as_object()
+            .ok_or(DocumentError::MissingFlagSpec)?,
+    );
     Ok(Converted {
         context_bytes: context_bytes(&document),
         document: document.to_string(),
@@ -65,53 +71,54 @@ pub fn from_resource(resource: &Value) -> Result<String, DocumentError> {
     convert(resource).map(|converted| converted.document)
 }
 
-fn from_flag_spec(spec: &Map<String, Value>) -> Result<Value, DocumentError> {
-    let flags = match spec.get("flags") {
-        Some(Value::Object(flags)) => flags,
-        _ => return Err(DocumentError::FlagsNotAnObject),
-    };
-    let mut out_flags = Map::with_capacity(flags.len());
-    for (key, flag) in flags {
-        let Value::Object(flag) = flag else {
-            return Err(invalid(key, "a flag must be an object"));
-        };
-        let mut out = Map::with_capacity(5);
-        for field in ["state", "variants"] {
-            if let Some(value) = flag.get(field) {
-                out.insert(field.to_owned(), value.clone());
+/// The document clients get from a flag spec that [`check`] accepted: what flagd reads of it,
+/// under the keys clients know.
+fn from_flag_spec(spec: &Map<String, Value>) -> Value {
+    let mut out_flags = Map::new();
+    match field(spec, "flags") {
+        Some(Value::Object(flags)) => {
+            for (key, flag) in flags {
+                out_flags.insert(key.clone(), client_flag(flag));
             }
         }
-        let default_variant = match flag.get("defaultVariant") {
-            None | Some(Value::Null) => String::new(),
-            Some(Value::String(s)) => s.clone(),
-            Some(other) => {
-                return Err(invalid(
-                    key,
-                    &format!("defaultVariant must be a string, found {}", kind(other)),
-                ));
-            }
-        };
-        out.insert("defaultVariant".to_owned(), Value::String(default_variant));
-        for field in ["targeting", "metadata"] {
-            match flag.get(field) {
-                None | Some(Value::Null) => {}
-                Some(value) => {
-                    out.insert(field.to_owned(), value.clone());
+        Some(Value::Array(flags)) => {
+            for flag in flags {
+                if let Value::Object(object) = flag
+                    && let Some(Value::String(key)) = field(object, "key")
+                    && !key.is_empty()
+                {
+                    out_flags.insert(key.clone(), client_flag(flag));
                 }
             }
         }
-        out_flags.insert(key.clone(), Value::Object(out));
+        _ => {}
     }
     let mut document = Map::with_capacity(3);
     document.insert("flags".to_owned(), Value::Object(out_flags));
-    for field in ["metadata", "$evaluators"] {
-        match spec.get(field) {
+    for name in ["metadata", "$evaluators"] {
+        match field(spec, name) {
             None | Some(Value::Null) => {}
             Some(Value::Object(map)) if map.is_empty() => {}
             Some(value) => {
-                document.insert(field.to_owned(), value.clone());
+                document.insert(name.to_owned(), value.clone());
             }
         }
     }
-    Ok(Value::Object(document))
+    Value::Object(document)
+}
+
+/// A flag as clients get it: the fields flagd reads, under their own names, each as the
+/// resource has it (a missing field stays missing and a null one null: clients may tell them
+/// apart, and flagd does not). A `null` flag stays `null` (flagd loads it with nothing set).
+fn client_flag(flag: &Value) -> Value {
+    let Value::Object(flag) = flag else {
+        return Value::Null;
+    };
+    let mut out = Map::with_capacity(FLAG_KEYS.len());
+    for name in FLAG_KEYS {
+        if let Some(value) = field(flag, name) {
+            out.insert((*name).to_owned(), value.clone());
+        }
+    }
+    Value::Object(out)
 }

@@ -29,14 +29,21 @@ fn emits_exactly_the_client_keys() {
     );
 }
 
+/// A field the resource leaves out stays out, and a null one stays null: clients may tell them
+/// apart (flagd does not), and a client must see what it would read from the file.
 #[test]
-fn missing_default_variant_becomes_empty_string() {
+fn fields_are_passed_as_the_resource_has_them() {
     let doc = from_resource(&resource(json!({
-        "flags": {"f": {"state": "DISABLED", "variants": {"on": true}}}
+        "flags": {"f": {"state": "DISABLED", "variants": {"on": true}},
+                  "g": {"state": "ENABLED", "variants": {"on": true}, "defaultVariant": null}}
     })))
     .expect("valid");
     let doc: Value = serde_json::from_str(&doc).expect("json");
-    assert_eq!(doc["flags"]["f"]["defaultVariant"], json!(""));
+    assert_eq!(
+        doc["flags"]["f"],
+        json!({"state": "DISABLED", "variants": {"on": true}})
+    );
+    assert_eq!(doc["flags"]["g"]["defaultVariant"], Value::Null);
     assert!(doc.get("metadata").is_none() && doc.get("$evaluators").is_none());
 }
 
@@ -49,34 +56,62 @@ fn empty_metadata_and_evaluators_are_omitted() {
     assert_eq!(doc, r#"{"flags":{}}"#);
 }
 
+/// What flagd refuses as a whole when it loads a document (a field of the wrong JSON type, a
+/// default variant that is not a variant, an empty shared evaluator, no `flags`) is refused,
+/// with the flag named.
 #[test]
-fn rejections_name_the_flag() {
+fn what_flagd_refuses_is_refused_naming_the_flag() {
     let cases = [
         (
-            json!({"flags": {"f": {"state": "ON", "variants": {"a": 1}}}}),
-            "flag \"f\": state",
-        ),
-        (
-            json!({"flags": {"f": {"state": "ENABLED", "variants": {}}}}),
-            "must not be empty",
-        ),
-        (
-            json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1, "b": "x"}}}}),
-            "mix types",
+            json!({"flags": {"f": {"state": 5, "variants": {"a": 1}}}}),
+            "flag \"f\": state must be a string, found a number",
         ),
         (
             json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1}, "defaultVariant": "z"}}}),
+            "flag \"f\": defaultVariant \"z\" is not one of the variants",
+        ),
+        (
+            json!({"flags": {"f": {"state": "ENABLED", "variants": {}, "defaultVariant": "z"}}}),
             "not one of the variants",
         ),
         (
             json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1}, "defaultVariant": 3}}}),
-            "must be a string",
+            "defaultVariant must be a string, found a number",
         ),
         (
-            json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": [1]}}}}),
-            "not a flag value",
+            json!({"flags": {"f": {"state": "ENABLED", "variants": [1]}}}),
+            "variants must be an object, found an array",
         ),
-        (json!({"flags": []}), "`flags` must be an object"),
+        (
+            json!({"flags": {"f": {"state": "ENABLED", "variants": {"a": 1}, "metadata": "x"}}}),
+            "metadata must be an object, found a string",
+        ),
+        (
+            json!({"flags": {"f": {"STATE": true, "variants": {"a": 1}}}}),
+            "STATE must be a string",
+        ),
+        (
+            json!({"flags": {"f": {"source": 1, "variants": {"a": 1}}}}),
+            "source must be a string",
+        ),
+        (
+            json!({"flags": {"f": 3}}),
+            "flag \"f\": a flag must be an object, found a number",
+        ),
+        (json!({"flags": 3}), "`flags` must be an object"),
+        (json!({"metadata": {}}), "`flags` is missing"),
+        (
+            json!({"flags": {}, "metadata": []}),
+            "`metadata` must be an object",
+        ),
+        (
+            json!({"flags": {}, "$evaluators": {"e": {}}}),
+            "evaluator \"e\" is empty",
+        ),
+        (
+            json!({"flags": {}, "$evaluators": "x"}),
+            "`$evaluators` must be an object",
+        ),
     ];
     for (spec, needle) in cases {
         let err = from_resource(&resource(spec.clone()))
@@ -86,6 +121,101 @@ fn rejections_name_the_flag() {
     }
     let err = from_resource(&json!({"spec": {}})).expect_err("rejected");
     assert_eq!(err, DocumentError::MissingFlagSpec);
+}
+
+/// What flagd loads although its schema says otherwise is served as it is (the other flags
+/// with it), each problem a warning naming the flag.
+#[test]
+fn what_flagd_loads_is_served_with_a_warning_per_flag() {
+    let ok = json!({"state": "ENABLED", "variants": {"on": true}, "defaultVariant": "on"});
+    let cases = [
+        (
+            json!({"state": "ON", "variants": {"a": 1}, "defaultVariant": "a"}),
+            "state is \"ON\"",
+        ),
+        (json!({"variants": {"a": 1}}), "state is missing"),
+        (
+            json!({"state": "ENABLED", "variants": {}}),
+            "has no variants",
+        ),
+        (
+            json!({"state": "ENABLED", "variants": {"a": null}, "defaultVariant": "a"}),
+            "variant \"a\" is null",
+        ),
+        (
+            json!({"state": "ENABLED", "variants": {"a": [1]}}),
+            "variant \"a\" is an array",
+        ),
+        (
+            json!({"state": "ENABLED", "variants": {"a": 1, "b": "x"}}),
+            "variants mix types",
+        ),
+        (
+            json!({"state": "ENABLED", "variants": {"a": 1}, "targeting": "nope"}),
+            "targeting is a string",
+        ),
+        (
+            json!({"state": "ENABLED", "variants": {"a": 1}, "metadata": {"x": {}}}),
+            "metadata \"x\" is an object",
+        ),
+        (Value::Null, "is null"),
+    ];
+    for (odd, needle) in cases {
+        let spec = json!({"flags": {"ok": ok, "odd": odd}});
+        let converted = convert(&resource(spec.clone())).unwrap_or_else(|e| panic!("{spec}: {e}"));
+        let doc: Value = serde_json::from_str(&converted.document).expect("json");
+        assert_eq!(doc["flags"]["ok"], ok, "{spec}");
+        assert!(doc["flags"].get("odd").is_some(), "{spec}");
+        let texts: Vec<String> = converted.warnings.iter().map(ToString::to_string).collect();
+        assert!(
+            texts
+                .iter()
+                .any(|t| t.starts_with("flag \"odd\"") && t.contains(needle)),
+            "{spec}: {texts:?} lacks {needle:?}"
+        );
+        assert!(
+            texts.iter().all(|t| !t.starts_with("flag \"ok\"")),
+            "{texts:?}"
+        );
+    }
+}
+
+#[test]
+fn the_array_form_becomes_the_map_form_and_flags_without_a_key_are_dropped() {
+    let converted = convert(&resource(json!({"flags": [
+        {"key": "a", "state": "ENABLED", "variants": {"on": true}, "defaultVariant": "on"},
+        {"state": "ENABLED", "variants": {"on": true}},
+        null
+    ]})))
+    .expect("served");
+    let doc: Value = serde_json::from_str(&converted.document).expect("json");
+    assert_eq!(
+        doc,
+        json!({"flags": {"a": {"state": "ENABLED", "variants": {"on": true}, "defaultVariant": "on"}}})
+    );
+    let texts: Vec<String> = converted.warnings.iter().map(ToString::to_string).collect();
+    assert_eq!(
+        texts,
+        vec![
+            "flag \"#1\" has no key; flagd drops it (the other flags are served)",
+            "flag \"#2\" has no key; flagd drops it (the other flags are served)",
+        ]
+    );
+}
+
+#[test]
+fn fields_are_found_whatever_their_case_and_null_targeting_is_kept() {
+    let doc = from_resource(&resource(json!({
+        "Flags": {"f": {"State": "DISABLED", "VARIANTS": {"a": 1}, "defaultvariant": "a",
+                        "targeting": null}}
+    })))
+    .expect("served");
+    let doc: Value = serde_json::from_str(&doc).expect("json");
+    assert_eq!(
+        doc,
+        json!({"flags": {"f": {"state": "DISABLED", "variants": {"a": 1}, "defaultVariant": "a",
+                               "targeting": null}}})
+    );
 }
 
 fn converted(flag_spec: Value) -> Converted {
@@ -162,38 +292,4 @@ fn known_operators_give_no_warning() {
         "$evaluators": {"e": {"in": ["@x", {"var": "email"}]}},
     }));
     assert_eq!(converted.warnings, vec![]);
-}
-
-#[test]
-fn what_breaks_a_client_is_still_refused() {
-    let flag = |extra: Value| {
-        let mut flag = good(json!({"no_such_op": []}));
-        for (key, value) in extra.as_object().expect("object") {
-            flag[key] = value.clone();
-        }
-        json!({"flags": {"f": flag, "ok": good(json!({}))}})
-    };
-    let cases = [
-        (flag(json!({"state": "ON"})), "state must be"),
-        (flag(json!({"variants": []})), "variants must be an object"),
-        (
-            flag(json!({"defaultVariant": 1})),
-            "defaultVariant must be a string",
-        ),
-        (
-            flag(json!({"targeting": "on"})),
-            "targeting must be an object",
-        ),
-        (flag(json!({"metadata": {"x": {}}})), "metadata"),
-        (
-            json!({"flags": {"ok": good(json!({}))}, "$evaluators": []}),
-            "`$evaluators` must be an object",
-        ),
-    ];
-    for (spec, needle) in cases {
-        let err = convert(&resource(spec.clone()))
-            .expect_err("refused")
-            .to_string();
-        assert!(err.contains(needle), "{spec}: {err:?} lacks {needle:?}");
-    }
 }

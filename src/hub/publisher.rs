@@ -167,6 +167,7 @@ impl Publisher {
                 document.into(),
                 changed_at,
                 tx.receiver_count(),
+                (!warnings.is_empty()).then(|| joined(warnings).into()),
                 self.bounds.budget.clone(),
             ));
             published = Some(snapshot.clone());

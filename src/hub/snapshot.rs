@@ -18,6 +18,8 @@ pub struct Snapshot {
     pub changed_at: Instant,
     /// Subscribers when this version was published: those its propagation waits for.
     pub subscribers: usize,
+    /// What clients report about some of its flags (joined; none: no problem), for `/status`.
+    pub warnings: Option<Arc<str>>,
     /// Subscribers counted when this version was published that have not been sent it yet (nor
     /// left, nor been passed by a newer version).
     pending: AtomicUsize,
@@ -65,6 +67,7 @@ impl Snapshot {
         flag_configuration: Arc<str>,
         changed_at: Instant,
         pending: usize,
+        warnings: Option<Arc<str>>,
         budget: Arc<MemoryBudget>,
     ) -> Self {
         let document = budget.charge(flag_configuration.len(), Kind::Versions);
@@ -73,6 +76,7 @@ impl Snapshot {
             flag_configuration,
             changed_at,
             subscribers: pending,
+            warnings,
             pending: AtomicUsize::new(pending),
             last_sent: AtomicU64::new(0),
             encodings: Encodings::default(),
@@ -151,7 +155,14 @@ impl Snapshot {
     #[cfg(test)]
     pub(crate) fn for_test(flag_configuration: &str) -> Self {
         let budget = MemoryBudget::unlimited(Arc::new(crate::metrics::Metrics::new()));
-        Self::new(1, flag_configuration.into(), Instant::now(), 0, budget)
+        Self::new(
+            1,
+            flag_configuration.into(),
+            Instant::now(),
+            0,
+            None,
+            budget,
+        )
     }
 }
 

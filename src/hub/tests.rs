@@ -109,7 +109,7 @@ async fn invalid_versions_keep_the_last_good_one() {
     publisher.resource(&flag_resource("on"), Instant::now());
     next(&mut sub).await;
     publisher.resource(
-        &serde_json::json!({"spec": {"flagSpec": {"flags": {"f": {"state": "BROKEN"}}}}}),
+        &serde_json::json!({"spec": {"flagSpec": {"flags": {"f": {"state": 5}}}}}),
         Instant::now(),
     );
     let state = sub.settled().await;
@@ -525,7 +525,7 @@ fn resource_with_unknown_operator(variant: &str) -> serde_json::Value {
 }
 
 fn broken_resource() -> serde_json::Value {
-    serde_json::json!({"spec": {"flagSpec": {"flags": {"f": {"state": "BROKEN"}}}}})
+    serde_json::json!({"spec": {"flagSpec": {"flags": {"f": {"state": 5}}}}})
 }
 
 #[tokio::test(start_paused = true)]

@@ -184,7 +184,7 @@ impl ResourceEvents {
             reason: REASON_WARNING,
             problem: Some(problems.to_owned()),
             note: truncate(&format!(
-                "{version} is served, but clients report errors for some of its flags when they evaluate them (the other flags work): {problems}"
+                "{version} is served, but some of its flags have problems that clients answer for when they evaluate those flags (the other flags work): {problems}"
             )),
             regarding,
         }
@@ -477,7 +477,7 @@ mod tests {
     fn warnings_are_told_once_and_name_the_version_served() {
         let (events, mut rx) = events();
         let problem =
-            "flag \"g\": targeting uses operator \"no_such_op\", which this proxy does not know";
+            "flag \"g\": targeting uses operator \"no_such_op\", which flagd does not know";
         events.warned(&resource(1), problem);
         let outcome = rx.borrow_and_update().clone().expect("warning");
         assert_eq!(

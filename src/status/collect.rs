@@ -36,6 +36,8 @@ pub(super) struct StatusResource {
     subscribers: u64,
     #[serde(default)]
     version_age_seconds: Option<f64>,
+    #[serde(default)]
+    warnings: Option<String>,
 }
 
 /// Reads the state of the proxy whose management port is at `address` (`host:port`).
@@ -193,6 +195,7 @@ impl Report {
                 bytes: r.bytes,
                 subscribers: r.subscribers,
                 last_error: r.reason,
+                warnings: r.warnings,
             })
             .collect();
         Report {

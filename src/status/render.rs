@@ -64,9 +64,13 @@ impl Report {
                         r.version_age_seconds
                             .map_or("-".into(), |s| age(Duration::from_secs_f64(s.max(0.0)))),
                         r.subscribers.to_string(),
-                        r.last_error
-                            .as_deref()
-                            .map_or("-".into(), |e| escaped(e).into_owned()),
+                        match (&r.last_error, &r.warnings) {
+                            (Some(error), _) => escaped(error).into_owned(),
+                            (None, Some(warnings)) => {
+                                format!("served with warnings: {}", escaped(warnings))
+                            }
+                            (None, None) => "-".into(),
+                        },
                     ]
                 })
                 .collect();

@@ -32,7 +32,7 @@ fn report() -> Report {
              "reason": null, "version": 3, "bytes": 120, "subscribers": 4,
              "versionAgeSeconds": 75.5},
             {"selector": "core.openfeature.dev/shop/checkout", "availability": "invalid",
-             "reason": "flag \"size\": state must be \"ENABLED\" or \"DISABLED\"",
+             "reason": "flag \"size\": defaultVariant \"m\" is not one of the variants",
              "version": 1, "bytes": 80, "subscribers": 0}
         ]
     }))
@@ -108,7 +108,7 @@ fn the_table_shows_each_resource_and_what_went_wrong() {
             "flag"
         ]
     );
-    assert!(lines[4].ends_with("state must be \"ENABLED\" or \"DISABLED\""));
+    assert!(lines[4].ends_with("defaultVariant \"m\" is not one of the variants"));
     assert!(
         table.contains("Watches:      2 active, 1 waiting"),
         "{table}"
@@ -132,7 +132,7 @@ fn json_keeps_every_field_for_scripts() {
     assert_eq!(json["resources"][0]["versionAgeSeconds"], 75.5);
     assert_eq!(
         json["resources"][1]["lastError"],
-        "flag \"size\": state must be \"ENABLED\" or \"DISABLED\""
+        "flag \"size\": defaultVariant \"m\" is not one of the variants"
     );
     assert_eq!(json["limitsHit"]["max_watches"], 3);
     assert_eq!(json["watches"]["active"], 2);

@@ -18,6 +18,7 @@ pub mod raw_h2;
 pub mod relay;
 pub mod scrape;
 pub mod skip;
+pub mod unix_http;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};

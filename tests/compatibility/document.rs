@@ -268,6 +268,10 @@ pub(crate) fn render_doc(
         "Install: `scripts/install-interop.sh` (JS, Python, Rust) and \
          `scripts/install-compat.sh` (flagd, old flagd, Java, Go, old Go)."
             .to_owned(),
+        "Documents each in-process provider treats differently from flagd (it loads one flagd \
+         refuses, or refuses one flagd loads), counted with examples over the differential \
+         corpus of `tests/fidelity/`: [fidelity.md](fidelity.md)."
+            .to_owned(),
     ];
     for note in notes {
         let _ = writeln!(w, "- {note}");

@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::{Proxy, TestCa};
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWriteExt, BufReader, Lines};
+use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 use tokio::sync::Semaphore;
 use tokio::time::{Instant, timeout};

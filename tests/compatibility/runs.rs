@@ -195,8 +195,9 @@ impl Feature {
                  a value from flagd."
             ),
             Feature::InvalidFirstVersion => format!(
-                "the first version of the resource is invalid (`{FLAG_KEY}` has `state: ON`), \
-                 so there is no version to serve: the proxy ends the client's stream with \
+                "the first version of the resource is invalid (`{FLAG_KEY}` has a default \
+                 variant that is not one of its variants, a document flagd refuses whole), so \
+                 there is no version to serve: the proxy ends the client's stream with \
                  `FAILED_PRECONDITION` and the reason (`{INVALID_MESSAGE}…`), which the client \
                  must log (the providers run with debug logging: the Python provider logs a \
                  stream's status at debug level only). Then the manifest is fixed, and the \
@@ -230,10 +231,11 @@ pub(crate) fn flags_with_an_unknown_operator() -> Value {
     flags
 }
 
-/// The flags of the invalid-first-version run: `color` with a state clients cannot use.
+/// The flags of the invalid-first-version run: `color` whose default variant is not one of its
+/// variants (flagd refuses such a document whole).
 pub(crate) fn invalid_flags() -> Value {
     let mut flags = color_flags(INITIAL);
-    flags[FLAG_KEY]["state"] = json!("ON");
+    flags[FLAG_KEY]["defaultVariant"] = json!("nope");
     flags
 }
 

@@ -286,7 +286,9 @@ impl Session {
             "/flagd.evaluation.v1.Service/ResolveString"
         };
         let body = json!({"flagKey": key, "context": {}}).to_string();
-        http_post_json(&endpoint.socket, path, &body).await.ok()
+        support::unix_http::post_json(&endpoint.socket, path, &body)
+            .await
+            .ok()
     }
 
     /// Waits until the client has logged a line containing `needle`.
@@ -421,41 +423,4 @@ pub(crate) fn clone_command(cmd: &StdCommand) -> StdCommand {
         };
     }
     copy
-}
-
-/// A minimal HTTP/1.1 JSON POST over a unix socket: the response body parsed as JSON.
-pub(crate) async fn http_post_json(socket: &Path, path: &str, body: &str) -> Result<Value, String> {
-    let request = async {
-        let mut stream = tokio::net::UnixStream::connect(socket)
-            .await
-            .map_err(|e| e.to_string())?;
-        let head = format!(
-            "POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-            body.len()
-        );
-        stream
-            .write_all(head.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        stream
-            .write_all(body.as_bytes())
-            .await
-            .map_err(|e| e.to_string())?;
-        let mut response = Vec::new();
-        stream
-            .read_to_end(&mut response)
-            .await
-            .map_err(|e| e.to_string())?;
-        Ok::<_, String>(String::from_utf8_lossy(&response).into_owned())
-    };
-    let text = timeout(Duration::from_secs(5), request)
-        .await
-        .map_err(|_| "no HTTP answer".to_owned())??;
-    let (_, body) = text.split_once("\r\n\r\n").ok_or("no HTTP body")?;
-    // A small body may come as one chunk; the JSON object is all between the outer braces.
-    let (start, end) = (
-        body.find('{').ok_or("no JSON")?,
-        body.rfind('}').ok_or("no JSON")?,
-    );
-    serde_json::from_str(&body[start..=end]).map_err(|e| e.to_string())
 }

@@ -470,13 +470,13 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
         Err(status) => status,
     };
     assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
-    // An invalid version of both checkouts (a state clients do not know).
+    // An invalid version of both checkouts (a default variant that is not a variant).
     for (namespace, name) in INVALID {
         support::write_manifest(
             dir,
             namespace,
             name,
-            json!({"color": {"state": "ON", "variants": {"red": "red"}, "defaultVariant": "red"}}),
+            json!({"color": {"state": "ENABLED", "variants": {"red": "red"}, "defaultVariant": "blue"}}),
         );
     }
     // A manifest that does not parse; once Prometheus has its error count, another error.
