@@ -335,12 +335,12 @@ async fn flagd_fed_by_the_proxy_answers_as_flagd_reading_the_file() {
             }
         }
     }
-    eprintln!(
+    report(format_args!(
         "fidelity: {} documents in {} batches, {compared} evaluations compared, {} disagreements",
         docs.len(),
         batches.len(),
         disagreements.len()
-    );
+    ));
     assert!(
         disagreements.is_empty(),
         "{} of {compared} evaluations differ between flagd reading the file and flagd fed by \
@@ -472,14 +472,14 @@ async fn providers_answer_the_same_from_a_file_and_through_the_proxy() {
                 )),
             }
         }
-        eprintln!(
+        report(format_args!(
             "fidelity: {}: {same} of {} documents the same both ways, {} loaded that flagd \
              refuses, {} refused that flagd loads",
             client.name(),
             documents.len(),
             loads.len(),
             refuses.len()
-        );
+        ));
         rows.push(ProviderRow {
             name: client.name(),
             same,
@@ -488,12 +488,19 @@ async fn providers_answer_the_same_from_a_file_and_through_the_proxy() {
         });
     }
     let doc = providers_doc(&rows, documents.len());
-    eprintln!("{doc}");
+    report(format_args!("{doc}"));
     if std::env::var_os("FLAGD_PROXY_UPDATE_DOCS").is_some() && failures.is_empty() {
         std::fs::write(support::repo_root().join("docs/fidelity.md"), &doc)
             .expect("write docs/fidelity.md");
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// Writes a line of the test's figures to stderr past the test harness' capture (which hides
+/// what a passing test prints), so that every run shows what was compared.
+fn report(line: std::fmt::Arguments) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
 /// The resource name of document `index`.
