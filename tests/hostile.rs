@@ -610,11 +610,17 @@ async fn what_connections_keep_after_a_burst_is_charged_and_let_go_at_the_budget
     /// Each burst keeps 750 KiB charged once idle: the budget is reached after about 20.
     const MOST_CONNECTIONS: u8 = 64;
     const CONNECTIONS_HELD: &str = "flagd_proxy_memory_charged_bytes{kind=\"connections\"}";
+    // No keepalive ping within the test and no idle timeout: only the budget closes the idle
+    // connections.
     let mut scene = Scene::start_with(&[
         "--max-pending-requests-per-address",
         "0",
         "--memory-budget",
         "16Mi",
+        "--keepalive-interval",
+        "1h",
+        "--connection-idle-timeout",
+        "0",
     ])
     .await;
     scene.subscribe().await;
@@ -855,11 +861,17 @@ async fn idle_http2(address: IpAddr, port: u16) -> TcpStream {
 async fn idle_sync_connections_from_many_addresses_cannot_lock_out_subscribers() {
     const OPEN: &str = "flagd_proxy_open_connections{port=\"sync\"}";
     const LIMIT: usize = 12;
+    // No idle timeout, no keepalive ping within the test and no preface deadline: only the
+    // connection limit closes a connection here.
     let mut scene = Scene::start_with(&[
         "--max-connections",
         &LIMIT.to_string(),
         "--connection-idle-timeout",
         "0",
+        "--keepalive-interval",
+        "1h",
+        "--handshake-timeout",
+        "1h",
     ])
     .await;
     let free = LIMIT - scene.subscribers.len();
@@ -887,10 +899,17 @@ async fn idle_sync_connections_from_many_addresses_cannot_lock_out_subscribers()
 }
 
 /// A sync connection with no stream is closed after `--connection-idle-timeout`; connections
-/// with a stream open stay however long they are quiet.
+/// with a stream open stay however long they are quiet. Keepalive pings (which this client
+/// would leave unanswered) go out only after an hour: nothing else closes the connection.
 #[tokio::test]
 async fn sync_connections_with_no_stream_are_closed_after_the_idle_timeout() {
-    let mut scene = Scene::start_with(&["--connection-idle-timeout", "1s"]).await;
+    let mut scene = Scene::start_with(&[
+        "--connection-idle-timeout",
+        "1s",
+        "--keepalive-interval",
+        "1h",
+    ])
+    .await;
     let mut idle = idle_http2(IpAddr::from([127, 0, 0, 2]), scene.proxy.port).await;
     wait_closed(&mut idle).await;
     scene.change().await;
