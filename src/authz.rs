@@ -162,7 +162,9 @@ pub struct PodOwner {
 pub struct Authorizer {
     settings: AuthzSettings,
     reviewer: Option<Arc<dyn Reviewer>>,
-    tokens: Memo<String, Result<Identity, String>>,
+    /// Token reviews by the token's SHA-256 digest: a kept answer costs the same whatever the
+    /// token's size.
+    tokens: Memo<[u8; 32], Result<Identity, String>>,
     decisions: Memo<(String, ResourceKey), Result<(), String>>,
     /// Only shared while in flight: the pod index (or a list) is the source of truth.
     pods: Memo<IpAddr, Vec<PodOwner>>,
@@ -189,9 +191,9 @@ impl Authorizer {
             }
         }
         Ok(Self {
-            tokens: Memo::new(settings.cache_ttl),
-            decisions: Memo::new(settings.cache_ttl),
-            pods: Memo::new(Duration::ZERO),
+            tokens: Memo::new(settings.cache_ttl, Result::is_ok),
+            decisions: Memo::new(settings.cache_ttl, Result::is_ok),
+            pods: Memo::new(Duration::ZERO, |_| true),
             settings,
             reviewer,
         })
@@ -299,7 +301,9 @@ impl Authorizer {
             ));
         };
         self.tokens
-            .get(token.to_owned(), || reviewer.review_token(token.to_owned()))
+            .get(token_digest(token), || {
+                reviewer.review_token(token.to_owned())
+            })
             .await?
             .map_err(AuthzError::Unauthenticated)
     }
@@ -360,3 +364,11 @@ fn parse_spiffe(uri: &str) -> Option<(String, String)> {
 
 #[cfg(test)]
 mod tests;
+
+/// The SHA-256 digest of a bearer token: what the token memo is keyed by.
+fn token_digest(token: &str) -> [u8; 32] {
+    let digest = ring::digest::digest(&ring::digest::SHA256, token.as_bytes());
+    let mut key = [0u8; 32];
+    key.copy_from_slice(digest.as_ref());
+    key
+}
