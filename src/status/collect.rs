@@ -83,7 +83,7 @@ async fn get_bounded(address: &str, path: &'static str) -> Result<Bytes, StatusE
         .await
         .map_err(|error| http(error.into()))?;
     // The connection ends with this call, however it ends (a timeout drops this future).
-    let _connection = AbortOnDrop(tokio::spawn(connection));
+    let _connection = tokio_util::task::AbortOnDropHandle::new(tokio::spawn(connection));
     let request = hyper::Request::get(path)
         .header(hyper::header::HOST, address)
         .body(Empty::<Bytes>::new())
@@ -114,15 +114,6 @@ async fn get_bounded(address: &str, path: &'static str) -> Result<Bytes, StatusE
             }
         })?;
     Ok(body.to_bytes())
-}
-
-/// A task aborted when this is dropped.
-struct AbortOnDrop<T>(tokio::task::JoinHandle<T>);
-
-impl<T> Drop for AbortOnDrop<T> {
-    fn drop(&mut self) {
-        self.0.abort();
-    }
 }
 
 /// The samples of a Prometheus text exposition: (name, labels, value).

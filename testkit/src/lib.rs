@@ -221,6 +221,7 @@ impl Proxy {
             command.env(k, v);
         }
         let mut child = command.spawn().expect("spawn flagd-proxy");
+        join_memory_cgroup(&child);
         let log = collect_lines(child.stderr.take().expect("stderr"));
         let mut proxy = Proxy {
             port,
@@ -431,6 +432,19 @@ pub(crate) async fn wait_answering(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// With `FLAGD_PROXY_TEST_MEMORY_CGROUP` set to a memory cgroup's directory (v1, or a v2
+/// group), every proxy a test starts is moved into it as soon as it is spawned: the kernel then
+/// judges its memory at that cgroup's limit (see docs/security.md for a run).
+fn join_memory_cgroup(child: &Child) {
+    let Some(dir) = std::env::var_os("FLAGD_PROXY_TEST_MEMORY_CGROUP") else {
+        return;
+    };
+    let pid = child.id();
+    let procs = Path::new(&dir).join("cgroup.procs");
+    std::fs::write(&procs, pid.to_string())
+        .unwrap_or_else(|e| panic!("moving flagd-proxy into {}: {e}", procs.display()));
 }
 
 /// A minimal HTTP/1.1 GET against 127.0.0.1:`port`: (status, body).

@@ -15,7 +15,6 @@ use flagd_proxy_testkit as support;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader};
 use tokio::process::{Child, Command};
-use tokio::time::Instant;
 
 /// Hang guard for one event flagd is waited for; never a performance expectation.
 pub const EVENT_TIMEOUT: Duration = Duration::from_secs(120);
@@ -87,36 +86,41 @@ impl Flagd {
         log[log.len().saturating_sub(n)..].join("\n")
     }
 
-    /// Waits until `ready` holds of this flagd, or panics with `what` and its log.
+    /// Waits until `ready` holds of this flagd (a hang guard of [`EVENT_TIMEOUT`]), or panics
+    /// with `what` and its log.
     pub async fn wait(&self, what: &str, mut ready: impl FnMut(&Flagd) -> bool) {
-        let deadline = Instant::now() + EVENT_TIMEOUT;
-        while !ready(self) {
-            assert!(
-                Instant::now() < deadline,
-                "flagd: {what} did not happen within {EVENT_TIMEOUT:?}; its log:\n{}",
-                self.tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        support::eventually_within(&format!("flagd: {what}"), EVENT_TIMEOUT, || {
+            let done = ready(self);
+            async move {
+                if done {
+                    Ok(())
+                } else {
+                    Err(format!("not yet; its log ends:\n{}", self.tail(40)))
+                }
+            }
+        })
+        .await;
     }
 
     /// Waits until the marker flag evaluates to `value`: every payload flagd had received
     /// before the marker's has then been applied.
     pub async fn settle(&self, value: &str) {
-        let deadline = Instant::now() + EVENT_TIMEOUT;
-        loop {
-            let answer = self.resolve_string(MARKER_FLAG, &json!({})).await;
-            if answer.get("value").and_then(Value::as_str) == Some(value) {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "flagd: the marker did not evaluate to {value} within {EVENT_TIMEOUT:?} \
-                 (last answer {answer}); its log:\n{}",
-                self.tail(40)
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        support::eventually_within(
+            &format!("flagd: the marker evaluates to {value}"),
+            EVENT_TIMEOUT,
+            || async {
+                let answer = self.resolve_string(MARKER_FLAG, &json!({})).await;
+                if answer.get("value").and_then(Value::as_str) == Some(value) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "the answer is {answer}; its log ends:\n{}",
+                        self.tail(40)
+                    ))
+                }
+            },
+        )
+        .await;
     }
 
     /// flagd's answers for every flag it can evaluate in `context` (`ResolveAll`).

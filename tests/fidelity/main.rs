@@ -23,7 +23,6 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 use support::Proxy;
 use support::control_plane::{cache_dir, test_data};
-use tokio::time::Instant;
 
 mod corpus;
 mod flagd;
@@ -195,23 +194,24 @@ async fn through_proxy(
         .collect();
     let flagd = Flagd::start(bin, &sources);
     // Every resource of the batch watched and settled: served, or held back.
-    let deadline = Instant::now() + EVENT_TIMEOUT;
-    let served = loop {
-        let states = availability(proxy).await;
-        let settled: Vec<&String> = names
-            .iter()
-            .filter_map(|name| states.get(&selector(name)))
-            .filter(|state| *state == "present" || *state == "invalid")
-            .collect();
-        if settled.len() == names.len() {
-            break settled.iter().filter(|state| **state == "present").count();
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the proxy did not settle batch {batch}: {states:?}"
-        );
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    };
+    let served = support::eventually_within(
+        &format!("the proxy settles batch {batch}"),
+        EVENT_TIMEOUT,
+        || async {
+            let states = availability(proxy).await;
+            let settled: Vec<&String> = names
+                .iter()
+                .filter_map(|name| states.get(&selector(name)))
+                .filter(|state| *state == "present" || *state == "invalid")
+                .collect();
+            if settled.len() == names.len() {
+                Ok(settled.iter().filter(|state| **state == "present").count())
+            } else {
+                Err(format!("not yet: {states:?}"))
+            }
+        },
+    )
+    .await;
     // A gRPC source logs this once a payload is in flagd's queue.
     flagd
         .wait("every served document received", |f| {
@@ -227,13 +227,6 @@ async fn through_proxy(
     .await
 }
 
-fn running_as_root() -> bool {
-    std::process::Command::new("id")
-        .arg("-u")
-        .output()
-        .is_ok_and(|out| String::from_utf8_lossy(&out.stdout).trim() == "0")
-}
-
 fn flagd_binary() -> Option<PathBuf> {
     let bin = cache_dir().join(format!("bin/flagd-{FLAGD_VERSION}/flagd"));
     if !bin.is_file() {
@@ -243,7 +236,7 @@ fn flagd_binary() -> Option<PathBuf> {
         ));
         return None;
     }
-    if !running_as_root() {
+    if !support::skip::running_as_root() {
         support::skip::skip("flagd runs in a network namespace of its own, which needs root");
         return None;
     }
