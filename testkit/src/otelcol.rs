@@ -3,7 +3,8 @@
 //! it receives as OTLP JSON, one export request per line.
 //!
 //! The binary comes from `FLAGD_PROXY_OTELCOL_BIN`, the cache (`scripts/install-otelcol.sh`),
-//! or `otelcol` on `PATH`. Without it the caller skips with a notice, or fails when `CI` is set.
+//! or `otelcol` on `PATH`. Without it the caller skips (recorded and listed by `scripts/test`),
+//! or fails when `CI` is set.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,25 +16,22 @@ use serde_json::{Value, json};
 use super::control_plane::cache_dir;
 use super::{EVENT_TIMEOUT, collect_lines, free_port};
 
-/// Finds the collector; `None` with a notice (a panic under `CI`) when it is missing.
+/// Finds the collector; `None` after a recorded skip ([`crate::skip`]; a panic under `CI`) when
+/// it is missing.
 pub fn find_or_skip() -> Option<PathBuf> {
     let candidates = match std::env::var_os("FLAGD_PROXY_OTELCOL_BIN").filter(|v| !v.is_empty()) {
         Some(path) => vec![PathBuf::from(path)],
         None => vec![cache_dir().join("bin/otelcol"), PathBuf::from("otelcol")],
     };
-    if let Some(found) = candidates
-        .into_iter()
-        .find(|path| crate::answers_version(path))
-    {
-        return Some(found);
-    }
-    let notice = "otelcol not found ($FLAGD_PROXY_OTELCOL_BIN, the cache's bin/, PATH); run \
-                  scripts/install-otelcol.sh";
-    if std::env::var_os("CI").is_some() {
-        panic!("{notice}");
-    }
-    eprintln!("SKIPPED ({notice})");
-    None
+    crate::skip::require(
+        candidates
+            .into_iter()
+            .find(|path| crate::answers_version(path))
+            .ok_or(
+                "otelcol not found ($FLAGD_PROXY_OTELCOL_BIN, the cache's bin/, PATH); run \
+                 scripts/install-otelcol.sh",
+            ),
+    )
 }
 
 /// TLS for the receiver: its certificate chain and key (PEM files).
