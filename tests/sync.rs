@@ -1,6 +1,7 @@
 //! The sync protocols over real sockets, against the proxy binary serving a manifests directory.
 use flagd_proxy_testkit as support;
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use serde_json::json;
@@ -760,7 +761,10 @@ async fn grpc_health_on_both_ports() {
 #[tokio::test]
 async fn client_keepalive_pings_without_streams_are_accepted() {
     let (_dir, proxy) = manifests_proxy().await;
-    let channel = tonic::transport::Endpoint::from_shared(proxy.endpoint())
+    // The client's connection goes through a tap that counts its PINGs on the wire, and the
+    // server's GOAWAYs.
+    let tap = support::raw_h2::FrameTap::start(proxy.port).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", tap.port))
         .expect("endpoint")
         .http2_keep_alive_interval(Duration::from_millis(50))
         .keep_alive_while_idle(true)
@@ -773,13 +777,23 @@ async fn client_keepalive_pings_without_streams_are_accepted() {
         .get_metadata(v1::GetMetadataRequest {})
         .await
         .expect("first call");
-    // Many pings go out on the idle connection meanwhile; a server that objects to them sends
-    // GOAWAY and the connection's next call fails.
-    for _ in 0..20 {
-        proxy.wait_for_metric("sync_active_streams", 0.0).await;
-        client
-            .get_metadata(v1::GetMetadataRequest {})
-            .await
-            .expect("connection still usable");
-    }
+    proxy.wait_for_metric("sync_active_streams", 0.0).await;
+    // Twenty pings on the idle connection; a server that objects to them sends GOAWAY and the
+    // connection's next call fails.
+    let pings = support::eventually("twenty keepalive pings on the wire", || async {
+        match tap.tapped.client_pings.load(Ordering::SeqCst) {
+            n if n >= 20 => Ok(n),
+            n => Err(format!("{n} pings so far")),
+        }
+    })
+    .await;
+    client
+        .get_metadata(v1::GetMetadataRequest {})
+        .await
+        .unwrap_or_else(|status| panic!("connection unusable after {pings} pings: {status:?}"));
+    assert_eq!(
+        tap.tapped.server_goaways.load(Ordering::SeqCst),
+        0,
+        "the server objected to {pings} pings"
+    );
 }

@@ -182,3 +182,85 @@ pub async fn read_frame(read: &mut (impl AsyncRead + Unpin)) -> Option<Frame> {
         payload,
     })
 }
+
+/// What a [`FrameTap`] has seen on the wire.
+#[derive(Debug, Default)]
+pub struct Tapped {
+    /// PING frames the client sent (acknowledgements not counted).
+    pub client_pings: std::sync::atomic::AtomicUsize,
+    /// GOAWAY frames the server sent.
+    pub server_goaways: std::sync::atomic::AtomicUsize,
+}
+
+/// A relay on 127.0.0.1 in front of the server at 127.0.0.1:`port` that forwards one plaintext
+/// HTTP/2 connection frame by frame and counts what crosses it ([`Tapped`]): what a client really
+/// sent, seen on the wire rather than taken on trust from its settings. Stops when dropped.
+pub struct FrameTap {
+    pub port: u16,
+    pub tapped: std::sync::Arc<Tapped>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FrameTap {
+    pub async fn start(port: u16) -> FrameTap {
+        use std::sync::atomic::Ordering::SeqCst;
+        let listener = tokio::net::TcpListener::bind((std::net::Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind the frame tap");
+        let tap_port = listener.local_addr().expect("the tap's address").port();
+        let tapped = std::sync::Arc::new(Tapped::default());
+        let seen = tapped.clone();
+        let task = tokio::spawn(async move {
+            let Ok((client, _)) = listener.accept().await else {
+                return;
+            };
+            let Ok(server) =
+                tokio::net::TcpStream::connect((std::net::Ipv4Addr::LOCALHOST, port)).await
+            else {
+                return;
+            };
+            let (mut from_client, mut to_client) = client.into_split();
+            let (mut from_server, mut to_server) = server.into_split();
+            let upstream = async {
+                let mut preface = [0u8; PREFACE.len()];
+                if from_client.read_exact(&mut preface).await.is_err()
+                    || to_server.write_all(&preface).await.is_err()
+                {
+                    return;
+                }
+                while let Some(f) = read_frame(&mut from_client).await {
+                    if f.kind == PING && f.flags & ACK == 0 {
+                        seen.client_pings.fetch_add(1, SeqCst);
+                    }
+                    let bytes = frame(f.kind, f.flags, f.stream, &f.payload);
+                    if to_server.write_all(&bytes).await.is_err() {
+                        return;
+                    }
+                }
+            };
+            let downstream = async {
+                while let Some(f) = read_frame(&mut from_server).await {
+                    if f.kind == GOAWAY {
+                        seen.server_goaways.fetch_add(1, SeqCst);
+                    }
+                    let bytes = frame(f.kind, f.flags, f.stream, &f.payload);
+                    if to_client.write_all(&bytes).await.is_err() {
+                        return;
+                    }
+                }
+            };
+            tokio::join!(upstream, downstream);
+        });
+        FrameTap {
+            port: tap_port,
+            tapped,
+            task,
+        }
+    }
+}
+
+impl Drop for FrameTap {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
