@@ -10,7 +10,7 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use super::{Bound, Prepared, RunError};
-use crate::hub::Hub;
+use crate::hub::{Hub, STALE_GRACE};
 use crate::management::{self, Readiness};
 use crate::net::listener::SyncListener;
 use crate::server;
@@ -66,12 +66,16 @@ impl Bound {
             authz,
             events,
             otlp,
+            state,
             ..
         } = prepared;
         let (exporter, spans) = otlp.unzip();
         let hub = Hub::traced(source.clone(), hub_options, metrics, spans);
         if let Some(events) = events {
             hub.record_events(Arc::new(events));
+        }
+        if let Some(state) = state {
+            hub.keep_versions(Arc::new(state), STALE_GRACE);
         }
         let readiness = Readiness::default();
         let otlp_done = CancellationToken::new();
