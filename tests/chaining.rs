@@ -171,19 +171,6 @@ async fn the_node_tier_takes_gzip_from_its_central_proxy() {
     }
 }
 
-/// The default variant of `color` in every version kept in the state directory `dir`.
-fn kept_colors(dir: &std::path::Path) -> Vec<String> {
-    let mut colors = Vec::new();
-    for entry in std::fs::read_dir(dir).expect("list the state directory") {
-        let text = std::fs::read_to_string(entry.expect("an entry").path()).unwrap_or_default();
-        let record: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        if let Some(document) = record["flagConfiguration"].as_str() {
-            colors.push(default_variant(document, "color"));
-        }
-    }
-    colors
-}
-
 /// Whether the node's `/status` marks the demo resource stale.
 async fn demo_is_stale(node: &Proxy) -> bool {
     let (_, body) = support::http_get(node.management_port, "/status")
@@ -217,7 +204,13 @@ async fn a_restarted_node_serves_its_kept_versions_until_the_central_proxy_is_ba
     write_manifest(dir.path(), "default", "demo", colors("blue"));
     assert_eq!(next_color(&mut stream).await.expect("update"), "blue");
     support::eventually("the newest version is kept", || async {
-        match kept_colors(state.path()).as_slice() {
+        let kept = support::kept_flag_configurations(state.path());
+        match kept
+            .iter()
+            .map(|d| default_variant(d, "color"))
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
             [color] if color == "blue" => Ok(()),
             other => Err(format!("kept {other:?}")),
         }
