@@ -9,10 +9,11 @@
 //! not read back (not JSON of this format, another format version, a checksum that does not
 //! match, a resource that belongs in another file, larger than the bound) is ignored with a
 //! warning naming it. Writes run on a task of their own, the newest version of each resource
-//! only, on a blocking thread: never on the path that publishes versions. All files together
-//! take at most `max_bytes`: a version that would go over is not kept, and the older file of its
-//! resource is removed, as it is when a write fails or the source reports the resource absent,
-//! so an older version is never served in place of a newer one after a restart.
+//! only, on a blocking thread: never on the path that publishes versions ([`StateDir::flush`]
+//! writes what is pending when the proxy stops). Files are the proxy user's only (`0600`). All
+//! files together take at most `max_bytes`: a version that would go over is not kept, and the
+//! older file of its resource is removed, as it is when a write fails or the source reports the
+//! resource absent, so an older version is never served in place of a newer one after a restart.
 use std::borrow::Cow;
 use std::collections::HashMap;
 use std::fs::File;
@@ -106,6 +107,9 @@ struct Shared {
     files: Mutex<Files>,
     /// What to write next, the newest version of each resource (`None`: remove its file).
     pending: Mutex<HashMap<ResourceKey, Option<Arc<str>>>>,
+    /// Held while what was pending is written, so that one write of a file ends before the
+    /// next begins (the writer task's, or a flush at shutdown).
+    writing: Mutex<()>,
     /// Told when something is pending.
     wake: Notify,
 }
@@ -183,10 +187,16 @@ impl StateDir {
             max_bytes,
             files: Mutex::new(files),
             pending: Mutex::new(HashMap::new()),
+            writing: Mutex::new(()),
             wake: Notify::new(),
         });
-        tokio::spawn(write_pending(shared.clone()));
+        tokio::spawn(write_when_pending(shared.clone()));
         Ok(Self { shared })
+    }
+
+    /// Writes what is pending now (at shutdown: the newest versions are not left to the task).
+    pub async fn flush(&self) {
+        flush(self.shared.clone()).await;
     }
 
     /// How many versions are kept, and their total size in bytes.
@@ -237,27 +247,31 @@ impl VersionStore for StateDir {
     }
 }
 
-/// Writes what is pending, for as long as the process runs.
-async fn write_pending(shared: Arc<Shared>) {
+/// Writes what is pending whenever there is some, for as long as the process runs.
+async fn write_when_pending(shared: Arc<Shared>) {
     loop {
         shared.wake.notified().await;
-        let batch: Vec<_> = crate::locks::lock(&shared.pending).drain().collect();
-        if batch.is_empty() {
-            continue;
-        }
-        let writer = shared.clone();
-        let written = tokio::task::spawn_blocking(move || {
-            for (key, document) in batch {
-                writer.write(&key, document.as_deref());
-            }
-        });
-        if let Err(error) = written.await {
-            tracing::error!(%error, "writing to the state directory failed");
-        }
+        flush(shared.clone()).await;
+    }
+}
+
+/// Writes what is pending, on a blocking thread.
+async fn flush(shared: Arc<Shared>) {
+    if let Err(error) = tokio::task::spawn_blocking(move || shared.write_pending()).await {
+        tracing::error!(%error, "writing to the state directory failed");
     }
 }
 
 impl Shared {
+    /// Writes every version pending, one write at a time.
+    fn write_pending(&self) {
+        let _writing = crate::locks::lock(&self.writing);
+        let batch: Vec<_> = crate::locks::lock(&self.pending).drain().collect();
+        for (key, document) in batch {
+            self.write(&key, document.as_deref());
+        }
+    }
+
     /// Replaces the file of `key` with `document`, or removes it (`None`).
     fn write(&self, key: &ResourceKey, document: Option<&str>) {
         let name = file_name(key);
@@ -309,11 +323,19 @@ impl Shared {
 /// Writes `bytes` to a temporary file in `dir`, syncs it and renames it to `name`, then syncs
 /// the directory, so the file is either the old one or all of the new one.
 fn write_atomically(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt;
+
     let temporary = dir.join(format!("{name}{TEMPORARY_SUFFIX}"));
-    let written = File::create(&temporary).and_then(|mut file| {
-        file.write_all(bytes)?;
-        file.sync_all()
-    });
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&temporary)
+        .and_then(|mut file| {
+            file.write_all(bytes)?;
+            file.sync_all()
+        });
     let renamed = written.and_then(|()| std::fs::rename(&temporary, dir.join(name)));
     if let Err(error) = renamed {
         let _ = std::fs::remove_file(&temporary);

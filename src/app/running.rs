@@ -14,6 +14,7 @@ use crate::hub::{Hub, STALE_GRACE};
 use crate::management::{self, Readiness};
 use crate::net::listener::SyncListener;
 use crate::server;
+use crate::state::StateDir;
 use crate::wire::SyncService;
 
 impl Bound {
@@ -74,8 +75,8 @@ impl Bound {
         if let Some(events) = events {
             hub.record_events(Arc::new(events));
         }
-        if let Some(state) = state {
-            hub.keep_versions(Arc::new(state), STALE_GRACE);
+        if let Some(state) = &state {
+            hub.keep_versions(Arc::new(state.clone()), STALE_GRACE);
         }
         let readiness = Readiness::default();
         let otlp_done = CancellationToken::new();
@@ -130,6 +131,7 @@ impl Bound {
             management_done,
             otlp_task,
             otlp_done,
+            state,
             listening,
         }
     }
@@ -184,6 +186,8 @@ struct Running {
     /// The OTLP exporter, which exports once more when `otlp_done` is cancelled.
     otlp_task: Option<JoinHandle<()>>,
     otlp_done: CancellationToken,
+    /// The state directory: what is still pending is written when the proxy stops.
+    state: Option<StateDir>,
     listening: Listening,
 }
 
@@ -285,6 +289,9 @@ impl Running {
         self.otlp_done.cancel();
         if let Some(otlp) = self.otlp_task {
             let _ = otlp.await;
+        }
+        if let Some(state) = &self.state {
+            state.flush().await;
         }
         if let Ok(Err(error)) = management {
             return Err(RunError::Management(error));

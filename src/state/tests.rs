@@ -95,6 +95,22 @@ async fn versions_given_to_the_store_are_written_by_its_task() {
 }
 
 #[tokio::test]
+async fn a_flush_writes_what_is_pending_at_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = open(dir.path());
+    state.keep(&key("demo"), Arc::from(DOCUMENT));
+    state.flush().await;
+    assert_eq!(state.load(&key("demo")).as_deref(), Some(DOCUMENT));
+    // Only the proxy's user reads the files.
+    let path = dir.path().join(file_name(&key("demo")));
+    let mode = std::fs::metadata(path).expect("metadata").permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
+}
+
+#[tokio::test]
 async fn corrupt_and_foreign_files_are_ignored_with_a_warning_naming_them() {
     let dir = tempfile::tempdir().expect("tempdir");
     let state = open(dir.path());
