@@ -21,6 +21,7 @@ use crate::server::{self, ServerOptions};
 use crate::settings::{ServeSettings, Settings, SourceSettings};
 use crate::source::manifests::{ManifestError, ManifestSource};
 use crate::source::upstream::{UpstreamError, UpstreamSource};
+use crate::state::{StateDir, StateError};
 use crate::telemetry::{Exporter, OtlpError};
 use crate::wire::CompressionSettings;
 
@@ -49,6 +50,8 @@ pub enum ConfigError {
     SocketWithoutClientCertificates,
     #[error("--sync-socket-path {0}")]
     SocketPath(#[source] SocketError),
+    #[error("{0}")]
+    State(#[source] StateError),
 }
 
 /// A failure while running.
@@ -83,6 +86,8 @@ pub struct Prepared {
     events: Option<EventRecorder>,
     /// The OTLP exporter and where spans go, with `--otlp-endpoint`.
     otlp: Option<(Exporter, Arc<dyn SpanSink>)>,
+    /// Where versions are kept across restarts, with `--state-dir`.
+    state: Option<StateDir>,
 }
 
 /// Checks the settings and loads what they point at.
@@ -94,12 +99,17 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
         tls,
         authz,
         hub,
+        state,
         server,
         management,
         context_values,
         compression,
         otlp,
     } = settings;
+    let state = state
+        .map(StateDir::open)
+        .transpose()
+        .map_err(ConfigError::State)?;
     let metrics = Arc::new(Metrics::new());
     let otlp = match otlp {
         Some(settings) => {
@@ -135,6 +145,7 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
         authz: Arc::new(authz),
         events,
         otlp,
+        state,
     })
 }
 

@@ -22,7 +22,7 @@ pub use config_file::ConfigFileError;
 pub use docs::markdown;
 pub use start::{
     AuthzArgs, HubArgs, LogArgs, ManagementArgs, OtlpArgs, ServeArgs, ServerArgs, SourceArgs,
-    StartArgs, SyncArgs, TlsArgs,
+    StartArgs, StateArgs, SyncArgs, TlsArgs,
 };
 
 #[derive(Debug, Parser)]

@@ -29,6 +29,7 @@ pub mod server;
 pub mod settings;
 pub mod signals;
 pub mod source;
+pub mod state;
 pub mod status;
 pub mod telemetry;
 pub mod text;

@@ -247,6 +247,7 @@ pub fn observe(metrics: &Metrics, hub: &Hub, readiness: &Readiness) {
                 namespace: &key.namespace,
                 name: &key.name,
                 state: state_of(&resource.availability).0,
+                stale: resource.stale,
                 subscribers: *subscribers,
             }),
     );
@@ -263,6 +264,7 @@ async fn status(State(state): State<AppState>) -> Json<Value> {
             json!({
                 "selector": key.to_string(),
                 "availability": availability,
+                "stale": resource.stale,
                 "reason": reason,
                 "version": resource.snapshot.as_ref().map(|s| s.version),
                 "bytes": resource.snapshot.as_ref().map(|s| s.flag_configuration.len()),

@@ -76,6 +76,9 @@ pub struct Metrics {
     pub version_rejected: Family<ResourceLabels, Gauge>,
     /// Open streams of each watched resource, set when scraped.
     pub subscribers: Family<ResourceLabels, Gauge>,
+    /// Watched resources served a version kept from an earlier run (`--state-dir`) because their
+    /// source has not delivered one, set when scraped.
+    pub stale_resources: Gauge,
     /// OTLP exports that failed, by signal (only with `--otlp-endpoint`).
     pub otlp_export_failures: Family<SignalLabels, Counter>,
     /// Spans dropped because the export queue was full.
@@ -216,6 +219,12 @@ impl Metrics {
             "Open SyncFlags streams of each watched resource (all protocols); the series goes when the resource is no longer watched",
             Family::default(),
         );
+        let stale_resources = registered(
+            proxy,
+            "stale_resources",
+            "Watched resources whose clients get the version kept in --state-dir from an earlier run, because the source (the upstream or the Kubernetes API) has not delivered one since the proxy started watching them; 0 once every source has delivered",
+            Gauge::default(),
+        );
         let (otlp_export_failures, otlp_dropped_spans) = Self::otlp_metrics(proxy);
         registry.register_collector(Box::new(ProcessCollector));
         Self {
@@ -230,6 +239,7 @@ impl Metrics {
             watched_resources,
             version_rejected,
             subscribers,
+            stale_resources,
             open_connections,
             tls_certificate_expiry,
             sync_active_streams,

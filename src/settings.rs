@@ -11,6 +11,7 @@ use crate::management::ManagementOptions;
 use crate::net::tls::TlsFiles;
 use crate::server::ServerOptions;
 use crate::source::upstream::UpstreamSettings;
+use crate::state::StateSettings;
 use crate::telemetry::OtlpSettings;
 use crate::wire::CompressionSettings;
 
@@ -23,6 +24,9 @@ pub struct Settings {
     pub tls: Option<TlsFiles>,
     pub authz: AuthzSettings,
     pub hub: HubOptions,
+    /// Where the last version of each resource is kept across restarts (`--state-dir`); off
+    /// without it.
+    pub state: Option<StateSettings>,
     pub server: ServerOptions,
     pub management: ManagementOptions,
     /// Entries of every message's sync context (`--context-value`).

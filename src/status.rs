@@ -106,6 +106,9 @@ pub struct ResourceReport {
     pub selector: String,
     /// `pending`, `present`, `absent`, `invalid`, `forbidden`, `unreachable` or `refused`.
     pub state: String,
+    /// The version clients get is kept from an earlier run (`--state-dir`): the source has not
+    /// delivered one since the proxy started watching the resource.
+    pub stale: bool,
     /// The version clients get (none before the first one).
     pub version: Option<u64>,
     /// How long ago the source changed to that version.

@@ -9,7 +9,8 @@ use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, DynamicObject, PostParams};
 use serde_json::json;
 use support::client::{
-    Client, assert_status, channel as plain_channel, next_message, tls_channel, v1, with_selector,
+    Client, assert_status, channel as plain_channel, default_variant, next_message, tls_channel,
+    v1, with_selector,
 };
 use support::control_plane::{
     ControlPlane, feature_flag_object, feature_flag_resource, start_or_skip,
@@ -56,6 +57,17 @@ async fn first(
     Ok(next_message(&mut stream).await?.flag_configuration)
 }
 
+/// A TLS connection to the proxy on `port`, whose certificate `ca` signed, presenting `cert`.
+async fn connect_with(ca: &TestCa, port: u16, cert: (String, String)) -> Channel {
+    let tls = ClientTlsConfig::new()
+        .ca_certificate(Certificate::from_pem(
+            std::fs::read(&ca.ca_cert).expect("ca"),
+        ))
+        .domain_name("localhost")
+        .identity(Identity::from_pem(cert.0, cert.1));
+    tls_channel(port, tls).await.expect("connect")
+}
+
 #[tokio::test]
 async fn spiffe_client_certificates_in_namespace_mode() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -74,16 +86,7 @@ async fn spiffe_client_certificates_in_namespace_mode() {
     ]);
     let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
 
-    let connect = |cert: (String, String)| {
-        let tls = ClientTlsConfig::new()
-            .ca_certificate(Certificate::from_pem(
-                std::fs::read(&ca.ca_cert).expect("ca"),
-            ))
-            .domain_name("localhost")
-            .identity(Identity::from_pem(cert.0, cert.1));
-        let port = proxy.port;
-        async move { tls_channel(port, tls).await.expect("connect") }
-    };
+    let connect = |cert: (String, String)| connect_with(&ca, proxy.port, cert);
     let web =
         connect(ca.issue_client_with_uri("web", Some("spiffe://cluster.local/ns/team-a/sa/web")))
             .await;
@@ -438,4 +441,74 @@ async fn the_node_tier_identifies_only_the_pods_of_its_own_node() {
     running_pod_on(&cp, Some("node-a"), "team-b", "web-b2", "web", "127.0.0.33").await;
     let (_neighbour, theirs) = served_from(&node, "127.0.0.33", TEAM_B).await;
     assert!(theirs.contains("team-b"), "{theirs}");
+}
+
+/// Versions a node proxy serves from its state directory while the central proxy is down are
+/// authorized as fresh ones are: a client reads its own namespace's kept version and is refused
+/// another namespace's.
+#[tokio::test]
+async fn kept_versions_are_authorized_like_fresh_ones() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    write_color(dir.path(), "team-a", "flags", "red", &["red"]);
+    write_color(dir.path(), "team-b", "flags", "blue", &["blue"]);
+    let mut central = Proxy::start(&["--manifests", &dir.path().display().to_string()]).await;
+    let ca = TestCa::new();
+    let mut args = vec![
+        "--upstream".to_owned(),
+        format!("127.0.0.1:{}", central.port),
+        "--state-dir".into(),
+        state.path().display().to_string(),
+        "--client-ca-path".into(),
+        ca.ca_cert.display().to_string(),
+        "--authz".into(),
+        "namespace".into(),
+    ];
+    args.extend(ca.proxy_args());
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let team = |namespace: &str| {
+        ca.issue_client_with_uri(
+            "web",
+            Some(&format!("spiffe://cluster.local/ns/{namespace}/sa/web")),
+        )
+    };
+    let color = |document: String| default_variant(&document, "color");
+
+    let mut node = Proxy::start(&args).await;
+    for (namespace, selector, expected) in [("team-a", TEAM_A, "red"), ("team-b", TEAM_B, "blue")] {
+        let channel = connect_with(&ca, node.port, team(namespace)).await;
+        let served = first(channel, selector, None).await.expect("own namespace");
+        assert_eq!(color(served), expected);
+    }
+    support::eventually("both versions are kept", || async {
+        match support::kept_flag_configurations(state.path()).len() {
+            2 => Ok(()),
+            n => Err(format!("{n} kept")),
+        }
+    })
+    .await;
+    assert!(central.terminate().await.success());
+    assert!(node.terminate().await.success());
+
+    // The central proxy stays down: what the node serves now is what it kept.
+    let node = Proxy::start(&args).await;
+    let web = connect_with(&ca, node.port, team("team-a")).await;
+    let kept = first(web.clone(), TEAM_A, None)
+        .await
+        .expect("own namespace, kept");
+    assert_eq!(color(kept), "red");
+    assert_eq!(node.metric("flagd_proxy_stale_resources").await, 1.0);
+    let denied = first(web, TEAM_B, None)
+        .await
+        .expect_err("another namespace, kept");
+    assert_status(
+        &denied,
+        Code::PermissionDenied,
+        "system:serviceaccount:team-a:web",
+    );
+    let other = connect_with(&ca, node.port, team("team-b")).await;
+    let kept = first(other, TEAM_B, None)
+        .await
+        .expect("its own namespace, kept");
+    assert_eq!(color(kept), "blue");
 }

@@ -170,3 +170,88 @@ async fn the_node_tier_takes_gzip_from_its_central_proxy() {
         );
     }
 }
+
+/// Whether the node's `/status` marks the demo resource stale.
+async fn demo_is_stale(node: &Proxy) -> bool {
+    let (_, body) = support::http_get(node.management_port, "/status")
+        .await
+        .expect("status");
+    let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    status["resources"]
+        .as_array()
+        .expect("resources")
+        .iter()
+        .any(|r| r["selector"] == SELECTOR && r["stale"] == true)
+}
+
+/// A node proxy restarted with its state directory while the central proxy is down serves the
+/// last version it delivered, marked stale, and the fresh one once the central proxy is back; a
+/// corrupt file in the directory is ignored with a warning.
+#[tokio::test]
+async fn a_restarted_node_serves_its_kept_versions_until_the_central_proxy_is_back() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let state = tempfile::tempdir().expect("tempdir");
+    write_manifest(dir.path(), "default", "demo", colors("red"));
+    let manifests = dir.path().to_str().expect("utf-8").to_owned();
+    let state_dir = state.path().to_str().expect("utf-8").to_owned();
+    let mut central = Proxy::start(&["--manifests", &manifests]).await;
+    let upstream = format!("127.0.0.1:{}", central.port);
+    let node_args = ["--upstream", &upstream, "--state-dir", &state_dir];
+    let mut node = Proxy::start(&node_args).await;
+
+    let mut stream = open_demo(node.port).await;
+    assert_eq!(next_color(&mut stream).await.expect("first"), "red");
+    write_manifest(dir.path(), "default", "demo", colors("blue"));
+    assert_eq!(next_color(&mut stream).await.expect("update"), "blue");
+    support::eventually("the newest version is kept", || async {
+        let kept = support::kept_flag_configurations(state.path());
+        match kept
+            .iter()
+            .map(|d| default_variant(d, "color"))
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            [color] if color == "blue" => Ok(()),
+            other => Err(format!("kept {other:?}")),
+        }
+    })
+    .await;
+    drop(stream);
+
+    // Both tiers go away; the resource changes meanwhile; a file in the directory is damaged.
+    let (port, management_port) = (central.port, central.management_port);
+    assert!(central.terminate().await.success());
+    assert!(node.terminate().await.success());
+    write_manifest(dir.path(), "default", "demo", colors("green"));
+    let corrupt = state.path().join("0123456789abcdef0123456789abcdef.json");
+    std::fs::write(&corrupt, "{\"format\":1,\"namespace\":\"default\"").expect("write");
+
+    let node = Proxy::start(&node_args).await;
+    node.wait_for_log("state file ignored").await;
+    assert!(
+        node.log_text()
+            .lines()
+            .any(|l| l.contains("state file ignored") && l.contains(&corrupt.display().to_string())),
+        "{}",
+        node.log_text()
+    );
+    // A new client gets the kept version while the central proxy is still down...
+    let mut stream = open_demo(node.port).await;
+    assert_eq!(
+        next_color(&mut stream).await.expect("the kept version"),
+        "blue"
+    );
+    assert!(demo_is_stale(&node).await);
+    assert_eq!(node.metric("flagd_proxy_stale_resources").await, 1.0);
+    node.wait_for_metric("flagd_proxy_watched_resources{state=\"unreachable\"}", 1.0)
+        .await;
+    // ...and the fresh one once it is back, which is no longer stale.
+    let _central = Proxy::start_on(port, management_port, &["--manifests", &manifests], &[]).await;
+    assert_eq!(
+        next_color(&mut stream).await.expect("the fresh version"),
+        "green"
+    );
+    node.wait_for_metric("flagd_proxy_stale_resources", 0.0)
+        .await;
+    assert!(!demo_is_stale(&node).await);
+}

@@ -10,10 +10,11 @@ use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
 use super::{Bound, Prepared, RunError};
-use crate::hub::Hub;
+use crate::hub::{Hub, STALE_GRACE};
 use crate::management::{self, Readiness};
 use crate::net::listener::SyncListener;
 use crate::server;
+use crate::state::StateDir;
 use crate::wire::SyncService;
 
 impl Bound {
@@ -66,12 +67,16 @@ impl Bound {
             authz,
             events,
             otlp,
+            state,
             ..
         } = prepared;
         let (exporter, spans) = otlp.unzip();
         let hub = Hub::traced(source.clone(), hub_options, metrics, spans);
         if let Some(events) = events {
             hub.record_events(Arc::new(events));
+        }
+        if let Some(state) = &state {
+            hub.keep_versions(Arc::new(state.clone()), STALE_GRACE);
         }
         let readiness = Readiness::default();
         let otlp_done = CancellationToken::new();
@@ -126,6 +131,7 @@ impl Bound {
             management_done,
             otlp_task,
             otlp_done,
+            state,
             listening,
         }
     }
@@ -180,6 +186,8 @@ struct Running {
     /// The OTLP exporter, which exports once more when `otlp_done` is cancelled.
     otlp_task: Option<JoinHandle<()>>,
     otlp_done: CancellationToken,
+    /// The state directory: what is still pending is written when the proxy stops.
+    state: Option<StateDir>,
     listening: Listening,
 }
 
@@ -281,6 +289,9 @@ impl Running {
         self.otlp_done.cancel();
         if let Some(otlp) = self.otlp_task {
             let _ = otlp.await;
+        }
+        if let Some(state) = &self.state {
+            state.flush().await;
         }
         if let Ok(Err(error)) = management {
             return Err(RunError::Management(error));

@@ -20,6 +20,7 @@ mod hub;
 mod otlp;
 mod serve;
 mod source;
+mod state;
 mod sync;
 mod tls;
 
@@ -29,6 +30,7 @@ pub use hub::HubArgs;
 pub use otlp::OtlpArgs;
 pub use serve::{LogArgs, ServeArgs};
 pub use source::SourceArgs;
+pub use state::StateArgs;
 pub use sync::SyncArgs;
 pub use tls::TlsArgs;
 
@@ -82,6 +84,8 @@ pub struct StartArgs {
     #[command(flatten)]
     pub hub: HubArgs,
     #[command(flatten)]
+    pub state: StateArgs,
+    #[command(flatten)]
     pub sync: SyncArgs,
     #[command(flatten)]
     pub server: ServerArgs,
@@ -102,6 +106,7 @@ impl From<StartArgs> for Settings {
             tls: args.tls.into_settings(),
             authz: args.authz.into(),
             hub: args.hub.into(),
+            state: args.state.into_settings(),
             management: args.management.into_settings(&server),
             server,
             compression: args.sync.compression_settings(),

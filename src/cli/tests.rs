@@ -695,3 +695,43 @@ fn otlp_settings_come_from_the_config_file() {
     );
     assert_eq!(otlp.interval, Duration::from_secs(10));
 }
+
+/// The state directory is off by default; its flags come from the command line or the config
+/// file, and its size bound means nothing without it.
+#[test]
+fn the_state_directory_comes_from_its_flags_or_the_config_file() {
+    use crate::state::{DEFAULT_MAX_BYTES, StateSettings};
+
+    let settings = |line: &[&str]| {
+        crate::settings::Settings::from(start_args(
+            Cli::try_parse_from(["flagd-proxy", "start"].iter().chain(line)).expect("parses"),
+        ))
+    };
+    assert_eq!(settings(&[]).state, None);
+    assert_eq!(
+        settings(&["--state-dir=/var/lib/flagd-proxy"]).state,
+        Some(StateSettings {
+            dir: "/var/lib/flagd-proxy".into(),
+            max_bytes: DEFAULT_MAX_BYTES,
+        })
+    );
+    assert_eq!(
+        settings(&["--state-dir", "/state", "--state-dir-max-bytes", "8Mi"])
+            .state
+            .map(|s| s.max_bytes),
+        Some(8 << 20)
+    );
+    assert!(
+        Cli::try_parse_from(["flagd-proxy", "start", "--state-dir-max-bytes=8Mi"]).is_err(),
+        "the bound needs a directory"
+    );
+    let args = start_with_config("yaml", "state-dir: /state\nstate-dir-max-bytes: 1Mi\n", &[])
+        .expect("parses");
+    assert_eq!(
+        args.state.into_settings(),
+        Some(StateSettings {
+            dir: "/state".into(),
+            max_bytes: 1 << 20,
+        })
+    );
+}

@@ -17,6 +17,12 @@
 //! that, the subscriptions to such a resource end (`TooManyWaiting`) and its watch stops at once,
 //! so clients that name random resources cannot make the proxy hold unbounded watches.
 //!
+//! With a [`VersionStore`] (`--state-dir`), every version the source delivers is kept there, and a
+//! watch whose source has delivered nothing [`STALE_GRACE`] after it started (or has reported
+//! its backend unreachable before) serves the kept version, marked stale
+//! ([`ResourceState::stale`]); the first version the source delivers replaces it, and a stale
+//! version never replaces one from the source.
+//!
 //! Each version's propagation (until the last subscriber counted at its publication was written)
 //! is measured once, in `flagd_proxy_propagation_seconds` and, when the hub is given a
 //! [`SpanSink`], as a [`ports::PUBLISH_SPAN`] span.
@@ -45,7 +51,9 @@ pub mod subscription;
 mod tests;
 mod waiting;
 
-pub use ports::{EventSink, ResourceEventSink, Source, SpanRecord, SpanSink, SpanValue};
+pub use ports::{
+    EventSink, ResourceEventSink, Source, SpanRecord, SpanSink, SpanValue, VersionStore,
+};
 use propagation::Propagation;
 use publisher::Bounds;
 pub use publisher::Publisher;
@@ -62,6 +70,11 @@ pub const DEFAULT_MAX_WATCHES: usize = 10_000;
 pub const DEFAULT_MAX_DOCUMENT_BYTES: usize = 4 * 1024 * 1024 - 4096;
 /// Default of [`HubOptions::max_waiting_resources`].
 pub const DEFAULT_MAX_WAITING_RESOURCES: usize = 1_000;
+/// How long a new watch waits for its source to deliver a version before it serves the version
+/// kept from an earlier run, marked stale (at once when the source reports its backend
+/// unreachable first). Short: a client that connects while the source is away gets flags within
+/// it; the fresh version replaces the stale one when it comes.
+pub const STALE_GRACE: Duration = Duration::from_millis(500);
 
 /// Hub settings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -116,6 +129,9 @@ struct Inner {
     waiting: Arc<AtomicUsize>,
     /// Where the outcome of each version is reported, when it is.
     events: OnceLock<Arc<dyn EventSink>>,
+    /// Where versions are kept across restarts, when they are, and how long a new watch waits
+    /// for its source before serving the kept version.
+    store: OnceLock<(Arc<dyn VersionStore>, Duration)>,
 }
 
 impl Hub {
@@ -145,6 +161,7 @@ impl Hub {
                 upstreams: Mutex::new(HashMap::new()),
                 waiting: Arc::new(AtomicUsize::new(0)),
                 events: OnceLock::new(),
+                store: OnceLock::new(),
             }),
         }
     }
@@ -153,6 +170,14 @@ impl Hub {
     /// Only the first sink given is used.
     pub fn record_events(&self, sink: Arc<dyn EventSink>) {
         let _ = self.inner.events.set(sink);
+    }
+
+    /// Keeps every version of the resources watched from now on in `store`, and serves the kept
+    /// version, marked stale, when their source has delivered none within `grace` (the proxy
+    /// uses [`STALE_GRACE`]) or reported its backend unreachable before. Only the first store
+    /// given is used.
+    pub fn keep_versions(&self, store: Arc<dyn VersionStore>, grace: Duration) {
+        let _ = self.inner.store.set((store, grace));
     }
 
     pub fn metrics(&self) -> &Arc<Metrics> {
@@ -184,6 +209,7 @@ impl Hub {
         let (tx, rx) = watch::channel(ResourceState {
             snapshot: None,
             availability: Availability::Pending,
+            stale: false,
         });
         let tx = Arc::new(tx);
         upstreams.insert(key.clone(), tx.clone());
@@ -248,13 +274,16 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
         },
         waiting.clone(),
         events,
-    );
+    )
+    .with_store(inner.store.get().map(|(store, _)| store.clone()));
     let mut watch = inner.source.watch(key.clone(), publisher.clone());
+    let mut stale = std::pin::pin!(serve_kept(inner.store.get().cloned(), publisher.clone()));
     // A source's watch should not end; if it does, it is started again after the process's
     // one retry policy.
     let mut backoff = Backoff::new();
     let why = loop {
         tokio::select! {
+            () = &mut stale => {}
             () = &mut watch => {
                 let delay = backoff.next_delay();
                 tracing::warn!(resource = %key, source = inner.source.name(), ?delay, "watch ended; restarting");
@@ -286,6 +315,23 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
     });
     inner.metrics.upstream_watches.dec();
     tracing::debug!(resource = %key, "watch stopped: {why}");
+}
+
+/// Serves the version `store` kept of the publisher's resource, marked stale, when the source has
+/// delivered none within the grace or reported its backend unreachable before; then never
+/// resolves. The kept version is read only then.
+async fn serve_kept(store: Option<(Arc<dyn VersionStore>, Duration)>, publisher: Publisher) {
+    if let Some((store, grace)) = store {
+        publisher.unreachable_within(grace).await;
+        if publisher.delivered_any() {
+            return futures::future::pending().await;
+        }
+        let key = publisher.key().clone();
+        if let Ok(Some(document)) = tokio::task::spawn_blocking(move || store.load(&key)).await {
+            publisher.stale(document);
+        }
+    }
+    futures::future::pending().await
 }
 
 /// Resolves once the channel has had no receiver for `timeout`, or at once when it has none

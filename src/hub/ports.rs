@@ -1,6 +1,8 @@
 //! The ports the hub owns: what a source of resources is, where the outcome of each version is
-//! reported, and where spans go. Adapters (`crate::source`, `crate::telemetry`) implement them;
-//! the hub knows none of them.
+//! reported, where spans go, and where versions are kept across restarts. Adapters
+//! (`crate::source`, `crate::telemetry`, `crate::state`) implement them; the hub knows none of
+//! them.
+use std::sync::Arc;
 use std::time::{Instant, SystemTime};
 
 use futures::future::BoxFuture;
@@ -45,6 +47,21 @@ pub trait ResourceEventSink: Send + Sync {
     fn warned(&self, resource: &Value, problems: &str);
     /// The version in `resource` was rejected for `problem`; clients keep the last accepted one.
     fn rejected(&self, resource: &Value, problem: &str);
+}
+
+/// Where the newest version of each resource the source delivered is kept across restarts
+/// (`--state-dir`). When a watch starts and its source has not delivered a version (it is
+/// unreachable, or has not answered within [`crate::hub::STALE_GRACE`]), the hub serves the
+/// kept one, marked stale, until the source delivers one.
+pub trait VersionStore: Send + Sync + 'static {
+    /// The kept flag configuration of `key`, if there is one that reads back intact. May block
+    /// (it reads a file): the hub calls it on a blocking thread.
+    fn load(&self, key: &ResourceKey) -> Option<String>;
+    /// `document` is the newest version the source delivered for `key`. Must not block.
+    fn keep(&self, key: &ResourceKey, document: Arc<str>);
+    /// The source reports that `key` does not exist: nothing is to be served of it from an
+    /// earlier run. Must not block.
+    fn forget(&self, key: &ResourceKey);
 }
 
 /// Where spans go: one per published version (see [`PUBLISH_SPAN`]) and, from sources that

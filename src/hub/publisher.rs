@@ -1,14 +1,15 @@
 //! The handle a source reports through: resources become checked, versioned snapshots.
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tokio::sync::Notify;
 
 use crate::budget::MemoryBudget;
 use crate::document::{self, DocumentWarning};
 use crate::hub::StateSender;
-use crate::hub::ports::ResourceEventSink;
+use crate::hub::ports::{ResourceEventSink, VersionStore};
 use crate::hub::propagation::Propagation;
 use crate::hub::snapshot::{Availability, Snapshot};
 use crate::hub::waiting::WaitingPlace;
@@ -28,6 +29,10 @@ pub struct Publisher {
     next_version: Arc<AtomicU64>,
     waiting: Arc<WaitingPlace>,
     events: Option<Arc<dyn ResourceEventSink>>,
+    /// Where each version the source delivers is kept across restarts (`--state-dir`).
+    store: Option<Arc<dyn VersionStore>>,
+    /// Told when the source reports its backend unreachable.
+    unreachable: Arc<Notify>,
 }
 
 /// What a version may be: its size, and the budget its memory is counted against.
@@ -57,7 +62,16 @@ impl Publisher {
             next_version: Arc::new(AtomicU64::new(1)),
             waiting,
             events,
+            store: None,
+            unreachable: Arc::new(Notify::new()),
         }
+    }
+
+    /// Keeps every version the source delivers in `store`, and forgets there the resources
+    /// it reports absent.
+    pub(super) fn with_store(mut self, store: Option<Arc<dyn VersionStore>>) -> Self {
+        self.store = store;
+        self
     }
 
     pub fn key(&self) -> &ResourceKey {
@@ -100,17 +114,72 @@ impl Publisher {
     /// The resource exists and this is its flag configuration document (as another proxy
     /// serves it). It is checked like a converted resource.
     pub fn flag_configuration(&self, document: String, changed_at: Instant) {
-        let checked = serde_json::from_str::<Value>(&document)
-            .map_err(|e| format!("the flag configuration is not JSON: {e}"))
-            .and_then(|value| {
-                let warnings = document::check(&value).map_err(|e| e.to_string())?;
-                Ok((warnings, document::context_bytes(&value)))
-            });
-        match checked {
+        match checked(&document) {
             Ok((warnings, context_bytes)) => {
                 self.accept(document, context_bytes, &warnings, changed_at);
             }
             Err(reason) => self.invalid(reason),
+        }
+    }
+
+    /// Resolves once the source reports its backend unreachable, or after `grace`.
+    pub(super) async fn unreachable_within(&self, grace: Duration) {
+        let _ = tokio::time::timeout(grace, self.unreachable.notified()).await;
+    }
+
+    /// Whether the resource has a version already (from the source, or stale).
+    pub(super) fn delivered_any(&self) -> bool {
+        self.tx.borrow().snapshot.is_some()
+    }
+
+    /// Serves `document`, the version kept from an earlier run, marked stale, if the source has
+    /// delivered no version since the watch started and has not answered otherwise (it has not
+    /// answered yet, or cannot reach its backend). It is checked like a fresh version; one
+    /// clients could not use is not served. Its propagation is not measured, and it is not
+    /// counted as published: it does not come from the source.
+    pub(super) fn stale(&self, document: String) {
+        let usable = checked(&document).and_then(|(warnings, context_bytes)| {
+            match self.oversized(&document, context_bytes) {
+                Some(reason) => Err(reason),
+                None => Ok(warnings),
+            }
+        });
+        let warnings = match usable {
+            Ok(warnings) => warnings,
+            Err(reason) => {
+                tracing::warn!(resource = %self.key, %reason, "the version kept from an earlier run is not served");
+                return;
+            }
+        };
+        let mut served = None;
+        self.tx.send_if_modified(|state| {
+            let unanswered = matches!(
+                state.availability,
+                Availability::Pending | Availability::Unreachable(_)
+            );
+            if state.snapshot.is_some() || !unanswered {
+                return false;
+            }
+            let version = self.next_version.fetch_add(1, Ordering::Relaxed);
+            state.snapshot = Some(Arc::new(Snapshot::new(
+                version,
+                document.into(),
+                Instant::now(),
+                0,
+                (!warnings.is_empty()).then(|| joined(&warnings).into()),
+                self.bounds.budget.clone(),
+            )));
+            state.stale = true;
+            served = Some(version);
+            true
+        });
+        if let Some(version) = served {
+            self.count_warnings(&warnings);
+            tracing::warn!(
+                resource = %self.key,
+                version,
+                "the source has not delivered this resource; serving the version kept from an earlier run, marked stale, until it does"
+            );
         }
     }
 
@@ -125,23 +194,7 @@ impl Publisher {
         warnings: &[DocumentWarning],
         changed_at: Instant,
     ) {
-        let message_bytes = document.len() + context_bytes;
-        if message_bytes > self.bounds.max_document_bytes {
-            let reason = if context_bytes == 0 {
-                format!(
-                    "the flag configuration is {} bytes, over the limit of {} bytes that clients accept",
-                    document.len(),
-                    self.bounds.max_document_bytes
-                )
-            } else {
-                format!(
-                    "the flag configuration is {} bytes and its flag-set metadata, sent again in \
-                     every message's sync_context, adds {context_bytes}: {message_bytes} bytes, \
-                     over the limit of {} bytes that clients accept",
-                    document.len(),
-                    self.bounds.max_document_bytes
-                )
-            };
+        if let Some(reason) = self.oversized(&document, context_bytes) {
             return self.invalid(reason);
         }
         let tx = &self.tx;
@@ -158,8 +211,11 @@ impl Publisher {
                 .as_ref()
                 .is_some_and(|s| *s.flag_configuration == *document);
             let was = std::mem::replace(&mut state.availability, Availability::Present);
+            // A fresh version replaces a stale one even when they are the same: it is no
+            // longer stale.
+            let was_stale = std::mem::replace(&mut state.stale, false);
             if same {
-                return was != Availability::Present;
+                return was != Availability::Present || was_stale;
             }
             let version = self.next_version.fetch_add(1, Ordering::Relaxed);
             let snapshot = Arc::new(Snapshot::new(
@@ -179,10 +235,7 @@ impl Publisher {
             true
         });
         if served {
-            self.metrics
-                .document_warnings
-                .get_or_create(&self.labels())
-                .set(i64::try_from(warnings.len()).unwrap_or(i64::MAX));
+            self.count_warnings(warnings);
         }
         if let Some((previous, settled)) = superseded {
             self.propagation.settled(&self.key, &previous, settled);
@@ -191,6 +244,9 @@ impl Publisher {
             let version = snapshot.version;
             if snapshot.subscribers == 0 {
                 self.propagation.unwatched(&self.key, &snapshot);
+            }
+            if let Some(store) = &self.store {
+                store.keep(&self.key, snapshot.flag_configuration.clone());
             }
             self.metrics.versions_published.inc();
             tracing::info!(resource = %self.key, version, "new flag configuration");
@@ -206,6 +262,40 @@ impl Publisher {
         }
     }
 
+    /// Why a document is too large for clients, if it is: the whole message counts, the
+    /// document and what its metadata adds (`context_bytes`, sent again in every
+    /// `sync_context`).
+    fn oversized(&self, document: &str, context_bytes: usize) -> Option<String> {
+        let message_bytes = document.len() + context_bytes;
+        if message_bytes > self.bounds.max_document_bytes {
+            let reason = if context_bytes == 0 {
+                format!(
+                    "the flag configuration is {} bytes, over the limit of {} bytes that clients accept",
+                    document.len(),
+                    self.bounds.max_document_bytes
+                )
+            } else {
+                format!(
+                    "the flag configuration is {} bytes and its flag-set metadata, sent again in \
+                     every message's sync_context, adds {context_bytes}: {message_bytes} bytes, \
+                     over the limit of {} bytes that clients accept",
+                    document.len(),
+                    self.bounds.max_document_bytes
+                )
+            };
+            return Some(reason);
+        }
+        None
+    }
+
+    /// Sets the gauge of the warnings in the version clients get now.
+    fn count_warnings(&self, warnings: &[DocumentWarning]) {
+        self.metrics
+            .document_warnings
+            .get_or_create(&self.labels())
+            .set(i64::try_from(warnings.len()).unwrap_or(i64::MAX));
+    }
+
     fn labels(&self) -> ResourceLabels {
         ResourceLabels {
             namespace: self.key.namespace.clone(),
@@ -217,6 +307,9 @@ impl Publisher {
     /// never had a version takes one of the places for resources waited on; when none is left,
     /// its subscriptions end and its watch stops.
     pub fn absent(&self) {
+        if let Some(store) = &self.store {
+            store.forget(&self.key);
+        }
         let mut refused = false;
         let changed = self.tx.send_if_modified(|state| {
             if matches!(state.availability, Availability::TooManyWaiting { .. }) {
@@ -255,6 +348,7 @@ impl Publisher {
 
     /// The source cannot reach its backend; it keeps retrying and subscribers keep their flags.
     pub fn unreachable(&self, reason: String) {
+        self.unreachable.notify_one();
         if self.set(Availability::Unreachable(reason.clone().into())) {
             tracing::warn!(resource = %self.key, %reason, "source unreachable");
         }
@@ -285,6 +379,15 @@ impl Publisher {
                 && replace(&mut state.availability, availability)
         })
     }
+}
+
+/// A flag configuration document (as another proxy serves it, or as kept from an earlier run)
+/// checked like a converted resource: its warnings and what its metadata adds to every message.
+fn checked(document: &str) -> Result<(Vec<DocumentWarning>, usize), String> {
+    let value = serde_json::from_str::<Value>(document)
+        .map_err(|e| format!("the flag configuration is not JSON: {e}"))?;
+    let warnings = document::check(&value).map_err(|e| e.to_string())?;
+    Ok((warnings, document::context_bytes(&value)))
 }
 
 /// The most warnings told one by one in a log line or an Event; the rest are counted.

@@ -191,6 +191,10 @@ pub enum Availability {
 pub struct ResourceState {
     pub snapshot: Option<Arc<Snapshot>>,
     pub availability: Availability,
+    /// The snapshot is the version kept from an earlier run (`--state-dir`), served because the
+    /// source has not delivered one since this watch started; the first version the source
+    /// delivers replaces it.
+    pub stale: bool,
 }
 
 #[cfg(test)]

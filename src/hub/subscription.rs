@@ -138,11 +138,12 @@ impl Subscription {
         }
     }
 
-    /// Waits until the source has answered, then returns the state.
+    /// Waits until the source has answered, or a stale version is served while it has not,
+    /// then returns the state.
     pub async fn settled(&mut self) -> ResourceState {
         let settled = match self
             .rx
-            .wait_for(|s| s.availability != Availability::Pending)
+            .wait_for(|s| s.availability != Availability::Pending || s.stale)
             .await
         {
             Ok(state) => Some(state.clone()),

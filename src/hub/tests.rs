@@ -708,3 +708,151 @@ async fn many_warnings_are_told_in_one_bounded_line() {
     assert_eq!(told[0].matches("flag \"g").count(), 20, "{told:?}");
     assert!(told[0].ends_with("; and 5 more"), "{told:?}");
 }
+
+/// A version store in memory.
+#[derive(Default)]
+struct MemoryStore(Mutex<HashMap<ResourceKey, String>>);
+
+impl MemoryStore {
+    fn with(key: &ResourceKey, variant: &str) -> Arc<Self> {
+        let store = Arc::new(Self::default());
+        store.keep(key, document_of(variant).into());
+        store
+    }
+
+    fn kept(&self, key: &ResourceKey) -> Option<String> {
+        self.0
+            .lock()
+            .expect("lock")
+            .get(key)
+            .map(|d| default_variant(d))
+    }
+}
+
+impl VersionStore for MemoryStore {
+    fn load(&self, key: &ResourceKey) -> Option<String> {
+        self.0.lock().expect("lock").get(key).cloned()
+    }
+
+    fn keep(&self, key: &ResourceKey, document: Arc<str>) {
+        self.0
+            .lock()
+            .expect("lock")
+            .insert(key.clone(), document.to_string());
+    }
+
+    fn forget(&self, key: &ResourceKey) {
+        self.0.lock().expect("lock").remove(key);
+    }
+}
+
+/// The flag configuration of [`flag_resource`]`(variant)`.
+fn document_of(variant: &str) -> String {
+    crate::document::convert(&flag_resource(variant))
+        .expect("a valid resource")
+        .document
+}
+
+/// A grace that never expires within a test: only the source's word serves a kept version.
+const NO_GRACE_EXPIRES: Duration = Duration::from_secs(3600);
+
+/// The state of the one resource watched.
+fn only_state(hub: &Hub) -> ResourceState {
+    let mut resources = hub.resources();
+    assert_eq!(resources.len(), 1, "one resource watched");
+    resources.remove(0).1
+}
+
+/// A hub over a scripted source keeping versions in `store` and serving them after `grace`, and
+/// a subscriber to `ns/a` with the publisher of its watch.
+async fn kept_by(store: &Arc<MemoryStore>, grace: Duration) -> (Hub, Subscription, Publisher) {
+    let (source, hub, key) = hub_of_a(Duration::from_secs(60));
+    hub.keep_versions(store.clone(), grace);
+    let ([sub], publisher) = subscribe_watched(&source, &hub, &key).await;
+    (hub, sub, publisher)
+}
+
+#[tokio::test]
+async fn the_kept_version_is_served_stale_while_the_source_is_unreachable() {
+    let key = ResourceKey::new("ns", "a");
+    let store = MemoryStore::with(&key, "kept");
+    let (hub, mut sub, publisher) = kept_by(&store, NO_GRACE_EXPIRES).await;
+    publisher.unreachable("connection refused".into());
+    let stale = next(&mut sub).await;
+    assert_eq!((variant(&stale), stale.version), ("kept".into(), 1));
+    let state = only_state(&hub);
+    assert!(state.stale, "{state:?}");
+    assert!(matches!(state.availability, Availability::Unreachable(_)));
+    assert_eq!(
+        hub.metrics().versions_published.get(),
+        0,
+        "not from the source"
+    );
+
+    // The first version from the source replaces it, and is kept in turn.
+    publisher.resource(&flag_resource("fresh"), Instant::now());
+    let fresh = next(&mut sub).await;
+    assert_eq!((variant(&fresh), fresh.version), ("fresh".into(), 2));
+    assert!(!only_state(&hub).stale);
+    assert_eq!(store.kept(&key).as_deref(), Some("fresh"));
+}
+
+#[tokio::test]
+async fn a_source_that_does_not_answer_gets_the_kept_version_served_after_the_grace() {
+    let key = ResourceKey::new("ns", "a");
+    let store = MemoryStore::with(&key, "kept");
+    let (_hub, mut sub, _publisher) = kept_by(&store, Duration::from_millis(1)).await;
+    // What FetchAllFlags waits for: the source's answer, or a stale version.
+    let state = sub.settled().await;
+    assert!(state.stale, "{state:?}");
+    assert_eq!(state.availability, Availability::Pending);
+    assert_eq!(variant(&next(&mut sub).await), "kept");
+}
+
+#[tokio::test]
+async fn a_kept_version_never_replaces_one_from_the_source() {
+    let key = ResourceKey::new("ns", "a");
+    let store = MemoryStore::with(&key, "kept");
+    let (hub, mut sub, publisher) = kept_by(&store, NO_GRACE_EXPIRES).await;
+    publisher.resource(&flag_resource("fresh"), Instant::now());
+    assert_eq!(variant(&next(&mut sub).await), "fresh");
+    publisher.unreachable("connection refused".into());
+    publisher.stale(document_of("kept"));
+    let state = only_state(&hub);
+    assert!(!state.stale, "{state:?}");
+    assert_eq!(
+        variant(state.snapshot.as_ref().expect("a version")),
+        "fresh"
+    );
+}
+
+#[tokio::test]
+async fn a_fresh_version_like_the_stale_one_ends_staleness_without_a_new_version() {
+    let key = ResourceKey::new("ns", "a");
+    let store = MemoryStore::with(&key, "kept");
+    let (hub, mut sub, publisher) = kept_by(&store, NO_GRACE_EXPIRES).await;
+    publisher.stale(document_of("kept"));
+    assert_eq!(next(&mut sub).await.version, 1);
+    assert!(only_state(&hub).stale);
+    publisher.resource(&flag_resource("kept"), Instant::now());
+    let state = only_state(&hub);
+    assert!(!state.stale, "{state:?}");
+    assert_eq!(state.availability, Availability::Present);
+    assert_eq!(state.snapshot.as_ref().map(|s| s.version), Some(1));
+}
+
+#[tokio::test]
+async fn an_unusable_kept_version_is_not_served_and_an_absent_resource_is_forgotten() {
+    let key = ResourceKey::new("ns", "a");
+    let store = MemoryStore::with(&key, "kept");
+    let (hub, _sub, publisher) = kept_by(&store, NO_GRACE_EXPIRES).await;
+    publisher.stale(r#"{"flags": 5}"#.into());
+    assert!(only_state(&hub).snapshot.is_none(), "not served");
+    publisher.absent();
+    assert_eq!(store.kept(&key), None);
+    publisher.stale(document_of("kept"));
+    assert!(
+        only_state(&hub).snapshot.is_none(),
+        "the source has answered"
+    );
+}

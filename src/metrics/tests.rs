@@ -33,6 +33,7 @@ fn resources_are_counted_by_state_and_refused_versions_named() {
         namespace,
         name,
         state,
+        stale: state == "unreachable",
         subscribers,
     };
     metrics.observe_resources(
@@ -41,10 +42,12 @@ fn resources_are_counted_by_state_and_refused_versions_named() {
             resource("a", "one", "present", 3),
             resource("b", "two", "invalid", 1),
             resource("c", "three", "absent", 0),
+            resource("d", "four", "unreachable", 1),
         ],
     );
     let text = metrics.encode();
     for line in [
+        "flagd_proxy_stale_resources 1",
         "flagd_proxy_watched_resources{state=\"present\"} 1",
         "flagd_proxy_watched_resources{state=\"invalid\"} 1",
         "flagd_proxy_watched_resources{state=\"absent\"} 1",
@@ -66,6 +69,7 @@ fn resources_are_counted_by_state_and_refused_versions_named() {
         "{text}"
     );
     assert!(!text.contains("state=\"absent\""), "{text}");
+    assert!(text.contains("flagd_proxy_stale_resources 0"), "{text}");
     assert!(
         !text.contains("flagd_proxy_subscribers{namespace=\"a\""),
         "{text}"

@@ -30,6 +30,8 @@ pub(super) struct StatusPage {
 pub(super) struct StatusResource {
     selector: String,
     availability: String,
+    #[serde(default)]
+    stale: bool,
     reason: Option<String>,
     version: Option<u64>,
     bytes: Option<u64>,
@@ -181,6 +183,7 @@ impl Report {
             .map(|r| ResourceReport {
                 selector: r.selector,
                 state: r.availability,
+                stale: r.stale,
                 version: r.version,
                 version_age_seconds: r.version_age_seconds,
                 bytes: r.bytes,

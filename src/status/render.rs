@@ -59,7 +59,11 @@ impl Report {
                 .map(|r| {
                     [
                         escaped(&r.selector).into_owned(),
-                        escaped(&r.state).into_owned(),
+                        if r.stale {
+                            format!("{}, stale", escaped(&r.state))
+                        } else {
+                            escaped(&r.state).into_owned()
+                        },
                         r.version.map_or("-".into(), |v| v.to_string()),
                         r.version_age_seconds
                             .map_or("-".into(), |s| age(Duration::from_secs_f64(s.max(0.0)))),

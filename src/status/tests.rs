@@ -33,7 +33,10 @@ fn report() -> Report {
              "versionAgeSeconds": 75.5},
             {"selector": "core.openfeature.dev/shop/checkout", "availability": "invalid",
              "reason": "flag \"size\": defaultVariant \"m\" is not one of the variants",
-             "version": 1, "bytes": 80, "subscribers": 0}
+             "version": 1, "bytes": 80, "subscribers": 0},
+            {"selector": "core.openfeature.dev/shop/cart", "availability": "unreachable",
+             "stale": true, "reason": "upstream answered Unavailable: connection refused",
+             "version": 1, "bytes": 50, "subscribers": 2, "versionAgeSeconds": 2.0}
         ]
     }))
     .expect("a status page");
@@ -109,6 +112,20 @@ fn the_table_shows_each_resource_and_what_went_wrong() {
         ]
     );
     assert!(lines[4].ends_with("defaultVariant \"m\" is not one of the variants"));
+    // A version kept from an earlier run, served while the source is away.
+    let cart = lines[5].split_whitespace().collect::<Vec<_>>();
+    assert_eq!(
+        cart[..7],
+        [
+            "core.openfeature.dev/shop/cart",
+            "unreachable,",
+            "stale",
+            "1",
+            "2s",
+            "2",
+            "upstream"
+        ]
+    );
     assert!(
         table.contains("Watches:      2 active, 1 waiting"),
         "{table}"
@@ -133,6 +150,13 @@ fn json_keeps_every_field_for_scripts() {
     assert_eq!(
         json["resources"][1]["lastError"],
         "flag \"size\": defaultVariant \"m\" is not one of the variants"
+    );
+    assert_eq!(
+        (
+            &json["resources"][0]["stale"],
+            &json["resources"][2]["stale"]
+        ),
+        (&Value::Bool(false), &Value::Bool(true))
     );
     assert_eq!(json["limitsHit"]["max_watches"], 3);
     assert_eq!(json["watches"]["active"], 2);

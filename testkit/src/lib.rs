@@ -152,6 +152,20 @@ pub fn write_color(
     )
 }
 
+/// The flag configurations kept in a proxy's state directory (`--state-dir`), one for each file
+/// that holds one.
+pub fn kept_flag_configurations(dir: &Path) -> Vec<String> {
+    let mut kept = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("list the state directory") {
+        let text = std::fs::read_to_string(entry.expect("an entry").path()).unwrap_or_default();
+        let record: Value = serde_json::from_str(&text).unwrap_or_default();
+        if let Some(document) = record["flagConfiguration"].as_str() {
+            kept.push(document.to_owned());
+        }
+    }
+    kept
+}
+
 /// Panics naming the first of `needles` that `text` does not contain.
 pub fn assert_contains_all(text: &str, needles: &[&str]) {
     for needle in needles {

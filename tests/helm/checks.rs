@@ -164,11 +164,13 @@ pub(crate) fn check_central(case: &Case, objects: &[Value]) {
             assert_secret_mount(what, deployment, "tls", secret, "/etc/flagd-proxy/tls");
         } else {
             assert!(!args.iter().any(|a| a.starts_with("--server-")), "{what}");
-            // Only the OTLP collector's CA, when it is given.
+            // Only the OTLP collector's CA, when it is given, and the state directory.
             let volumes: Vec<&Value> = pod["volumes"].as_array().into_iter().flatten().collect();
             assert!(
-                volumes.iter().all(|v| v["name"] == "otlp-ca"),
-                "{what}: no volumes without TLS but the collector's CA: {volumes:?}"
+                volumes
+                    .iter()
+                    .all(|v| v["name"] == "otlp-ca" || v["name"] == "state"),
+                "{what}: no volumes without TLS but the collector's CA and the state directory: {volumes:?}"
             );
         }
 

@@ -70,7 +70,11 @@ fn node_socket_is_an_opt_in_hostpath() {
         &[("node.upstream.address", CENTRAL_UPSTREAM)],
     ));
     assert!(!args(&plain).iter().any(|a| a.starts_with("--sync-socket")));
-    assert!(plain["spec"]["template"]["spec"]["volumes"].is_null());
+    assert_eq!(
+        plain["spec"]["template"]["spec"]["volumes"],
+        json!([state_volume()]),
+        "only the state directory"
+    );
 
     let case = Case::new(
         "node-socket",
@@ -96,12 +100,66 @@ fn node_socket_is_an_opt_in_hostpath() {
     assert_eq!(
         pod["volumes"],
         json!([{"name": "sync-socket",
-                "hostPath": {"path": "/run/flags", "type": "DirectoryOrCreate"}}])
+                "hostPath": {"path": "/run/flags", "type": "DirectoryOrCreate"}},
+               state_volume()])
     );
     assert_eq!(
         container(&ds)["volumeMounts"],
-        json!([{"name": "sync-socket", "mountPath": "/run/flags"}])
+        json!([{"name": "sync-socket", "mountPath": "/run/flags"},
+               {"name": "state", "mountPath": "/var/lib/flagd-proxy"}])
     );
+}
+
+/// The state directory's volume as the chart's defaults make it.
+fn state_volume() -> Value {
+    json!({"name": "state", "emptyDir": {"sizeLimit": "80Mi"}})
+}
+
+/// Both tiers keep their last versions in an emptyDir by default (flags the proxy's own command
+/// line accepts); `stateDir.enabled=false` leaves out the flags and the volume.
+#[test]
+fn both_tiers_keep_their_versions_in_an_empty_dir_by_default() {
+    let Some(helm) = Helm::find_or_skip() else {
+        return;
+    };
+    let on = helm.template(&Case::new(
+        "state-dir",
+        "both",
+        &[("stateDir.path", "/state"), ("stateDir.maxBytes", "8Mi")],
+    ));
+    for workload in [one_of(&on, "Deployment"), one_of(&on, "DaemonSet")] {
+        let start = start_args(workload);
+        assert_eq!(
+            start.state.into_settings(),
+            Some(flagd_proxy::state::StateSettings {
+                dir: "/state".into(),
+                max_bytes: 8 << 20,
+            })
+        );
+        assert!(
+            container(workload)["volumeMounts"]
+                .as_array()
+                .expect("volume mounts")
+                .contains(&json!({"name": "state", "mountPath": "/state"})),
+            "{workload}"
+        );
+        assert!(
+            workload["spec"]["template"]["spec"]["volumes"]
+                .as_array()
+                .expect("volumes")
+                .contains(&state_volume()),
+            "{workload}"
+        );
+    }
+    let off = helm.template(&Case::new(
+        "state-dir-off",
+        "both",
+        &[("stateDir.enabled", "false")],
+    ));
+    for workload in [one_of(&off, "Deployment"), one_of(&off, "DaemonSet")] {
+        assert!(!args(workload).iter().any(|a| a.starts_with("--state-dir")));
+        assert!(workload["spec"]["template"]["spec"]["volumes"].is_null());
+    }
 }
 
 /// OpenTelemetry export is an opt-in of both tiers: the flags (which the proxy's own command
@@ -126,14 +184,7 @@ fn otlp_export_is_an_opt_in_of_both_tiers() {
         one_of(&objects, "Deployment"),
         one_of(&objects, "DaemonSet"),
     ] {
-        let args = args(workload);
-        let cli = flagd_proxy::cli::parse_from(
-            std::iter::once("flagd-proxy".to_owned()).chain(args.clone()),
-        )
-        .unwrap_or_else(|e| panic!("the proxy refuses {args:?}: {e}"));
-        let flagd_proxy::cli::Command::Start(start) = cli.command else {
-            panic!("{args:?} is not start");
-        };
+        let start = start_args(workload);
         let otlp = start.otlp.into_settings(None).expect("OTLP is on");
         assert_eq!(otlp.endpoint, "https://otel-collector.monitoring:4317");
         assert_eq!(otlp.interval, std::time::Duration::from_secs(10));

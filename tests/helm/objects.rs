@@ -91,6 +91,18 @@ pub(crate) fn args(workload: &Value) -> Vec<String> {
     string_list(&container(workload)["args"])
 }
 
+/// The workload's arguments as the proxy's own command line parses them (`start`).
+pub(crate) fn start_args(workload: &Value) -> flagd_proxy::cli::StartArgs {
+    let args = args(workload);
+    let cli =
+        flagd_proxy::cli::parse_from(std::iter::once("flagd-proxy".to_owned()).chain(args.clone()))
+            .unwrap_or_else(|e| panic!("the proxy refuses {args:?}: {e}"));
+    let flagd_proxy::cli::Command::Start(start) = cli.command else {
+        panic!("{args:?} is not start");
+    };
+    *start
+}
+
 /// The value after `flag` in `args`.
 pub(crate) fn arg_value<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
     args.iter()

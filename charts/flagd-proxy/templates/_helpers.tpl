@@ -312,6 +312,14 @@ seccompProfile:
 - {{ .level | int64 | quote }}
 {{- end }}
 {{- end }}
+{{- with .Values.stateDir }}
+{{- if .enabled }}
+- --state-dir
+- {{ .path | quote }}
+- --state-dir-max-bytes
+- {{ .maxBytes | quote }}
+{{- end }}
+{{- end }}
 {{- with .Values.otlp }}
 {{- if .endpoint }}
 - --otlp-endpoint
@@ -330,6 +338,19 @@ seccompProfile:
 {{- end }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The state directory (--state-dir): an emptyDir, in both tiers. */}}
+{{- define "flagd-proxy.stateVolumeMount" -}}
+- name: state
+  mountPath: {{ .Values.stateDir.path }}
+{{- end -}}
+
+{{- define "flagd-proxy.stateVolume" -}}
+# The last version of each resource served, kept across restarts of the container.
+- name: state
+  emptyDir:
+    sizeLimit: {{ .Values.stateDir.sizeLimit }}
 {{- end -}}
 
 {{/* OpenTelemetry export: the headers' Secret as an environment variable, the CA's volume. */}}
