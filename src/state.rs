@@ -237,13 +237,10 @@ impl VersionStore for StateDir {
         self.queue(key, Some(document));
     }
 
+    /// Always queued, even when no file is counted for `key`: a write of it may be under way,
+    /// and its file must not outlive the resource.
     fn forget(&self, key: &ResourceKey) {
-        let kept = crate::locks::lock(&self.shared.files)
-            .sizes
-            .contains_key(&file_name(key));
-        if kept || crate::locks::lock(&self.shared.pending).contains_key(key) {
-            self.queue(key, None);
-        }
+        self.queue(key, None);
     }
 }
 
