@@ -235,8 +235,8 @@ fn started_cluster() -> Option<&'static Cluster> {
 
 /// The OpenFeature Operator's manager binary (v0.9.2; no module proxy serves its module, so it
 /// is not built here): `$FLAGD_PROXY_OPERATOR_BIN`, else `<cache>/bin/open-feature-operator`, else
-/// the optional peer-binary folder `shared/bin` beside the repository. `None` (or a panic under
-/// `CI`) when absent.
+/// the optional peer-binary folder `shared/bin` beside the repository. `None` after a recorded
+/// skip when absent, under `CI` too ([`crate::skip::skip_without_peer`]).
 pub fn operator_binary() -> Option<PathBuf> {
     let candidates = match std::env::var_os("FLAGD_PROXY_OPERATOR_BIN") {
         Some(path) if !path.is_empty() => vec![PathBuf::from(path)],
@@ -246,13 +246,15 @@ pub fn operator_binary() -> Option<PathBuf> {
         ],
     };
     let found = candidates.iter().find(|p| p.is_file()).cloned();
-    found.or_else(|| {
-        required_file(
-            &candidates[0],
-            "the OpenFeature Operator manager v0.9.2, a peer binary: put it in the cache's bin \
-             folder, in ../shared/bin beside the repository, or set FLAGD_PROXY_OPERATOR_BIN",
-        )
-    })
+    if found.is_none() {
+        crate::skip::skip_without_peer(format_args!(
+            "{} is missing (the OpenFeature Operator manager v0.9.2, a peer binary: put it in the \
+             cache's bin folder, in ../shared/bin beside the repository, or set \
+             FLAGD_PROXY_OPERATOR_BIN)",
+            candidates[0].display()
+        ));
+    }
+    found
 }
 
 /// A peer binary or pinned build a scenario needs: `None` (with a notice) when it is missing,

@@ -35,6 +35,15 @@ pub fn skip(reason: impl Display) {
     record(in_ci(), &log_path(), &test, &reason.to_string());
 }
 
+/// The calling test cannot run because an optional peer binary is absent: one that no registry
+/// serves, so no installer can provide it, and that the `shared/bin` folder beside the repository
+/// holds where it is present. Recorded and skipped under `CI` too: a plain clone passes without
+/// the peers.
+pub fn skip_without_peer(reason: impl Display) {
+    let test = std::thread::current().name().unwrap_or("a test").to_owned();
+    record(false, &log_path(), &test, &reason.to_string());
+}
+
 fn record(in_ci: bool, log: &Path, test: &str, reason: &str) {
     if in_ci {
         panic!("{test} cannot run: {reason}");
