@@ -368,17 +368,18 @@ async fn one_pod_names_at_most_its_share_of_resources_on_the_node_tier() {
 
 /// Not a check: one pod's streams for 1,000 and then 5,000 resources on a node tier, every
 /// limit at its default but the pod's bound (turned off), and what another pod then gets for a
-/// new resource. `FLAGD_PROXY_MEASURE_STREAMS_PER_CONNECTION` sets the node's
-/// `--upstream-streams-per-connection` (a value above the streams puts them all on one
-/// connection, as before they were spread). Run with `cargo test --release --test chaining
+/// new resource. `FLAGD_PROXY_MEASURE_NODE_ARGS` replaces the node's flags (by default
+/// `--max-resources-per-address 0`): `--upstream-streams-per-connection 1000000` puts every
+/// stream on one connection. Run with `cargo test --release --test chaining
 /// measure_one_pods_thousands_of_resources -- --ignored --nocapture`.
 #[tokio::test]
 #[ignore = "a measurement, not a check"]
 async fn measure_one_pods_thousands_of_resources_on_the_node_tier() {
     use std::time::{Duration, Instant};
     const WAIT: Duration = Duration::from_secs(20);
-    let per_connection = std::env::var("FLAGD_PROXY_MEASURE_STREAMS_PER_CONNECTION")
-        .unwrap_or_else(|_| "500".into());
+    let node_args = std::env::var("FLAGD_PROXY_MEASURE_NODE_ARGS")
+        .unwrap_or_else(|_| "--max-resources-per-address 0".into());
+    let node_args: Vec<&str> = node_args.split_whitespace().collect();
     for resources in [1_000, 5_000] {
         let (_dir, manifests) = many_resources(resources);
         write_manifest(
@@ -387,17 +388,7 @@ async fn measure_one_pods_thousands_of_resources_on_the_node_tier() {
             "fetched",
             colors("green"),
         );
-        let tiers = tiers(
-            &manifests,
-            &[],
-            &[
-                "--upstream-streams-per-connection",
-                &per_connection,
-                "--max-resources-per-address",
-                "0",
-            ],
-        )
-        .await;
+        let tiers = tiers(&manifests, &[], &node_args).await;
         // At least as many as the central lets one connection carry.
         let _streams = one_pod_opens_many(&tiers, resources, resources.min(1_000)).await;
         let (central, node) = &tiers;
@@ -424,7 +415,7 @@ async fn measure_one_pods_thousands_of_resources_on_the_node_tier() {
             Err(_) => format!("nothing within {WAIT:?}"),
         };
         eprintln!(
-            "{resources} resources, --upstream-streams-per-connection {per_connection}: \
+            "{resources} resources, node flags {node_args:?}: \
              another pod's new resource: SyncFlags {streamed}; FetchAllFlags {fetched}; \
              node: {} upstream connections, RSS {} MiB; central: {} streams, RSS {} MiB",
             node.metric("flagd_proxy_upstream_connections").await,
