@@ -37,6 +37,8 @@ pub struct Metrics {
     pub sync_active_streams: Gauge,
     pub active_streams: Family<ProtocolLabels, Gauge>,
     pub upstream_watches: Gauge,
+    /// HTTP/2 connections to the upstream proxy (`--upstream`), opened as its streams need.
+    pub upstream_connections: Gauge,
     /// Watched resources that do not exist and never had a version (bounded by
     /// `--max-waiting-resources`).
     pub waiting_resources: Gauge,
@@ -111,6 +113,12 @@ impl Metrics {
             proxy,
             "upstream_watches",
             "Resources currently watched at the source (one watch per resource in use)",
+            Gauge::default(),
+        );
+        let upstream_connections = registered(
+            proxy,
+            "upstream_connections",
+            "HTTP/2 connections to the upstream proxy (--upstream): one more is opened when every one carries --upstream-streams-per-connection streams, and one is closed when its last stream ends",
             Gauge::default(),
         );
         let waiting_resources = registered(
@@ -245,6 +253,7 @@ impl Metrics {
             sync_active_streams,
             active_streams,
             upstream_watches,
+            upstream_connections,
             waiting_resources,
             versions_published,
             versions_skipped,

@@ -52,6 +52,10 @@ pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 pub const DEFAULT_CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_MAX_PENDING_REQUESTS_PER_ADDRESS: usize = 1_000;
+/// The default of [`ServerOptions::max_resources_per_address`] on a node tier (`--upstream`),
+/// whose clients are pods that each name a few resources. Elsewhere there is none by default: a
+/// central proxy's clients include node proxies, each naming every resource its node uses.
+pub const NODE_TIER_MAX_RESOURCES_PER_ADDRESS: usize = 100;
 /// The grace period of [`ServerOptions::max_connection_age`] when only the age is given.
 pub const DEFAULT_MAX_CONNECTION_AGE_GRACE: Duration = Duration::from_secs(10);
 
@@ -87,6 +91,9 @@ pub struct ServerOptions {
     /// The most requests from one client IP address whose message has not arrived yet; 0
     /// means no limit.
     pub max_pending_requests_per_address: usize,
+    /// The most distinct resources the streams and calls of one client IP address (of one
+    /// connection, without an address) may name at once; 0 means no limit.
+    pub max_resources_per_address: usize,
 }
 
 impl Default for ServerOptions {
@@ -104,6 +111,7 @@ impl Default for ServerOptions {
             connection_idle_timeout: Some(DEFAULT_CONNECTION_IDLE_TIMEOUT),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_pending_requests_per_address: DEFAULT_MAX_PENDING_REQUESTS_PER_ADDRESS,
+            max_resources_per_address: 0,
         }
     }
 }

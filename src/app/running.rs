@@ -107,7 +107,8 @@ impl Bound {
         let service = SyncService::new(hub, streams_end.clone())
             .with_authorizer(authz)
             .with_context_values(&context_values)
-            .with_compression(compression);
+            .with_compression(compression)
+            .with_max_resources_per_address(server_options.max_resources_per_address);
         if let Some(tls) = &tls {
             tls.spawn_reloader(streams_end.clone());
         }

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use clap::Args;
 
-use crate::server::ServerOptions;
 use crate::settings::{ServeSettings, Settings};
 
 mod authz;
@@ -97,7 +96,7 @@ pub struct StartArgs {
 
 impl From<StartArgs> for Settings {
     fn from(args: StartArgs) -> Self {
-        let server = ServerOptions::from(args.server);
+        let server = args.server.into_options(args.source.upstream.is_some());
         let serve = ServeSettings::from(args.serve);
         let otlp = args.otlp.into_settings(serve.pod_name.clone());
         Settings {

@@ -651,6 +651,59 @@ fn flags_become_component_settings() {
     assert!(Cli::try_parse_from(["flagd-proxy", "start", "--otlp-header=a=b"]).is_err());
 }
 
+/// `--max-resources-per-address` is 100 on a node tier unless given and no limit elsewhere;
+/// the config file sets it like any flag; `--upstream-streams-per-connection` reaches the
+/// upstream's settings, at least 1.
+#[test]
+fn resources_per_address_and_streams_per_upstream_connection() {
+    use crate::settings::{Settings, SourceSettings};
+    use crate::source::upstream::DEFAULT_STREAMS_PER_CONNECTION;
+
+    let settings = |line: &[&str]| {
+        Settings::from(start_args(
+            Cli::try_parse_from(["flagd-proxy", "start"].iter().chain(line)).expect("parses"),
+        ))
+    };
+    let per_address = |line: &[&str]| settings(line).server.max_resources_per_address;
+    assert_eq!(per_address(&["--upstream=central:8015"]), 100);
+    assert_eq!(per_address(&[]), 0, "no limit on a central proxy");
+    assert_eq!(per_address(&["--manifests=a"]), 0);
+    assert_eq!(
+        per_address(&["--upstream=central:8015", "--max-resources-per-address=0"]),
+        0
+    );
+    assert_eq!(per_address(&["--max-resources-per-address=7"]), 7);
+    let args = start_with_config(
+        "yaml",
+        "upstream: central:8015\nmax-resources-per-address: 12\nupstream-streams-per-connection: 40\n",
+        &[],
+    )
+    .expect("parses");
+    let from_file = Settings::from(args);
+    assert_eq!(from_file.server.max_resources_per_address, 12);
+    let streams_per_connection = |settings: Settings| match settings.source {
+        SourceSettings::Upstream { settings, .. } => settings.streams_per_connection,
+        other => panic!("expected the upstream source: {other:?}"),
+    };
+    assert_eq!(streams_per_connection(from_file), 40);
+    assert_eq!(
+        streams_per_connection(settings(&["--upstream=central:8015"])),
+        DEFAULT_STREAMS_PER_CONNECTION
+    );
+    for refused in [
+        &[
+            "--upstream=central:8015",
+            "--upstream-streams-per-connection=0",
+        ][..],
+        &["--upstream-streams-per-connection=10"],
+    ] {
+        assert!(
+            Cli::try_parse_from(["flagd-proxy", "start"].iter().chain(refused)).is_err(),
+            "{refused:?}"
+        );
+    }
+}
+
 fn settings_summary(settings: &crate::settings::Settings) -> String {
     format!(
         "{:?} {:?} {:?} {:?} {} {} {:?} {:?} {} {:?} {:?} {:#o}",

@@ -54,9 +54,10 @@ impl Metrics {
 /// Every `reason` of `flagd_proxy_rejected_requests_total`: the limits (named after their flags)
 /// and the refusals that are not limits (a client not allowed to read, a selector that is not
 /// one).
-pub const REJECT_REASONS: [&str; 12] = [
+pub const REJECT_REASONS: [&str; 13] = [
     "max_watches",
     "max_waiting_resources",
+    "max_resources_per_address",
     "max_connections",
     "max_connections_per_address",
     "max_pending_requests_per_address",

@@ -1,10 +1,12 @@
 //! The upstream source: resources taken from another flagd-proxy over the sync protocol, for a
 //! node-local tier that never talks to the Kubernetes API itself.
 //!
-//! One `SyncFlags` stream per resource in use, over one shared HTTP/2 connection, opened and
-//! closed on demand like a Kubernetes watch. When the upstream is lost, subscribers keep their
-//! last version; the stream is opened again after the process's backoff ([`crate::backoff`]) and
-//! catches up on the newest version.
+//! One `SyncFlags` stream per resource in use, opened and closed on demand like a Kubernetes
+//! watch, spread over as many HTTP/2 connections as they need, at most
+//! [`UpstreamSettings::streams_per_connection`] on each (`pool`): never all on one connection,
+//! whose stream cap at the upstream would make every new resource wait behind one busy client.
+//! When the upstream is lost, subscribers keep their last version; the stream is opened again
+//! after the process's backoff ([`crate::backoff`]) and catches up on the newest version.
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,8 +25,17 @@ use crate::protocol::client::flagd_sync_v1::flag_sync_service_client::FlagSyncSe
 use crate::selector::ResourceKey;
 use crate::source::{ConnectAttempt, Source};
 
+mod pool;
+
+use pool::Pool;
+
 /// The largest message accepted from the upstream (the document limit plus room for framing).
 const MAX_MESSAGE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Default of [`UpstreamSettings::streams_per_connection`] (and of
+/// `--upstream-streams-per-connection`): half the upstream's default
+/// `--max-streams-per-connection`, so a connection never reaches the upstream's cap.
+pub const DEFAULT_STREAMS_PER_CONNECTION: usize = 500;
 
 #[derive(Debug, thiserror::Error)]
 pub enum UpstreamError {
@@ -51,6 +62,9 @@ pub struct UpstreamSettings {
     pub tls: bool,
     /// CA bundle (PEM) that signs the upstream's certificate; system roots otherwise.
     pub ca_path: Option<PathBuf>,
+    /// The most streams on one connection to the upstream; another connection is opened when
+    /// every one has this many. Below the upstream's `--max-streams-per-connection`.
+    pub streams_per_connection: usize,
 }
 
 /// The span of one attempt to follow a resource upstream: from opening the stream until its
@@ -59,14 +73,14 @@ pub const CONNECT_SPAN: &str = "flagd_proxy.upstream.connect";
 
 /// Resources from another flagd-proxy.
 pub struct UpstreamSource {
-    channel: Channel,
+    pool: Pool,
     address: String,
     metrics: Arc<Metrics>,
     spans: Option<Arc<dyn SpanSink>>,
 }
 
 impl UpstreamSource {
-    /// Prepares the (lazily connected) channel; fails only on invalid settings. Each attempt to
+    /// Prepares the (lazily opened) connections; fails only on invalid settings. Each attempt to
     /// follow a resource is recorded in `spans` ([`CONNECT_SPAN`]), when given.
     pub fn new(
         settings: UpstreamSettings,
@@ -103,7 +117,7 @@ impl UpstreamSource {
             endpoint = endpoint.tls_config(config).map_err(UpstreamError::Tls)?;
         }
         Ok(Self {
-            channel: endpoint.connect_lazy(),
+            pool: Pool::new(endpoint, settings.streams_per_connection, metrics.clone()),
             address: bare.to_owned(),
             metrics,
             spans,
@@ -121,12 +135,7 @@ impl Source for UpstreamSource {
     }
 
     fn watch(&self, key: ResourceKey, publisher: Publisher) -> BoxFuture<'static, ()> {
-        // gzip from the upstream when it offers it (it does for messages of at least its
-        // --compression-min-bytes): the bytes between the tiers shrink as much as those to
-        // clients. Each version is decompressed once here, as it is validated and published.
-        let client = FlagSyncServiceClient::new(self.channel.clone())
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .accept_compressed(CompressionEncoding::Gzip);
+        let pool = self.pool.clone();
         let metrics = self.metrics.clone();
         let spans = self.spans.clone();
         let address = self.address.clone();
@@ -137,8 +146,18 @@ impl Source for UpstreamSource {
                     let upstream = ("flagd_proxy.upstream", address.as_str().into());
                     ConnectAttempt::start(spans, CONNECT_SPAN, &key, attempt, [upstream])
                 });
-                let received_any =
-                    follow(client.clone(), &key, &publisher, &metrics, connecting).await;
+                // A place on a connection for this stream only: while it waits to try again,
+                // the place is free, and a connection left with no stream is closed.
+                let lease = pool.lease();
+                // gzip from the upstream when it offers it (it does for messages of at least its
+                // --compression-min-bytes): the bytes between the tiers shrink as much as those
+                // to clients. Each version is decompressed once here, as it is validated and
+                // published.
+                let client = FlagSyncServiceClient::new(lease.channel())
+                    .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                    .accept_compressed(CompressionEncoding::Gzip);
+                let received_any = follow(client, &key, &publisher, &metrics, connecting).await;
+                drop(lease);
                 if received_any {
                     backoff.reset();
                 }

@@ -23,6 +23,10 @@ pub enum RequestError {
         "{key} does not exist, and the proxy already waits for {limit} resources that do not exist (the limit set by --max-waiting-resources)"
     )]
     TooManyWaiting { key: ResourceKey, limit: usize },
+    #[error(
+        "{key} is refused: this client already names {limit} other resources in its open streams and calls (the limit set by --max-resources-per-address)"
+    )]
+    TooManyResourcesForClient { key: ResourceKey, limit: usize },
     #[error("the proxy may not read {key}: {reason}")]
     Forbidden { key: ResourceKey, reason: String },
     #[error(
@@ -42,7 +46,8 @@ impl RequestError {
         match self {
             RequestError::Selector(_) => Code::InvalidArgument,
             RequestError::Hub(HubError::TooManyWatches { .. })
-            | RequestError::TooManyWaiting { .. } => Code::ResourceExhausted,
+            | RequestError::TooManyWaiting { .. }
+            | RequestError::TooManyResourcesForClient { .. } => Code::ResourceExhausted,
             RequestError::NotFound(_) => Code::NotFound,
             RequestError::Authz(AuthzError::Unauthenticated(_)) => Code::Unauthenticated,
             RequestError::Authz(AuthzError::Denied { .. }) => Code::PermissionDenied,
@@ -84,17 +89,35 @@ mod tests {
             Status::from(RequestError::ShuttingDown).code(),
             Code::Unavailable
         );
-        let status = Status::from(RequestError::TooManyWaiting {
-            key: ResourceKey::new("a", "b"),
-            limit: 7,
-        });
-        assert_eq!(status.code(), Code::ResourceExhausted);
-        assert!(
-            status.message().contains("core.openfeature.dev/a/b")
-                && status.message().contains(" 7 ")
-                && status.message().contains("--max-waiting-resources"),
-            "{status:?}"
-        );
+        // The limits: the resource, the limit and the flag that sets it.
+        let key = ResourceKey::new("a", "b");
+        for (error, limit, flag) in [
+            (
+                RequestError::TooManyWaiting {
+                    key: key.clone(),
+                    limit: 7,
+                },
+                " 7 ",
+                "--max-waiting-resources",
+            ),
+            (
+                RequestError::TooManyResourcesForClient {
+                    key: key.clone(),
+                    limit: 100,
+                },
+                " 100 ",
+                "--max-resources-per-address",
+            ),
+        ] {
+            let status = Status::from(error);
+            assert_eq!(status.code(), Code::ResourceExhausted);
+            assert!(
+                status.message().contains("core.openfeature.dev/a/b")
+                    && status.message().contains(limit)
+                    && status.message().contains(flag),
+                "{status:?}"
+            );
+        }
         let status = Status::from(RequestError::Invalid {
             key: ResourceKey::new("a", "b"),
             reason: "flag \"f\": state is required".into(),

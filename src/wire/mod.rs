@@ -4,8 +4,9 @@
 //! whatever the protocol); [`stream`] is one open `SyncFlags` stream; [`body`] the bytes of a
 //! streaming call on the wire; [`frame`] the snapshot encodings; [`compression`] the
 //! gzip ones; [`error`] the one mapping from
-//! errors to gRPC statuses.
+//! errors to gRPC statuses; `clients` the bound on the resources one client names.
 pub mod body;
+mod clients;
 pub mod compression;
 pub mod error;
 pub mod frame;

@@ -13,6 +13,7 @@ use crate::metrics::Metrics;
 use crate::net::info::ConnectionInfo;
 use crate::protocol::SELECTOR_HEADER;
 use crate::selector::{self, ResourceKey};
+use crate::wire::clients::{ClientResources, Named};
 use crate::wire::compression::{CompressionSettings, Compressor};
 use crate::wire::error::RequestError;
 use crate::wire::frame::{Frame, Message, Protocol, proxy_identity};
@@ -28,6 +29,8 @@ pub struct SyncService {
     /// The proxy's part of every `sync_context` and of `GetMetadata`.
     identity: Arc<Struct>,
     compressor: Arc<Compressor>,
+    /// The resources each client names ([`Self::with_max_resources_per_address`]).
+    clients: ClientResources,
 }
 
 impl SyncService {
@@ -42,8 +45,27 @@ impl SyncService {
                 CompressionSettings::default(),
                 hub.metrics().clone(),
             )),
+            clients: ClientResources::new(0, hub.metrics().clone()),
             hub,
         }
+    }
+
+    /// Lets the streams and fetches of one client address (one connection, for those without
+    /// an address) name at most `limit` distinct resources at once; 0: no limit (the default).
+    pub fn with_max_resources_per_address(mut self, limit: usize) -> Self {
+        self.clients = ClientResources::new(limit, self.metrics().clone());
+        self
+    }
+
+    /// Counts `key` against the limit of the client that sent `request`, while the returned
+    /// value lives.
+    fn name<T>(
+        &self,
+        request: &Request<T>,
+        key: &ResourceKey,
+    ) -> Result<Option<Named>, RequestError> {
+        self.clients
+            .name(request.extensions().get::<ConnectionInfo>(), key)
     }
 
     /// Compresses messages as `settings` say (by default, [`CompressionSettings::default`]).
@@ -121,7 +143,8 @@ impl SyncService {
     ) -> Result<FrameStream, RequestError> {
         let key = self.resource(request, body_selector)?;
         let grant = self.authorize(request, &key).await?;
-        self.stream(key, protocol, grant, gzip)
+        let named = self.name(request, &key)?;
+        self.stream(key, protocol, grant, named, gzip)
     }
 
     /// The resource a request names: the `flagd-selector` header first, then the body field.
@@ -147,6 +170,7 @@ impl SyncService {
         key: ResourceKey,
         protocol: Protocol,
         grant: Option<Grant>,
+        named: Option<Named>,
         gzip: bool,
     ) -> Result<FrameStream, RequestError> {
         if self.shutdown.is_cancelled() {
@@ -158,6 +182,7 @@ impl SyncService {
             protocol,
             self.identity.clone(),
             grant,
+            named,
             self.metrics(),
             self.shutdown.clone(),
             self.compressor.for_stream(gzip),
@@ -175,7 +200,9 @@ impl SyncService {
     ) -> Result<Frame, RequestError> {
         let key = self.resource(request, body_selector)?;
         self.authorize(request, &key).await?;
+        let named = self.name(request, &key)?;
         let snapshot = self.fetch(&key).await?;
+        drop(named);
         Ok(self.compressor.for_stream(gzip).message(
             Message::FetchAll,
             &snapshot,

@@ -12,6 +12,7 @@ use crate::authz::{Authorizer, AuthzError, Identity};
 use crate::hub::{Subscription, SubscriptionEnd};
 use crate::metrics::{Metrics, ProtocolLabels};
 use crate::selector::ResourceKey;
+use crate::wire::clients::Named;
 use crate::wire::compression::StreamEncoder;
 use crate::wire::error::RequestError;
 use crate::wire::frame::{Frame, Message, Protocol};
@@ -19,12 +20,15 @@ use crate::wire::frame::{Frame, Message, Protocol};
 /// A stream of frames, ending with the status that ends the stream.
 pub type FrameStream = Pin<Box<dyn Stream<Item = Result<Frame, Status>> + Send + 'static>>;
 
-/// Opens a stream of `subscription` for a client; `grant` is its authorization, when checked.
+/// Opens a stream of `subscription` for a client; `grant` is its authorization, when checked,
+/// and `named` its count among the resources the client names, when counted.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn open(
     subscription: Subscription,
     protocol: Protocol,
     identity: Arc<Struct>,
     grant: Option<Grant>,
+    named: Option<Named>,
     metrics: &Arc<Metrics>,
     shutdown: CancellationToken,
     encoder: StreamEncoder,
@@ -47,6 +51,7 @@ pub(crate) fn open(
             })
             .clone(),
         revoked,
+        _named: named.map(Box::new),
         done: false,
     };
     Box::pin(futures::stream::unfold(state, StreamState::step))
@@ -122,6 +127,9 @@ struct StreamState {
     /// Present when authorization is on: the stream ends once the client loses access. It
     /// lives as long as the stream, so a check under way is not restarted by an update.
     revoked: Option<Revocation>,
+    /// Counted among the resources its client names while the stream lives (boxed, like the
+    /// recheck: only when the limit is on).
+    _named: Option<Box<Named>>,
     done: bool,
 }
 
@@ -201,6 +209,7 @@ mod tests {
             updates_sent: Default::default(),
             _open: OpenStream::new(hub.metrics().clone(), Protocol::FlagdSyncV1),
             revoked: None,
+            _named: None,
             done: false,
         };
         let stream = futures::stream::unfold(state, StreamState::step);

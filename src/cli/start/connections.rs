@@ -126,6 +126,15 @@ pub struct ServerArgs {
     )]
     pub max_pending_requests_per_address: usize,
 
+    /// The most distinct resources the streams and calls from one client IP address (from one
+    /// connection, for those without an address such as the unix socket's) may name at once;
+    /// a stream or call for one more gets RESOURCE_EXHAUSTED (more streams for resources it
+    /// names already are not limited). 0 means no limit. Default: 100 with --upstream (a pod
+    /// names a few resources), no limit otherwise (a central proxy's clients include node
+    /// proxies, each naming every resource its node uses).
+    #[arg(long, value_name = "N", env = "FLAGD_PROXY_MAX_RESOURCES_PER_ADDRESS")]
+    pub max_resources_per_address: Option<usize>,
+
     /// Close client connections after this age so long-lived streams spread over replicas again
     /// (for example after a rolling restart); clients reconnect and resume on the newest version.
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_MAX_CONNECTION_AGE", value_parser = humantime::parse_duration)]
@@ -138,22 +147,38 @@ pub struct ServerArgs {
 
 impl From<ServerArgs> for ServerOptions {
     fn from(args: ServerArgs) -> Self {
+        args.into_options(false)
+    }
+}
+
+impl ServerArgs {
+    /// The sync port's settings; `node_tier` (`--upstream`) gives the limits their defaults
+    /// for a node tier.
+    pub fn into_options(self, node_tier: bool) -> ServerOptions {
+        let default_resources_per_address = if node_tier {
+            server::NODE_TIER_MAX_RESOURCES_PER_ADDRESS
+        } else {
+            ServerOptions::default().max_resources_per_address
+        };
         ServerOptions {
-            keepalive_interval: args.keepalive_interval,
-            keepalive_timeout: args.keepalive_timeout,
-            max_concurrent_streams: args.max_streams_per_connection,
-            max_header_list_size: args.max_header_bytes,
-            max_request_bytes: args.max_request_bytes,
-            max_connections_per_address: args.max_connections_per_address,
-            max_connection_age: args
+            keepalive_interval: self.keepalive_interval,
+            keepalive_timeout: self.keepalive_timeout,
+            max_concurrent_streams: self.max_streams_per_connection,
+            max_header_list_size: self.max_header_bytes,
+            max_request_bytes: self.max_request_bytes,
+            max_connections_per_address: self.max_connections_per_address,
+            max_connection_age: self
                 .max_connection_age
-                .map(|age| (age, args.max_connection_age_grace)),
-            max_connections: args.max_connections,
-            handshake_timeout: args.handshake_timeout,
-            connection_idle_timeout: (!args.connection_idle_timeout.is_zero())
-                .then_some(args.connection_idle_timeout),
-            request_timeout: args.request_timeout,
-            max_pending_requests_per_address: args.max_pending_requests_per_address,
+                .map(|age| (age, self.max_connection_age_grace)),
+            max_connections: self.max_connections,
+            handshake_timeout: self.handshake_timeout,
+            connection_idle_timeout: (!self.connection_idle_timeout.is_zero())
+                .then_some(self.connection_idle_timeout),
+            request_timeout: self.request_timeout,
+            max_pending_requests_per_address: self.max_pending_requests_per_address,
+            max_resources_per_address: self
+                .max_resources_per_address
+                .unwrap_or(default_resources_per_address),
         }
     }
 }

@@ -2,11 +2,12 @@
 //! Kubernetes API, and whether Kubernetes Events are recorded; they become [`SourceSettings`].
 use std::path::PathBuf;
 
+use clap::builder::TypedValueParser as _;
 use clap::{ArgAction, Args};
 
 use crate::kubernetes::KubeSettings;
 use crate::settings::{self, SourceSettings};
-use crate::source::upstream::UpstreamSettings;
+use crate::source::upstream::{self, UpstreamSettings};
 
 /// Where resources come from ([`SourceSettings`]): manifest files, another proxy, or the
 /// Kubernetes API.
@@ -45,6 +46,20 @@ pub struct SourceArgs {
         requires = "upstream"
     )]
     pub upstream_ca_path: Option<PathBuf>,
+
+    /// The most streams (one per resource in use) on one connection to the upstream; another
+    /// connection is opened when every one has this many, and one is closed when its last stream
+    /// ends. Keep it below the upstream's --max-streams-per-connection: a stream over that
+    /// waits until another on its connection ends.
+    #[arg(
+        long,
+        value_name = "N",
+        env = "FLAGD_PROXY_UPSTREAM_STREAMS_PER_CONNECTION",
+        default_value_t = upstream::DEFAULT_STREAMS_PER_CONNECTION,
+        value_parser = clap::value_parser!(u32).range(1..).map(|n| n as usize),
+        requires = "upstream"
+    )]
+    pub upstream_streams_per_connection: usize,
 
     /// Kubernetes API server URL. Without it: KUBECONFIG if set, else the in-cluster configuration.
     /// With --upstream, the API is used only to authorize clients (--authz).
@@ -104,6 +119,7 @@ impl From<SourceArgs> for SourceSettings {
                     address,
                     tls: args.upstream_tls,
                     ca_path: args.upstream_ca_path,
+                    streams_per_connection: args.upstream_streams_per_connection,
                 },
                 kube,
             }
