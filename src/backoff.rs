@@ -12,8 +12,6 @@
 //! `DefaultBackoff`: that one has fixed bounds (a test cannot shorten them, see
 //! [`Backoff::with_bounds`]), exposes no way to ask what a delay's range is, and lives in a
 //! Kubernetes crate that the hub and the upstream source have no business depending on.
-use std::collections::hash_map::RandomState;
-use std::hash::{BuildHasher, Hasher};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -62,7 +60,7 @@ impl Backoff {
     /// The pause before the next attempt: the nominal delay (which doubles with every call, up
     /// to the maximum) stretched by a random 0–100 %.
     pub fn next_delay(&mut self) -> Duration {
-        self.next_delay_with(unit_random())
+        self.next_delay_with(crate::random::unit())
     }
 
     /// Starts over from the first delay: the last attempt succeeded.
@@ -81,14 +79,6 @@ impl Backoff {
         self.next = nominal.saturating_mul(2).min(self.max);
         nominal.mul_f64(1.0 + random.clamp(0.0, 1.0))
     }
-}
-
-/// A number in [0, 1) that differs between calls (jitter only; not for secrets).
-fn unit_random() -> f64 {
-    // Each `RandomState` has fresh keys, so hashing the same input gives unrelated outputs.
-    let mut hasher = RandomState::new().build_hasher();
-    hasher.write_u64(0);
-    (hasher.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
 #[cfg(test)]

@@ -24,6 +24,7 @@ pub mod management;
 pub mod metrics;
 pub mod net;
 pub mod protocol;
+pub mod random;
 pub mod selector;
 pub mod server;
 pub mod settings;

@@ -301,14 +301,10 @@ fn host_name() -> Option<String> {
     (!name.is_empty()).then(|| name.to_owned())
 }
 
-/// A random, non-zero 64-bit value for trace and span IDs (SipHash under a fresh random key;
-/// IDs need to be unique, not secret).
+/// A random, non-zero 64-bit value for trace and span IDs (they need to be unique, not secret).
 fn random_id() -> u64 {
-    use std::hash::{BuildHasher, Hasher};
     loop {
-        let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-        hasher.write_u64(0);
-        let id = hasher.finish();
+        let id = crate::random::next_u64();
         if id != 0 {
             return id;
         }
