@@ -1,6 +1,6 @@
-//! Parses of manifest files, off the scanner: at most a few at once, each on a worker thread
-//! (a thread without work waits a while for the next before it ends, so that files read one
-//! after another do not each start a thread);
+//! Parses of manifest files, off the scanner: at most a few at once (one permit of a
+//! [`Semaphore`] each), each on Tokio's blocking threads (`spawn_blocking`: a thread without
+//! work waits a while for the next, so files read one after another do not each start one);
 //! per file the newest content wins (a newer edit cancels a running parse of older content and
 //! replaces a queued one, so a file has at most one parse running and one waiting); and one
 //! slot is kept for small files, so that an edit of a small file is parsed at once however many
@@ -11,7 +11,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::mpsc;
+use tokio::runtime::Handle;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
 use super::ParseResult;
 use crate::locks::lock;
@@ -20,8 +21,6 @@ use crate::locks::lock;
 pub(super) const SMALL_FILE_BYTES: usize = 1024 * 1024;
 /// A parse that takes longer than this is logged.
 const SLOW_PARSE: Duration = Duration::from_millis(500);
-/// How long a parser thread without work waits for more before it ends.
-const KEEP_ALIVE: Duration = Duration::from_secs(10);
 
 /// Tells a running parse that its result is no longer wanted (a newer edit of its file came, or
 /// the file is gone). The parser checks it as it goes.
@@ -58,7 +57,7 @@ pub(super) struct ParseCounts {
     pub(super) most_at_once: usize,
 }
 
-/// The parses of every file, and the threads that run them.
+/// The parses of every file.
 pub(super) struct Parses {
     shared: Arc<Shared>,
 }
@@ -67,10 +66,12 @@ struct Shared {
     state: Mutex<State>,
     /// Notified whenever a parse ends.
     ended: Condvar,
-    /// Notified when a parse is handed to a waiting thread.
-    handed: Condvar,
-    /// The most parses at once.
+    /// One permit per parse running: the most at once.
+    permits: Arc<Semaphore>,
+    /// The number of permits.
     limit: usize,
+    /// The runtime whose blocking threads run the parses.
+    runtime: Handle,
     parser: Parser,
     /// Told when a parse finished, with the time its change was noticed.
     finished: mpsc::UnboundedSender<Instant>,
@@ -85,9 +86,6 @@ struct State {
     order: VecDeque<PathBuf>,
     finished: HashMap<PathBuf, Parsed>,
     counts: ParseCounts,
-    /// Threads waiting for a parse, and the parses handed to them (counted as running).
-    idle: usize,
-    handed: VecDeque<(PathBuf, Job, Cancel)>,
 }
 
 impl State {
@@ -108,19 +106,22 @@ struct Running {
 }
 
 impl Parses {
-    /// At most `limit` parses at once (at least 2: one slot is kept for small files); each
-    /// finished parse is announced on `finished`.
+    /// At most `limit` parses at once (at least 2: one slot is kept for small files), on the
+    /// blocking threads of the current Tokio runtime (called within one); each finished parse
+    /// is announced on `finished`.
     pub(super) fn new(
         limit: usize,
         parser: Parser,
         finished: mpsc::UnboundedSender<Instant>,
     ) -> Self {
+        let limit = limit.max(2);
         Self {
             shared: Arc::new(Shared {
                 state: Mutex::default(),
                 ended: Condvar::new(),
-                handed: Condvar::new(),
-                limit: limit.max(2),
+                permits: Arc::new(Semaphore::new(limit)),
+                limit,
+                runtime: Handle::current(),
                 parser,
                 finished,
             }),
@@ -214,38 +215,22 @@ impl Parses {
 }
 
 impl Shared {
-    /// Starts queued parses while there are free slots: on a waiting thread, else on a new one.
+    /// Starts queued parses while permits are free. Permits are taken and given back only
+    /// with the state locked, so a parse that may start is never left waiting.
     fn dispatch(self: &Arc<Self>, state: &mut State) {
-        while let Some((path, job, cancel)) = self.next(state) {
-            if state.idle > state.handed.len() {
-                state.handed.push_back((path, job, cancel));
-                self.handed.notify_one();
-                continue;
-            }
+        while let Ok(permit) = self.permits.clone().try_acquire_owned() {
+            let Some((path, job, cancel)) = self.next(state) else {
+                return;
+            };
             let shared = self.clone();
-            let content = job.content.clone();
-            let noticed = job.noticed;
-            let spawned = std::thread::Builder::new()
-                .name("manifest-parse".to_owned())
-                .spawn({
-                    let path = path.clone();
-                    move || shared.work(path, job, cancel)
-                });
-            if let Err(error) = spawned {
-                state.running.remove(&path);
-                state.counts.finished += 1;
-                let result = Err(format!("cannot start a parser thread: {error}"));
-                self.finish(state, path, content, result, noticed);
-            }
+            self.runtime
+                .spawn_blocking(move || shared.work(permit, path, job, cancel));
         }
     }
 
-    /// Takes the oldest queued parse that may start now: not while its file is being parsed, not
-    /// past the limit, and a large file not in the last free slot. Counts it as running.
+    /// Takes the oldest queued parse that may start now (a permit is free): not while its file
+    /// is being parsed, and a large file not in the last free slot. Counts it as running.
     fn next(&self, state: &mut State) -> Option<(PathBuf, Job, Cancel)> {
-        if state.running.len() >= self.limit {
-            return None;
-        }
         let large_running = state.running.values().filter(|r| r.large).count();
         let position = state.order.iter().position(|path| {
             let Some(job) = state.queued.get(path) else {
@@ -270,65 +255,36 @@ impl Shared {
         Some((path, job, cancel))
     }
 
-    /// Runs parses on this thread until none is handed to it for [`KEEP_ALIVE`].
-    fn work(self: Arc<Self>, mut path: PathBuf, mut job: Job, mut cancel: Cancel) {
-        loop {
-            let began = Instant::now();
-            let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                (self.parser)(&path, &job.content, &cancel)
-            }))
-            .unwrap_or_else(|_| Err("the parser failed on this file".to_owned()));
-            let took = began.elapsed();
-            let mut state = lock(&self.state);
-            state.running.remove(&path);
-            if cancel.is_cancelled() {
-                state.counts.cancelled += 1;
-                tracing::debug!(path = %path.display(), ?took, "manifest parse cancelled: a newer edit came");
-            } else {
-                if took > SLOW_PARSE {
-                    tracing::warn!(path = %path.display(), ?took, "manifest file took long to parse; other files went ahead, and its last good resources stayed until it was done");
-                }
-                state.counts.finished += 1;
-                self.finish(&mut state, path, job.content, result, job.noticed);
+    /// Runs one parse (on a blocking thread), then gives its permit back and starts the
+    /// parses that may start now.
+    fn work(
+        self: Arc<Self>,
+        permit: OwnedSemaphorePermit,
+        path: PathBuf,
+        job: Job,
+        cancel: Cancel,
+    ) {
+        let began = Instant::now();
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            (self.parser)(&path, &job.content, &cancel)
+        }))
+        .unwrap_or_else(|_| Err("the parser failed on this file".to_owned()));
+        let took = began.elapsed();
+        let mut state = lock(&self.state);
+        state.running.remove(&path);
+        if cancel.is_cancelled() {
+            state.counts.cancelled += 1;
+            tracing::debug!(path = %path.display(), ?took, "manifest parse cancelled: a newer edit came");
+        } else {
+            if took > SLOW_PARSE {
+                tracing::warn!(path = %path.display(), ?took, "manifest file took long to parse; other files went ahead, and its last good resources stayed until it was done");
             }
-            self.ended.notify_all();
-            // Waiting parses that may start now: this thread takes the first, others get
-            // threads of their own (a small file may be waiting behind a large one).
-            let next = self.next(&mut state);
-            self.dispatch(&mut state);
-            match next {
-                Some(next) => (path, job, cancel) = next,
-                None => match self.wait_for_work(state) {
-                    Some(next) => (path, job, cancel) = next,
-                    None => return,
-                },
-            }
+            state.counts.finished += 1;
+            self.finish(&mut state, path, job.content, result, job.noticed);
         }
-    }
-
-    /// Waits for a parse handed to this thread, for at most [`KEEP_ALIVE`].
-    fn wait_for_work(
-        &self,
-        mut state: std::sync::MutexGuard<'_, State>,
-    ) -> Option<(PathBuf, Job, Cancel)> {
-        state.idle += 1;
-        let until = Instant::now() + KEEP_ALIVE;
-        loop {
-            if let Some(next) = state.handed.pop_front() {
-                state.idle -= 1;
-                return Some(next);
-            }
-            let left = until.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                state.idle -= 1;
-                return None;
-            }
-            state = self
-                .handed
-                .wait_timeout(state, left)
-                .map(|(state, _)| state)
-                .unwrap_or_else(|p| p.into_inner().0);
-        }
+        self.ended.notify_all();
+        drop(permit);
+        self.dispatch(&mut state);
     }
 
     fn finish(
