@@ -15,6 +15,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::budget::{self, Charge, Kind, MemoryBudget};
 use crate::metrics::Metrics;
@@ -125,7 +126,8 @@ pub enum ServerError {
 /// Serves the sync protocols on `listeners` until `shutdown` is cancelled and every stream has
 /// ended. Streams end with `UNAVAILABLE` as soon as `shutdown` is cancelled (the services see
 /// the same token); connections whose streams have not ended by the time `closed` is cancelled
-/// (the end of the drain) are closed then.
+/// (the end of the drain) are closed then. The tasks that accept and admit connections run on
+/// `tasks`, and end with `shutdown`.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     listeners: Vec<SyncListener>,
@@ -137,11 +139,12 @@ pub async fn run(
     options: ServerOptions,
     shutdown: CancellationToken,
     closed: CancellationToken,
+    tasks: TaskTracker,
 ) -> Result<(), ServerError> {
     let metrics = service.metrics().clone();
     let budget = service.budget().clone();
     let incoming = accept_all(
-        listeners, tls, &options, &budget, &metrics, &shutdown, closed,
+        listeners, tls, &options, &budget, &metrics, &shutdown, closed, &tasks,
     );
     let max_request = options.max_request_bytes;
     http2_server(&options)
@@ -165,6 +168,7 @@ pub async fn run(
 
 /// Starts accepting on every listener; the accepted connections, admitted and with their TLS
 /// handshakes done, come out of the returned stream.
+#[allow(clippy::too_many_arguments)]
 fn accept_all(
     listeners: Vec<SyncListener>,
     tls: Option<Arc<ReloadingTls>>,
@@ -173,6 +177,7 @@ fn accept_all(
     metrics: &Arc<Metrics>,
     shutdown: &CancellationToken,
     closed: CancellationToken,
+    tasks: &TaskTracker,
 ) -> ReceiverStream<io::Result<Connection>> {
     let (tx, rx) = mpsc::channel(128);
     let admission = Arc::new(Admission {
@@ -191,7 +196,7 @@ fn accept_all(
         http2_max_header_list_size: http2_max_header_list_size(options) as usize,
         closed,
     });
-    tokio::spawn(
+    tasks.spawn(
         admission
             .room
             .clone()
@@ -202,10 +207,17 @@ fn accept_all(
         match listener {
             SyncListener::Tcp(listener) => {
                 let tls = tls.clone();
-                tokio::spawn(accept(listener, tls, tx, admission, shutdown.clone()));
+                tasks.spawn(accept(
+                    listener,
+                    tls,
+                    tx,
+                    admission,
+                    shutdown.clone(),
+                    tasks.clone(),
+                ));
             }
             SyncListener::Unix(socket) => {
-                tokio::spawn(accept_unix(socket, tx, admission, shutdown.clone()));
+                tasks.spawn(accept_unix(socket, tx, admission, shutdown.clone()));
             }
         }
     }
@@ -241,13 +253,14 @@ fn http2_max_header_list_size(options: &ServerOptions) -> u32 {
     options.max_header_list_size.saturating_mul(2)
 }
 
-/// Accepts TCP connections and completes TLS handshakes off the accept path.
+/// Accepts TCP connections and completes TLS handshakes off the accept path (on `tasks`).
 async fn accept(
     listener: TcpListener,
     tls: Option<Arc<ReloadingTls>>,
     tx: mpsc::Sender<io::Result<Connection>>,
     admission: Arc<Admission>,
     shutdown: CancellationToken,
+    tasks: TaskTracker,
 ) {
     let per_address = &admission.per_address;
     while let Some((tcp, peer)) = next_accepted(&shutdown, "sync", || listener.accept()).await {
@@ -265,7 +278,7 @@ async fn accept(
         match &tls {
             None => {
                 let (tx, admission) = (tx.clone(), admission.clone());
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     // The preface is checked as it is read, under the deadline: a peer that
                     // closes early frees its place at once, and nothing polls for it.
                     let connection = admission.connection(
@@ -282,7 +295,7 @@ async fn accept(
                 let (tx, admission) = (tx.clone(), admission.clone());
                 // One deadline for the handshake and the preface together.
                 let deadline = tokio::time::Instant::now() + deadline;
-                tokio::spawn(async move {
+                tasks.spawn(async move {
                     match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
                         Ok(Ok(stream)) => {
                             let connection = admission.connection(

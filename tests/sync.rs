@@ -725,6 +725,27 @@ async fn shutdown_ends_streams_with_unavailable_and_exits_zero() {
     assert!(exit.success(), "{exit:?}");
 }
 
+/// At shutdown the watches stop and the proxy waits for them: the log tells that the watch of
+/// the resource a client streamed has stopped before it tells that the proxy has.
+#[tokio::test]
+async fn shutdown_waits_for_the_watches_to_stop() {
+    let (_dir, mut proxy) = manifests_proxy().await;
+    let mut client = client(&proxy).await;
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
+    next(&mut stream).await;
+    let exit = proxy.terminate().await;
+    assert!(exit.success(), "{exit:?}");
+    const STOPPED: &str = "flagd_proxy::app::running: stopped";
+    proxy.wait_for_log(STOPPED).await;
+    let log = proxy.log_text();
+    let line = |needle: &str| log.lines().position(|l| l.contains(needle));
+    let watch = line("watch stopped: shutting down");
+    assert!(
+        watch.is_some() && watch < line(STOPPED),
+        "the watch stopped before the proxy did:\n{log}"
+    );
+}
+
 #[tokio::test]
 async fn grpc_health_on_both_ports() {
     use tonic_health::pb::health_client::HealthClient;

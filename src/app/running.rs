@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tonic_health::ServingStatus;
 use tonic_health::server::HealthReporter;
 
@@ -71,9 +73,11 @@ impl Bound {
             ..
         } = prepared;
         let (exporter, spans) = otlp.unzip();
+        // Every task the proxy starts, but the hub's watches (the hub tracks those).
+        let tasks = TaskTracker::new();
         let hub = Hub::traced(source.clone(), hub_options, metrics, spans);
         if let Some(events) = events {
-            hub.record_events(Arc::new(events));
+            hub.record_events(Arc::new(events.tracked_by(tasks.clone())));
         }
         if let Some(state) = &state {
             hub.keep_versions(Arc::new(state.clone()), STALE_GRACE);
@@ -86,11 +90,11 @@ impl Bound {
                 hub.metrics()
                     .collect_observed(|metrics| management::observe(metrics, &hub, &readiness))
             };
-            tokio::spawn(exporter.run(collect, otlp_done.clone()))
+            tasks.spawn(exporter.run(collect, otlp_done.clone()))
         });
         let (health, health_service) = tonic_health::server::health_reporter();
         let management_done = CancellationToken::new();
-        let management_task = tokio::spawn(management::run(
+        let management_task = tasks.spawn(management::run(
             management,
             management::router(
                 hub.clone(),
@@ -104,16 +108,16 @@ impl Bound {
         ));
         let streams_end = CancellationToken::new();
         let drain_end = CancellationToken::new();
-        let service = SyncService::new(hub, streams_end.clone())
+        let service = SyncService::new(hub.clone(), streams_end.clone())
             .with_authorizer(authz)
             .with_context_values(&context_values)
             .with_compression(compression)
             .with_max_resources_per_address(server_options.max_resources_per_address);
         if let Some(tls) = &tls {
-            tls.spawn_reloader(streams_end.clone());
+            tls.spawn_reloader(&tasks, streams_end.clone());
         }
         let listeners = sync.map(SyncListener::Tcp).into_iter();
-        let sync_task = tokio::spawn(server::run(
+        let sync_task = tasks.spawn(server::run(
             listeners.chain(socket.map(SyncListener::Unix)).collect(),
             tls,
             service,
@@ -121,8 +125,11 @@ impl Bound {
             server_options,
             streams_end.clone(),
             drain_end.clone(),
+            tasks.clone(),
         ));
         Running {
+            hub,
+            tasks,
             readiness,
             health,
             streams_end,
@@ -175,6 +182,10 @@ const HEALTH_SERVICES: [&str; 3] = [
 
 /// The proxy between start and shutdown.
 struct Running {
+    hub: Hub,
+    /// The tasks started for the proxy (the hub tracks its watches itself); shutdown waits
+    /// for them.
+    tasks: TaskTracker,
     readiness: Readiness,
     health: HealthReporter,
     /// Ends every sync stream with `UNAVAILABLE`.
@@ -256,18 +267,21 @@ impl Running {
     }
 
     /// Ends the streams, waits for the sync server (unless it has already ended, with `early`)
-    /// for at most `timeout`, then stops the management server.
+    /// for at most `timeout`, stops the management server, the exporter and the watches, and
+    /// waits for every task the proxy started to end, until `timeout` has passed (and at least
+    /// [`CLOSE_GRACE`]).
     async fn stop(
         mut self,
         early: Option<Result<Result<(), server::ServerError>, tokio::task::JoinError>>,
         timeout: Duration,
     ) -> Result<(), RunError> {
+        let deadline = Instant::now() + timeout;
         self.streams_end.cancel();
         let result = match early {
             Some(result) => server_result(result),
             None => {
                 tracing::info!(?timeout, "shutting down: ending streams with UNAVAILABLE");
-                match tokio::time::timeout(timeout, &mut self.sync_task).await {
+                match tokio::time::timeout_at(deadline, &mut self.sync_task).await {
                     Ok(result) => server_result(result),
                     Err(_) => {
                         tracing::warn!("shutdown timeout reached; closing remaining connections");
@@ -291,6 +305,13 @@ impl Running {
         if let Some(otlp) = self.otlp_task {
             let _ = otlp.await;
         }
+        // The sync server has ended (its streams with it), and the last export has reported the
+        // watches: they stop.
+        self.hub.stop_watches();
+        self.tasks.close();
+        let trackers = [self.hub.tasks(), &self.tasks];
+        let _ = wait_for_tasks(&trackers, deadline.max(Instant::now() + CLOSE_GRACE)).await;
+        // After the watches: the versions they delivered last are written too.
         if let Some(state) = &self.state {
             state.flush().await;
         }
@@ -304,6 +325,23 @@ impl Running {
 
 /// How long the closed connections are given to end after the shutdown timeout.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
+/// Waits until every task of `trackers` (closed) has ended, or `deadline`; then logs how many
+/// are still running, and returns that count (0 when all ended in time).
+pub(super) async fn wait_for_tasks(trackers: &[&TaskTracker], deadline: Instant) -> usize {
+    let all = futures::future::join_all(trackers.iter().map(|tracker| tracker.wait()));
+    if tokio::time::timeout_at(deadline, all).await.is_ok() {
+        return 0;
+    }
+    let still_running: usize = trackers.iter().map(|tracker| tracker.len()).sum();
+    if still_running > 0 {
+        tracing::warn!(
+            still_running,
+            "shutdown timeout reached; {still_running} tasks did not finish and are abandoned"
+        );
+    }
+    still_running
+}
 
 /// What a server task's end means for the proxy: its error, or its panic resumed here; a
 /// cancelled task is no error.

@@ -3,7 +3,9 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use super::*;
 
@@ -53,11 +55,8 @@ async fn the_end_of_the_drain_closes_connections_whose_client_stopped_reading() 
         }}}}
     });
     std::fs::write(dir.path().join("big.json"), object.to_string()).expect("manifest");
-    let mut settings = Settings::default();
-    settings.serve.bind_address = IpAddr::V4(Ipv4Addr::LOCALHOST);
-    (settings.serve.port, settings.serve.management_port) = (0, 0);
+    let mut settings = local_settings(dir.path());
     settings.serve.shutdown_timeout = Duration::from_millis(100);
-    settings.source = SourceSettings::Manifests(vec![dir.path().to_owned()]);
     let bound = prepare(settings)
         .await
         .expect("prepare")
@@ -108,5 +107,89 @@ async fn the_end_of_the_drain_closes_connections_whose_client_stopped_reading() 
     assert!(
         !matches!(data.trailers().await, Ok(Some(_))),
         "no status could be sent"
+    );
+}
+
+/// A proxy on free ports of the loopback address, serving the manifests in `dir`.
+fn local_settings(dir: &std::path::Path) -> Settings {
+    let mut settings = Settings::default();
+    settings.serve.bind_address = IpAddr::V4(Ipv4Addr::LOCALHOST);
+    (settings.serve.port, settings.serve.management_port) = (0, 0);
+    settings.source = SourceSettings::Manifests(vec![dir.to_owned()]);
+    settings
+}
+
+/// Shutdown stops the hub's watches and waits for them: once `run` has returned, no watch is
+/// left, although its resource had a subscriber until the end and an idle watch would stay for
+/// an hour.
+#[tokio::test]
+async fn run_returns_once_every_watch_has_stopped() {
+    use crate::protocol::client::flagd_sync_v1::SyncFlagsRequest;
+    use crate::protocol::client::flagd_sync_v1::flag_sync_service_client::FlagSyncServiceClient;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let object = crate::testing::flag_resource("on");
+    std::fs::write(dir.path().join("a.json"), object.to_string()).expect("manifest");
+    let mut settings = local_settings(dir.path());
+    settings.hub.idle_timeout = Duration::from_secs(3600);
+    let prepared = prepare(settings).await.expect("prepare");
+    let metrics = prepared.metrics.clone();
+    let bound = prepared.bind().await.expect("bind");
+    let addr = bound.sync_addr().expect("sync address");
+    let shutdown = CancellationToken::new();
+    let proxy = tokio::spawn(bound.run(shutdown.clone()));
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .expect("uri")
+        .connect()
+        .await
+        .expect("connect");
+    let mut stream = FlagSyncServiceClient::new(channel)
+        .sync_flags(SyncFlagsRequest {
+            provider_id: "test".into(),
+            selector: "core.openfeature.dev/ns/a".into(),
+        })
+        .await
+        .expect("a stream")
+        .into_inner();
+    stream
+        .message()
+        .await
+        .expect("the flags")
+        .expect("a message");
+    assert_eq!(metrics.upstream_watches.get(), 1);
+
+    shutdown.cancel();
+    proxy.await.expect("join").expect("run");
+    assert_eq!(
+        metrics.upstream_watches.get(),
+        0,
+        "a watch outlived the proxy"
+    );
+    drop(stream);
+}
+
+/// Tasks still running at the deadline are counted (and logged); tasks that ended are not.
+#[tokio::test(start_paused = true)]
+async fn tasks_still_running_at_the_deadline_are_counted() {
+    let stuck = TaskTracker::new();
+    stuck.spawn(futures::future::pending::<()>());
+    let ended = TaskTracker::new();
+    ended.spawn(async {});
+    let (stuck_too, going) = (TaskTracker::new(), CancellationToken::new());
+    let gone = going.clone();
+    stuck_too.spawn(async move { gone.cancelled().await });
+    for tracker in [&stuck, &ended, &stuck_too] {
+        tracker.close();
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    assert_eq!(
+        running::wait_for_tasks(&[&stuck, &ended, &stuck_too], deadline).await,
+        2
+    );
+    going.cancel();
+    assert_eq!(
+        running::wait_for_tasks(&[&ended, &stuck_too], deadline + Duration::from_secs(10)).await,
+        0
     );
 }

@@ -36,6 +36,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
 use crate::budget::MemoryBudget;
@@ -132,6 +134,10 @@ struct Inner {
     /// Where versions are kept across restarts, when they are, and how long a new watch waits
     /// for its source before serving the kept version.
     store: OnceLock<(Arc<dyn VersionStore>, Duration)>,
+    /// Every watch task, so that shutdown can wait for them.
+    tasks: TaskTracker,
+    /// Cancelled when the proxy shuts down: every watch stops.
+    stopping: CancellationToken,
 }
 
 impl Hub {
@@ -162,6 +168,8 @@ impl Hub {
                 waiting: Arc::new(AtomicUsize::new(0)),
                 events: OnceLock::new(),
                 store: OnceLock::new(),
+                tasks: TaskTracker::new(),
+                stopping: CancellationToken::new(),
             }),
         }
     }
@@ -214,8 +222,23 @@ impl Hub {
         let tx = Arc::new(tx);
         upstreams.insert(key.clone(), tx.clone());
         drop(upstreams);
-        tokio::spawn(run_upstream(self.inner.clone(), key.clone(), tx));
+        self.inner
+            .tasks
+            .spawn(run_upstream(self.inner.clone(), key.clone(), tx));
         Ok(Subscription::new(key, rx, self.inner.propagation.clone()))
+    }
+
+    /// Stops every watch (the proxy is shutting down, its streams have ended): a subscription
+    /// still held gets no further version, and a watch started after this stops at once.
+    /// [`Hub::tasks`] tells when the watch tasks have ended.
+    pub fn stop_watches(&self) {
+        self.inner.stopping.cancel();
+        self.inner.tasks.close();
+    }
+
+    /// The watch tasks: closed by [`Hub::stop_watches`], empty once every watch has stopped.
+    pub fn tasks(&self) -> &TaskTracker {
+        &self.inner.tasks
     }
 
     /// The resources watched right now, with their state.
@@ -241,6 +264,13 @@ impl Inner {
         };
         self.metrics.document_warnings.remove(&labels);
         self.metrics.compression_ratio.remove(&labels);
+    }
+
+    /// Removes one resource's watch from the map (and what the metrics say about it).
+    fn remove(&self, key: &ResourceKey) {
+        let mut upstreams = self.lock();
+        upstreams.remove(key);
+        self.forget(key);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<ResourceKey, StateSender>> {
@@ -292,10 +322,12 @@ async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
             }
             () = waiting.refused.cancelled() => {
                 // Subscribers see the final state and end; new ones start a fresh watch.
-                let mut upstreams = inner.lock();
-                upstreams.remove(&key);
-                inner.forget(&key);
+                inner.remove(&key);
                 break "too many resources that do not exist are waited on";
+            }
+            () = inner.stopping.cancelled() => {
+                inner.remove(&key);
+                break "shutting down";
             }
             () = idle(&tx, inner.options.idle_timeout) => {
                 let mut upstreams = inner.lock();

@@ -856,3 +856,23 @@ async fn an_unusable_kept_version_is_not_served_and_an_absent_resource_is_forgot
         "the source has answered"
     );
 }
+
+/// Stopping the watches ends them although they have subscribers: the source's watches are
+/// dropped and the hub's tasks finish; a watch started after it stops at once.
+#[tokio::test]
+async fn stopped_watches_end_with_their_tasks() {
+    let (source, hub, key) = hub_of_a(Duration::from_secs(3600));
+    let ([mut sub], publisher) = subscribe_watched(&source, &hub, &key).await;
+    publisher.resource(&flag_resource("on"), Instant::now());
+    next(&mut sub).await;
+    hub.stop_watches();
+    let other = ResourceKey::new("ns", "b");
+    let _late = hub.subscribe(other.clone()).expect("subscribe");
+    tokio::time::timeout(Duration::from_secs(60), hub.tasks().wait())
+        .await
+        .expect("every watch task ends");
+    assert_eq!(source.active_watches(&key), 0);
+    assert_eq!(source.active_watches(&other), 0);
+    assert_eq!(hub.metrics().upstream_watches.get(), 0);
+    assert!(hub.resources().is_empty());
+}

@@ -31,6 +31,7 @@ use kube::Client;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use serde_json::Value;
 use tokio::sync::watch;
+use tokio_util::task::TaskTracker;
 
 use crate::hub::{EventSink, ResourceEventSink};
 use crate::selector::ResourceKey;
@@ -55,6 +56,8 @@ const MAX_SERIES: usize = 32;
 #[derive(Clone)]
 pub struct EventRecorder {
     inner: Arc<Shared>,
+    /// The writers, one per watched resource.
+    writers: TaskTracker,
 }
 
 struct Shared {
@@ -76,13 +79,24 @@ impl EventRecorder {
                 },
                 refusal_logged: AtomicBool::new(false),
             }),
+            writers: TaskTracker::new(),
+        }
+    }
+
+    /// Runs the writers on `tasks`, so that whoever owns it can wait for them: a writer ends
+    /// once its resource's handle is dropped and what it still had to write is written.
+    pub fn tracked_by(self, tasks: TaskTracker) -> Self {
+        Self {
+            writers: tasks,
+            ..self
         }
     }
 
     /// Starts recording for one watched resource; writing stops when the handle is dropped.
     pub fn reporter_for(&self, key: ResourceKey) -> ResourceEvents {
         let (tx, rx) = watch::channel(None);
-        tokio::spawn(write_events(self.inner.clone(), key, rx));
+        self.writers
+            .spawn(write_events(self.inner.clone(), key, rx));
         ResourceEvents {
             tx,
             kept: std::sync::Mutex::new(None),
@@ -271,18 +285,32 @@ async fn write_events(shared: Arc<Shared>, key: ResourceKey, rx: watch::Receiver
 
 /// Hands `write` the newest outcome and waits for `pause` (for [`MIN_INTERVAL`]) after each
 /// write; outcomes that arrive meanwhile replace each other, so the next write is of the newest.
-/// Until the sender is dropped.
+/// Until the sender is dropped: what it left is still written, but a pause with nothing left to
+/// write ends at once (shutdown does not wait for it).
 async fn paced<P, W>(mut rx: watch::Receiver<Option<Outcome>>, mut pause: P, mut write: W)
 where
     P: FnMut() -> BoxFuture<'static, ()>,
     W: FnMut(Outcome) -> BoxFuture<'static, ()>,
 {
-    while rx.changed().await.is_ok() {
+    // `changed` is Ok while an outcome is unseen, even once the sender has gone.
+    let mut news = rx.changed().await.is_ok();
+    while news {
         let Some(outcome) = rx.borrow_and_update().clone() else {
+            news = rx.changed().await.is_ok();
             continue;
         };
         write(outcome).await;
-        pause().await;
+        let mut pause = pause();
+        news = tokio::select! {
+            () = &mut pause => rx.changed().await.is_ok(),
+            changed = rx.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                pause.await;
+                true
+            }
+        };
     }
 }
 
@@ -405,6 +433,26 @@ mod tests {
         let last = written.recv().await.expect("the fix is written");
         assert!(last.contains("generation 100"), "{last}");
         assert!(written.try_recv().is_err(), "nothing after the fix");
+    }
+
+    /// A writer in its pause, with nothing left to write, ends as soon as its sender is
+    /// dropped (the watch stopped): it does not hold shutdown for the rest of the pause.
+    #[tokio::test]
+    async fn a_pause_with_nothing_left_to_write_ends_with_the_sender() {
+        let (events, rx) = events();
+        let endless = || -> BoxFuture<'static, ()> { Box::pin(futures::future::pending()) };
+        let (written_tx, mut written) = tokio::sync::mpsc::unbounded_channel();
+        let writer = tokio::spawn(paced(rx, endless, move |outcome: Outcome| {
+            let _ = written_tx.send(outcome.note);
+            Box::pin(async {})
+        }));
+        events.rejected(&resource(0), "problem 0");
+        written.recv().await.expect("written at once");
+        drop(events);
+        tokio::time::timeout(Duration::from_secs(60), writer)
+            .await
+            .expect("the writer ends in its pause")
+            .expect("join");
     }
 
     fn resource(generation: i64) -> Value {

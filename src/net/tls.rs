@@ -14,6 +14,7 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 /// How often the files are checked for changes.
 const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
@@ -120,10 +121,11 @@ impl ReloadingTls {
         Ok(true)
     }
 
-    /// Checks the files every second until `shutdown`, logging each change and failure once.
-    pub fn spawn_reloader(self: &Arc<Self>, shutdown: CancellationToken) {
+    /// Checks the files every second until `shutdown`, logging each change and failure once;
+    /// runs on `tasks`.
+    pub fn spawn_reloader(self: &Arc<Self>, tasks: &TaskTracker, shutdown: CancellationToken) {
         let this = self.clone();
-        tokio::spawn(async move {
+        tasks.spawn(async move {
             let mut failing = None;
             loop {
                 tokio::select! {
