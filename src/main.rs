@@ -96,7 +96,7 @@ fn start(args: StartArgs, signals: EarlySignals) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    runtime.block_on(async move {
+    let code = runtime.block_on(async move {
         // Before anything else in the runtime: the signals caught since `main` began, and
         // those to come, are handled from here on.
         let stop = signals::listen(signals);
@@ -122,8 +122,15 @@ fn start(args: StartArgs, signals: EarlySignals) -> ExitCode {
                 ExitCode::FAILURE
             }
         }
-    })
+    });
+    // Work still on the blocking threads (a manifest parse, a directory scan) is not waited
+    // for past this: dropping the runtime would wait for it however long it takes.
+    runtime.shutdown_timeout(EXIT_GRACE);
+    code
 }
+
+/// How long the exit waits for work left on the runtime's blocking threads.
+const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn serve(bound: app::Bound, stop: StopSignals) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
