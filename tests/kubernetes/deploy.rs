@@ -282,16 +282,36 @@ async fn invented_selectors_keep_api_server_watches_bounded() {
             most_watches = most_watches.max(cp.open_watches("featureflags").await);
         }
     }
-    // Streams that were accepted either wait (within the limit) or end with RESOURCE_EXHAUSTED.
-    let mut waiting = Vec::new();
-    for mut stream in flood {
-        match tokio::time::timeout(Duration::from_millis(200), stream.message()).await {
-            Err(_) => waiting.push(stream),
-            Ok(Err(status)) => {
+    // Every invented name ends up refused (over --max-watches at once, or over
+    // --max-waiting-resources once the API server says it does not exist) or waiting: the
+    // proxy's counts say when all 300 are settled, and how many accepted streams it ended.
+    let count =
+        |reason: &str| format!("flagd_proxy_rejected_requests_total{{reason=\"{reason}\"}}");
+    let ended = eventually("the proxy settles all 300 invented names", || async {
+        let over_watches = proxy.metric(&count("max_watches")).await;
+        let over_waiting = proxy.metric(&count("max_waiting_resources")).await;
+        let waiting = proxy.metric("flagd_proxy_waiting_resources").await;
+        match over_watches + over_waiting + waiting {
+            300.0 => Ok(over_waiting as usize),
+            settled => Err(format!("{settled} of 300 settled")),
+        }
+    })
+    .await;
+    // Exactly that many accepted streams end, each with RESOURCE_EXHAUSTED; the rest wait.
+    let mut waiting: futures::stream::FuturesUnordered<_> = flood
+        .into_iter()
+        .map(|mut stream| async move { (stream.message().await, stream) })
+        .collect();
+    for _ in 0..ended {
+        let next = tokio::time::timeout(EVENT_TIMEOUT, futures::StreamExt::next(&mut waiting))
+            .await
+            .expect("a refused stream ends");
+        match next {
+            Some((Err(status), _)) => {
                 assert_eq!(status.code(), tonic::Code::ResourceExhausted, "{status:?}");
                 refused += 1;
             }
-            Ok(Ok(message)) => panic!("an invented resource delivered {message:?}"),
+            other => panic!("an invented resource delivered {:?}", other.map(|(m, _)| m)),
         }
     }
     most_watches = most_watches.max(cp.open_watches("featureflags").await);
