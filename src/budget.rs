@@ -224,10 +224,10 @@ fn parse_cgroup_limit(text: &str) -> Option<usize> {
 
 /// `MemTotal` from /proc/meminfo, in bytes.
 fn machine_memory() -> Option<usize> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
+    let kib = crate::introspection::procfs::meminfo()
+        .ok()?
+        .number("MemTotal")?;
+    usize::try_from(kib).ok()?.checked_mul(1024)
 }
 
 /// Parses a byte count: digits with an optional binary suffix (`Ki`, `Mi`, `Gi`, `Ti`), as in

@@ -18,6 +18,7 @@ pub mod cli;
 pub mod context;
 pub mod document;
 pub mod hub;
+pub mod introspection;
 pub mod kubernetes;
 pub mod locks;
 pub mod management;

@@ -13,12 +13,12 @@ use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
-use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use crate::hub::Source;
 use crate::hub::{Availability, Hub};
+use crate::introspection::{ResourceStatus, StatusPage};
 use crate::metrics::{Metrics, STATE_INVALID, WatchedResource};
 use crate::net::connection::{Connection, Stream};
 use crate::net::deadlines::request_starts_within;
@@ -254,30 +254,31 @@ pub fn observe(metrics: &Metrics, hub: &Hub, readiness: &Readiness) {
 }
 
 /// Every watched resource with its state, and the source's own problems.
-async fn status(State(state): State<AppState>) -> Json<Value> {
-    let resources: Vec<Value> = state
+async fn status(State(state): State<AppState>) -> Json<StatusPage> {
+    let resources = state
         .hub
         .resources()
         .into_iter()
         .map(|(key, resource, subscribers)| {
             let (availability, reason) = state_of(&resource.availability);
-            json!({
-                "selector": key.to_string(),
-                "availability": availability,
-                "stale": resource.stale,
-                "reason": reason,
-                "version": resource.snapshot.as_ref().map(|s| s.version),
-                "bytes": resource.snapshot.as_ref().map(|s| s.flag_configuration.len()),
-                "versionAgeSeconds": resource.snapshot.as_ref().map(|s| s.changed_at.elapsed().as_secs_f64()),
-                "subscribers": subscribers,
-                "warnings": resource.snapshot.as_ref().and_then(|s| s.warnings.as_deref()),
-            })
+            let snapshot = resource.snapshot.as_ref();
+            ResourceStatus {
+                availability: availability.to_owned(),
+                bytes: snapshot.map(|s| s.flag_configuration.len() as u64),
+                reason,
+                selector: key.to_string(),
+                stale: resource.stale,
+                subscribers: subscribers as u64,
+                version: snapshot.map(|s| s.version),
+                version_age_seconds: snapshot.map(|s| s.changed_at.elapsed().as_secs_f64()),
+                warnings: snapshot.and_then(|s| s.warnings.as_deref().map(str::to_owned)),
+            }
         })
         .collect();
-    Json(json!({
-        "ready": state.readiness.get(),
-        "source": state.source.name(),
-        "sourceStatus": state.source.status(),
-        "resources": resources,
-    }))
+    Json(StatusPage {
+        ready: state.readiness.get(),
+        resources,
+        source: state.source.name().to_owned(),
+        source_status: state.source.status(),
+    })
 }

@@ -10,7 +10,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Serialize;
-use serde_json::Value;
+
+use crate::introspection::SourceStatus;
 
 mod collect;
 mod render;
@@ -75,7 +76,7 @@ pub struct Report {
     pub source: String,
     /// The source's own report (`/status`' `sourceStatus`: files that do not parse, the API
     /// server, the upstream proxy).
-    pub source_status: Value,
+    pub source_status: SourceStatus,
     pub resources: Vec<ResourceReport>,
     pub watches: Watches,
     /// Open connections by port (`sync`, `management`).

@@ -9,9 +9,16 @@ use std::path::{Path, PathBuf};
 type Graph = BTreeMap<String, BTreeSet<String>>;
 
 /// What the hub may import: the document it builds snapshots from, its metrics, the resource
-/// names, the retry policy, the memory budget, poison-tolerant locks, and nothing that serves clients or fetches resources.
+/// names, the retry policy, the memory budget, poison-tolerant locks, the shape of the status
+/// page its `Source` port reports into, and nothing that serves clients or fetches resources.
 const HUB_MAY_IMPORT: &[&str] = &[
-    "backoff", "budget", "document", "locks", "metrics", "selector",
+    "backoff",
+    "budget",
+    "document",
+    "introspection",
+    "locks",
+    "metrics",
+    "selector",
 ];
 
 #[test]

@@ -163,23 +163,14 @@ async fn a_first_version_with_one_odd_flag_flagd_loads_serves_the_other_flags() 
         assert_eq!(&first["flags"]["odd"], odd, "{name}");
         proxy.wait_for_metric(&warnings_metric(name), 1.0).await;
         proxy.wait_for_log(warning).await;
-        let (code, status) = support::http_get(proxy.management_port, "/status")
-            .await
-            .expect("/status");
-        assert_eq!(code, 200);
-        let status: Value = serde_json::from_str(&status).expect("JSON");
-        let row = status["resources"]
-            .as_array()
-            .expect("resources")
-            .iter()
-            .find(|r| r["selector"] == selector(name))
-            .unwrap_or_else(|| panic!("{name} not in {status}"));
-        assert_eq!(row["availability"], "present", "{row}");
+        let status = proxy.status_page().await;
+        let row = status
+            .resource(&selector(name))
+            .unwrap_or_else(|| panic!("{name} not in {status:?}"));
+        assert_eq!(row.availability, "present", "{row:?}");
         assert!(
-            row["warnings"]
-                .as_str()
-                .is_some_and(|w| w.contains(warning)),
-            "{name}: {row}"
+            row.warnings.as_ref().is_some_and(|w| w.contains(warning)),
+            "{name}: {row:?}"
         );
     }
     let error = fetch(&mut client, "refused").await.expect_err("refused");

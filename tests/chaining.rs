@@ -173,15 +173,10 @@ async fn the_node_tier_takes_gzip_from_its_central_proxy() {
 
 /// Whether the node's `/status` marks the demo resource stale.
 async fn demo_is_stale(node: &Proxy) -> bool {
-    let (_, body) = support::http_get(node.management_port, "/status")
+    node.status_page()
         .await
-        .expect("status");
-    let status: serde_json::Value = serde_json::from_str(&body).expect("JSON");
-    status["resources"]
-        .as_array()
-        .expect("resources")
-        .iter()
-        .any(|r| r["selector"] == SELECTOR && r["stale"] == true)
+        .resource(SELECTOR)
+        .is_some_and(|r| r.stale)
 }
 
 /// A node proxy restarted with its state directory while the central proxy is down serves the

@@ -424,12 +424,11 @@ fn signal_bit(number: u32) -> u64 {
 
 /// The signals process `pid` catches (`SigCgt` of `/proc/<pid>/status`).
 fn caught_signals(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("the status");
-    let mask = status
-        .lines()
-        .find_map(|line| line.strip_prefix("SigCgt:"))
-        .expect("a SigCgt line");
-    u64::from_str_radix(mask.trim(), 16).expect("a hex mask")
+    flagd_proxy::introspection::Process::Id(pid)
+        .status()
+        .expect("the status")
+        .mask("SigCgt")
+        .expect("a SigCgt line")
 }
 
 /// Opens the FIFO at `path` for writing, which returns once `child` has opened it to read; if

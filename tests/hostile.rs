@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
+use flagd_proxy::introspection::{Process, TcpSocket};
 use serde_json::Value;
 use support::client::{Client, assert_status, default_variant, next, open, v1, with_selector};
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_color, write_manifest};
@@ -1020,10 +1021,13 @@ async fn hostile_files_in_the_manifests_directory_do_not_stop_other_files() {
 async fn wait_for_problems(scene: &Scene, names: &[&str]) {
     let deadline = std::time::Instant::now() + support::EVENT_TIMEOUT;
     loop {
-        let (_, body) = support::http_get(scene.proxy.management_port, "/status")
-            .await
-            .expect("status");
-        let problems = source_problems(&body);
+        let page = scene.proxy.status_page().await;
+        let problems: Vec<&str> = page
+            .source_status
+            .problems()
+            .iter()
+            .map(|p| p.path.as_str())
+            .collect();
         let missing: Vec<&&str> = names
             .iter()
             .filter(|name| !problems.iter().any(|p| p.ends_with(**name)))
@@ -1039,34 +1043,18 @@ async fn wait_for_problems(scene: &Scene, names: &[&str]) {
     }
 }
 
-/// The paths of the files `/status` reports problems for.
-fn source_problems(body: &str) -> Vec<String> {
-    let status: Value = serde_json::from_str(body).expect("status JSON");
-    status["sourceStatus"]["problems"]
-        .as_array()
-        .expect("problems")
-        .iter()
-        .map(|p| p["path"].as_str().expect("path").to_owned())
-        .collect()
-}
-
 /// A field of /proc/<pid>/status in KiB.
 fn proc_status_kib(pid: u32, field: &str) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("status");
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(field))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+    Process::Id(pid)
+        .status()
+        .expect("status")
+        .number(field)
         .expect("field")
 }
 
 /// CPU time (user + system) of a process, in clock ticks.
 fn cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("stat");
-    // Fields after the command name (which may hold spaces) start at state.
-    let rest = &stat[stat.rfind(')').expect("comm") + 2..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime")
+    Process::Id(pid).cpu_ticks().expect("stat")
 }
 
 /// YAML that would cost memory or time out of proportion to its size is refused before it is
@@ -1091,7 +1079,7 @@ async fn yaml_aliases_and_brackets_in_quoted_scalars_cost_nothing_out_of_proport
     wait_for_problems(&scene, &["aliases.yaml", "quoted.yaml"]).await;
     scene.change().await;
     // Expanded, the aliases alone are 2 GB; parsed, the nesting took tens of CPU seconds.
-    let peak_mib = proc_status_kib(pid, "VmHWM:") / 1024;
+    let peak_mib = proc_status_kib(pid, "VmHWM") / 1024;
     assert!(peak_mib < 256, "peak RSS {peak_mib} MiB");
     let cpu_seconds = (cpu_ticks(pid) - ticks_before) / 100;
     assert!(cpu_seconds < 10, "{cpu_seconds} s of CPU");
@@ -1372,7 +1360,7 @@ async fn a_client_that_stops_reading_is_disconnected() {
         "the proxy hangs up on the client that stopped reading",
         || async {
             match proxy_side_state(scene.proxy.port, ours) {
-                Some(state) if state == TCP_ESTABLISHED => Err("its end is still established"),
+                Some(TcpSocket::ESTABLISHED) => Err("its end is still established"),
                 _ => Ok(()),
             }
         },
@@ -1381,25 +1369,15 @@ async fn a_client_that_stops_reading_is_disconnected() {
     scene.assert_healthy().await;
 }
 
-/// `/proc/net/tcp`'s code for an established connection.
-const TCP_ESTABLISHED: &str = "01";
-
-/// The kernel's state (`/proc/net/tcp`'s `st`, hexadecimal) of the proxy's end of the loopback
-/// connection between its port `proxy_port` and the test's port `client_port`; `None` once the
-/// kernel no longer lists it.
-fn proxy_side_state(proxy_port: u16, client_port: u16) -> Option<String> {
-    let table = std::fs::read_to_string("/proc/net/tcp").expect("read /proc/net/tcp");
-    let port = |address: &str| {
-        address
-            .rsplit_once(':')
-            .and_then(|(_, port)| u16::from_str_radix(port, 16).ok())
-    };
-    table.lines().skip(1).find_map(|line| {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let (local, remote, state) = (fields.get(1)?, fields.get(2)?, fields.get(3)?);
-        (port(local) == Some(proxy_port) && port(remote) == Some(client_port))
-            .then(|| (*state).to_owned())
-    })
+/// The kernel's state (`/proc/net/tcp`'s `st`) of the proxy's end of the loopback connection
+/// between its port `proxy_port` and the test's port `client_port`; `None` once the kernel no
+/// longer lists it.
+fn proxy_side_state(proxy_port: u16, client_port: u16) -> Option<u8> {
+    Process::This
+        .tcp()
+        .into_iter()
+        .find(|socket| socket.local_port == proxy_port && socket.remote_port == client_port)
+        .map(|socket| socket.state)
 }
 
 /// Opens a call on `path` whose request headers go out but whose message never does, and

@@ -4,6 +4,7 @@ use flagd_proxy_testkit as support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use flagd_proxy::introspection::ResourceStatus;
 use serde_json::json;
 use support::client::{
     Client, LegacyClient, assert_status, client, default_variant, fetch, legacy, legacy_client,
@@ -57,7 +58,7 @@ async fn header_selector_stream_gets_snapshot_then_each_real_change() {
 
     // Updating the resource so that its flag configuration stays byte-identical is not a
     // change: no new version, no message; the next message is the real change.
-    let served = demo_status(&proxy).await["version"].clone();
+    let served = demo_status(&proxy).await.version;
     let red = string_flag("color", "red", COLORS);
     // A label only, with a second resource in the same file: once that one reaches its
     // subscriber, the proxy has read this version of the file.
@@ -71,8 +72,8 @@ async fn header_selector_stream_gets_snapshot_then_each_real_change() {
     write_labelled(dir.path(), red, "2", false);
     let status = wait_for_demo(&proxy, "present").await;
     assert_eq!(
-        status["version"], served,
-        "identical content became a new version: {status}"
+        status.version, served,
+        "identical content became a new version: {status:?}"
     );
     write_color(dir.path(), "default", "demo", "blue", COLORS);
     let second = next(&mut stream).await;
@@ -107,31 +108,22 @@ fn write_labelled(dir: &std::path::Path, flags: serde_json::Value, edit: &str, m
 }
 
 /// `default/demo` as the management port's `/status` shows it.
-async fn demo_status(proxy: &Proxy) -> serde_json::Value {
-    let (code, body) = support::http_get(proxy.management_port, "/status")
-        .await
-        .expect("/status answers");
-    assert_eq!(code, 200, "{body}");
-    let status: serde_json::Value = serde_json::from_str(&body).expect("/status is JSON");
-    status["resources"]
-        .as_array()
-        .and_then(|resources| {
-            resources
-                .iter()
-                .find(|r| r["selector"] == SELECTOR)
-                .cloned()
-        })
-        .unwrap_or_else(|| panic!("{SELECTOR} is not in {status}"))
+async fn demo_status(proxy: &Proxy) -> ResourceStatus {
+    let status = proxy.status_page().await;
+    status
+        .resource(SELECTOR)
+        .cloned()
+        .unwrap_or_else(|| panic!("{SELECTOR} is not in {status:?}"))
 }
 
 /// Waits until `/status` shows `default/demo` with this availability; what it shows then.
-async fn wait_for_demo(proxy: &Proxy, availability: &str) -> serde_json::Value {
+async fn wait_for_demo(proxy: &Proxy, availability: &str) -> ResourceStatus {
     support::eventually("the resource's availability", || async {
         let status = demo_status(proxy).await;
-        if status["availability"] == availability {
+        if status.availability == availability {
             Ok(status)
         } else {
-            Err(format!("{SELECTOR} is not {availability}: {status}"))
+            Err(format!("{SELECTOR} is not {availability}: {status:?}"))
         }
     })
     .await
@@ -663,12 +655,19 @@ async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_versio
             1.0,
         )
         .await;
-    let (_, status) = support::http_get(proxy.management_port, "/status")
-        .await
-        .expect("status");
+    let status = proxy.status_page().await;
+    assert_eq!(
+        status.resource(SELECTOR).map(|r| r.availability.as_str()),
+        Some("invalid"),
+        "{status:?}"
+    );
     assert!(
-        status.contains("invalid") && status.contains("broken.yaml"),
-        "{status}"
+        status
+            .source_status
+            .problems()
+            .iter()
+            .any(|p| p.path.ends_with("broken.yaml")),
+        "{status:?}"
     );
     // A new subscriber still gets the last good version.
     let mut late = open(&mut client, SELECTOR).await.expect("stream");

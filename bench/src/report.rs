@@ -8,15 +8,9 @@ pub(crate) fn machine() -> Value {
         .lines()
         .find_map(|l| l.strip_prefix("model name"))
         .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned());
-    let memory_kib = std::fs::read_to_string("/proc/meminfo")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("MemTotal:"))
-        .and_then(|v| {
-            v.split_whitespace()
-                .next()
-                .and_then(|n| n.parse::<u64>().ok())
-        });
+    let memory_kib = flagd_proxy::introspection::procfs::meminfo()
+        .ok()
+        .and_then(|meminfo| meminfo.number("MemTotal"));
     json!({
         "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
         "cpu_model": model,

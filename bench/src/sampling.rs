@@ -3,6 +3,8 @@
 
 use super::*;
 
+use flagd_proxy::introspection::Process;
+
 /// CPU time and memory of a process, from /proc.
 #[derive(Clone, Copy, Debug, Default)]
 pub(crate) struct ProcSample {
@@ -12,52 +14,24 @@ pub(crate) struct ProcSample {
 }
 
 pub(crate) fn proc_sample(pid: u32) -> ProcSample {
-    let mut sample = ProcSample::default();
-    if let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-        if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let ticks: u64 = fields
-                .get(11..13)
-                .map(|f| f.iter().filter_map(|v| v.parse::<u64>().ok()).sum())
-                .unwrap_or(0);
-            sample.cpu_seconds = ticks as f64 / clock_ticks();
-        }
+    let process = Process::Id(pid);
+    let status = process.status().ok();
+    let kib = |name: &str| status.as_ref().and_then(|s| s.number(name)).unwrap_or(0);
+    ProcSample {
+        cpu_seconds: process.cpu_seconds().unwrap_or(0.0),
+        rss_kib: kib("VmRSS"),
+        hwm_kib: kib("VmHWM"),
     }
-    if let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/status")) {
-        for line in status.lines() {
-            let value = |l: &str| {
-                l.split_whitespace()
-                    .nth(1)
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0)
-            };
-            if line.starts_with("VmRSS:") {
-                sample.rss_kib = value(line);
-            } else if line.starts_with("VmHWM:") {
-                sample.hwm_kib = value(line);
-            }
-        }
-    }
-    sample
 }
 
 /// Bytes a process has written through write(2) and its kin, sockets included (`wchar` of
 /// /proc/PID/io); 0 when it cannot be read.
 pub(crate) fn written_bytes(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/io"))
+    Process::Id(pid)
+        .io()
         .ok()
-        .and_then(|io| {
-            io.lines()
-                .find_map(|l| l.strip_prefix("wchar:"))
-                .and_then(|v| v.trim().parse().ok())
-        })
+        .and_then(|io| io.number("wchar"))
         .unwrap_or(0)
-}
-
-pub(crate) fn clock_ticks() -> f64 {
-    let ticks = rustix::param::clock_ticks_per_second();
-    if ticks > 0 { ticks as f64 } else { 100.0 }
 }
 
 /// Raises the open-file limit (inherited by the proxies started later) to at least `want`.

@@ -8,6 +8,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use flagd_proxy::introspection::Process;
+
 use super::{Dial, Sources, Stats, Tracker, mib, ms, open_channel, open_stream, proc_sample};
 
 /// What the storm did to one proxy.
@@ -318,7 +320,5 @@ pub fn readyz(port: u16) -> std::io::Result<bool> {
 
 /// Open file descriptors of process `pid`.
 pub fn open_fds(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .map(|d| d.count())
-        .unwrap_or(0)
+    Process::Id(pid).open_files().unwrap_or(0)
 }

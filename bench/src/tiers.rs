@@ -17,6 +17,7 @@ pub(crate) mod measure;
 pub(crate) mod report;
 pub(crate) mod topology;
 
+use flagd_proxy::introspection::Samples;
 use topology::{TierResult, Topology};
 
 /// The first argument that makes this program the central tier's balancer (`balancer.rs`).
@@ -309,7 +310,7 @@ impl Tier {
 
     /// `/metrics` of the management port: every sample by name and labels (empty when it does
     /// not answer).
-    pub(crate) async fn metrics(&self) -> std::collections::HashMap<String, f64> {
+    pub(crate) async fn metrics(&self) -> Samples {
         let port = self.management_port;
         tokio::task::spawn_blocking(move || soak::probe::fetch_metrics(port).unwrap_or_default())
             .await

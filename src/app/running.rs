@@ -159,17 +159,13 @@ impl Bound {
 
 /// The selectors a source's status lists (`selectors`) and its count of resources, if it lists
 /// them (the manifests source does: it knows every resource at start).
-fn available(status: &serde_json::Value) -> Option<(Vec<String>, u64)> {
-    let selectors = status.get("selectors")?.as_array()?;
-    let selectors: Vec<String> = selectors
-        .iter()
-        .filter_map(|s| s.as_str().map(str::to_owned))
-        .collect();
-    let count = status
-        .get("resources")
-        .and_then(serde_json::Value::as_u64)
-        .unwrap_or(selectors.len() as u64);
-    Some((selectors, count))
+fn available(status: &crate::introspection::SourceStatus) -> Option<(Vec<String>, u64)> {
+    match status {
+        crate::introspection::SourceStatus::Manifests(manifests) => {
+            Some((manifests.selectors.clone(), manifests.resources))
+        }
+        _ => None,
+    }
 }
 
 /// The services whose gRPC health the proxy reports: the server as a whole and both sync

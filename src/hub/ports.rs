@@ -26,8 +26,8 @@ pub trait Source: Send + Sync + 'static {
     fn watch(&self, key: ResourceKey, publisher: Publisher) -> BoxFuture<'static, ()>;
 
     /// Source-wide state for the status page (for example files that do not parse).
-    fn status(&self) -> serde_json::Value {
-        serde_json::Value::Null
+    fn status(&self) -> crate::introspection::SourceStatus {
+        crate::introspection::SourceStatus::Unreported
     }
 }
 

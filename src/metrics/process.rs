@@ -2,9 +2,7 @@
 //! (`process_cpu_seconds_total`, `process_resident_memory_bytes`), read from `/proc/self` when
 //! scraped.
 
-/// Clock ticks per second of the CPU times in `/proc/self/stat` (`USER_HZ`: 100 on every Linux
-/// architecture, whatever the kernel's own tick rate).
-const USER_HZ: f64 = 100.0;
+use crate::introspection::Process;
 
 /// The process' CPU time and resident memory, read from `/proc/self` when scraped, under the
 /// names every Prometheus client uses (`process_cpu_seconds_total`,
@@ -16,22 +14,13 @@ pub(super) struct ProcessCollector;
 impl ProcessCollector {
     /// User plus system CPU seconds, from `/proc/self/stat`.
     fn cpu_seconds() -> Option<f64> {
-        let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-        // The command name (field 2) may hold spaces; the fields after it start past its ')'.
-        let rest = &stat[stat.rfind(')')? + 1..];
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        // utime and stime are fields 14 and 15 of the whole line: 11 and 12 after the name.
-        let utime: f64 = fields.get(11)?.parse().ok()?;
-        let stime: f64 = fields.get(12)?.parse().ok()?;
-        Some((utime + stime) / USER_HZ)
+        Process::This.cpu_seconds()
     }
 
     /// Resident memory in bytes, from `VmRSS` in `/proc/self/status`.
     fn resident_bytes() -> Option<i64> {
-        let status = std::fs::read_to_string("/proc/self/status").ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-        let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
+        let kib = Process::This.status().ok()?.number("VmRSS")?;
+        i64::try_from(kib).ok()?.checked_mul(1024)
     }
 }
 

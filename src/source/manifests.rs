@@ -28,6 +28,7 @@ use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use crate::hub::Publisher;
+use crate::introspection::{ManifestsStatus, SourceStatus};
 use crate::metrics::Metrics;
 use crate::selector::ResourceKey;
 use crate::source::Source;
@@ -63,10 +64,20 @@ pub enum ManifestError {
 }
 
 /// A problem with one file, kept for the status page.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FileProblem {
     pub path: PathBuf,
     pub error: String,
+}
+
+impl FileProblem {
+    /// The problem as `/status` shows it (the path's characters that are not UTF-8 replaced).
+    fn reported(&self) -> crate::introspection::FileProblem {
+        crate::introspection::FileProblem {
+            error: self.error.clone(),
+            path: self.path.to_string_lossy().into_owned(),
+        }
+    }
 }
 
 /// Everything the directories hold right now.
@@ -190,15 +201,15 @@ impl Source for ManifestSource {
         "manifests"
     }
 
-    fn status(&self) -> Value {
+    fn status(&self) -> SourceStatus {
         let catalog = self.catalog();
         let mut selectors: Vec<String> = catalog.resources.keys().map(|k| k.to_string()).collect();
         selectors.sort_unstable();
         selectors.truncate(STATUS_SELECTORS);
-        serde_json::json!({
-            "resources": catalog.resources.len(),
-            "selectors": selectors,
-            "problems": catalog.problems,
+        SourceStatus::Manifests(ManifestsStatus {
+            problems: catalog.problems.iter().map(FileProblem::reported).collect(),
+            resources: catalog.resources.len() as u64,
+            selectors,
         })
     }
 

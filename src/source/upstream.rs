@@ -18,6 +18,7 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::backoff::Backoff;
 use crate::hub::{Publisher, SpanSink};
+use crate::introspection::{SourceStatus, UpstreamStatus};
 use crate::metrics::Metrics;
 use crate::protocol::SELECTOR_HEADER;
 use crate::protocol::client::flagd_sync_v1::SyncFlagsRequest;
@@ -130,8 +131,10 @@ impl Source for UpstreamSource {
         "upstream"
     }
 
-    fn status(&self) -> serde_json::Value {
-        serde_json::json!({"upstream": self.address})
+    fn status(&self) -> SourceStatus {
+        SourceStatus::Upstream(UpstreamStatus {
+            upstream: self.address.clone(),
+        })
     }
 
     fn watch(&self, key: ResourceKey, publisher: Publisher) -> BoxFuture<'static, ()> {

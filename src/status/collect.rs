@@ -5,42 +5,12 @@ use std::collections::BTreeMap;
 use http_body_util::{BodyExt, Empty, LengthLimitError, Limited};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use serde::Deserialize;
-use serde_json::Value;
 
 use super::{
     BoxError, MAX_RESPONSE_BYTES, Memory, REQUEST_TIMEOUT, Report, ResourceReport, StatusError,
     Watches,
 };
-
-/// What `/status` says (the fields this command reads; others are kept in `source_status`).
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct StatusPage {
-    ready: bool,
-    source: String,
-    #[serde(default)]
-    source_status: Value,
-    #[serde(default)]
-    resources: Vec<StatusResource>,
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub(super) struct StatusResource {
-    selector: String,
-    availability: String,
-    #[serde(default)]
-    stale: bool,
-    reason: Option<String>,
-    version: Option<u64>,
-    bytes: Option<u64>,
-    subscribers: u64,
-    #[serde(default)]
-    version_age_seconds: Option<f64>,
-    #[serde(default)]
-    warnings: Option<String>,
-}
+use crate::introspection::{Samples, StatusPage};
 
 /// Reads the state of the proxy whose management port is at `address` (`host:port`).
 pub async fn fetch(address: &str) -> Result<Report, StatusError> {
@@ -118,65 +88,25 @@ async fn get_bounded(address: &str, path: &'static str) -> Result<Bytes, StatusE
     Ok(body.to_bytes())
 }
 
-/// The samples of a Prometheus text exposition: (name, labels, value).
-pub(super) struct Samples(Vec<(String, BTreeMap<String, String>, f64)>);
-
-impl Samples {
-    /// Reads `name{label="value",...} number` lines; comments and lines it cannot read are
-    /// skipped (this proxy's label values hold no quotes or commas).
-    pub(super) fn parse(text: &str) -> Self {
-        let samples = text
-            .lines()
-            .filter(|line| !line.starts_with('#'))
-            .filter_map(|line| {
-                let (series, value) = line.rsplit_once(' ')?;
-                let value: f64 = value.trim().parse().ok()?;
-                let (name, labels) = match series.split_once('{') {
-                    Some((name, labels)) => (name, labels.strip_suffix('}')?),
-                    None => (series, ""),
-                };
-                let labels = labels
-                    .split(',')
-                    .filter(|pair| !pair.is_empty())
-                    .filter_map(|pair| {
-                        let (key, value) = pair.split_once('=')?;
-                        Some((key.to_owned(), value.trim_matches('"').to_owned()))
-                    })
-                    .collect();
-                Some((name.to_owned(), labels, value))
-            })
-            .collect();
-        Self(samples)
-    }
-
-    /// The value of an unlabelled sample.
-    fn value(&self, name: &str) -> Option<f64> {
-        self.0
-            .iter()
-            .find(|(n, labels, _)| n == name && labels.is_empty())
-            .map(|(_, _, value)| *value)
-    }
-
-    /// Samples of `name` (only those above 0 unless `zeros`), keyed by the values of `labels`
-    /// (joined with `/`).
-    fn by(&self, name: &str, labels: &[&str], zeros: bool) -> BTreeMap<String, u64> {
-        self.0
-            .iter()
-            .filter(|(n, _, value)| n == name && (zeros || *value > 0.0))
-            .map(|(_, set, value)| {
-                let key: Vec<&str> = labels
-                    .iter()
-                    .map(|label| set.get(*label).map_or("", String::as_str))
-                    .collect();
-                (key.join("/"), *value as u64)
-            })
-            .collect()
-    }
+/// Samples of `name` (only those above 0 unless `zeros`), keyed by the values of `labels`
+/// (joined with `/`).
+fn by(samples: &Samples, name: &str, labels: &[&str], zeros: bool) -> BTreeMap<String, u64> {
+    samples
+        .named(name)
+        .filter(|sample| zeros || sample.value > 0.0)
+        .map(|sample| {
+            let key: Vec<&str> = labels
+                .iter()
+                .map(|label| sample.label(label).unwrap_or_default())
+                .collect();
+            (key.join("/"), sample.value as u64)
+        })
+        .collect()
 }
 
 impl Report {
     pub(super) fn new(address: &str, page: StatusPage, samples: &Samples) -> Self {
-        let count = |name: &str| samples.value(name).map_or(0, |v| v as u64);
+        let count = |name: &str| samples.get(name).map_or(0, |v| v as u64);
         let resources = page
             .resources
             .into_iter()
@@ -202,19 +132,25 @@ impl Report {
                 active: count("flagd_proxy_upstream_watches"),
                 waiting: count("flagd_proxy_waiting_resources"),
             },
-            connections: samples.by("flagd_proxy_open_connections", &["port"], true),
-            limits_hit: samples.by("flagd_proxy_rejected_requests_total", &["reason"], false),
+            connections: by(samples, "flagd_proxy_open_connections", &["port"], true),
+            limits_hit: by(
+                samples,
+                "flagd_proxy_rejected_requests_total",
+                &["reason"],
+                false,
+            ),
             memory: Memory {
                 budget: count("flagd_proxy_memory_budget_bytes"),
-                charged: samples.by("flagd_proxy_memory_charged_bytes", &["kind"], true),
+                charged: by(samples, "flagd_proxy_memory_charged_bytes", &["kind"], true),
             },
-            invalid_versions: samples.by(
+            invalid_versions: by(
+                samples,
                 "flagd_proxy_invalid_documents_total",
                 &["namespace", "name"],
                 false,
             ),
             certificate_expires_at: samples
-                .value("flagd_proxy_tls_certificate_expiry_timestamp_seconds")
+                .get("flagd_proxy_tls_certificate_expiry_timestamp_seconds")
                 .filter(|at| *at > 0.0)
                 .map(|at| at as u64),
         }

@@ -4,9 +4,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use serde_json::Value;
-
 use super::{Memory, Report};
+use crate::introspection::SourceStatus;
 use crate::text::escaped;
 
 impl Memory {
@@ -117,38 +116,24 @@ impl Report {
 }
 
 /// What the source's report adds to the first line.
-fn source_summary(status: &Value) -> String {
-    let mut parts = Vec::new();
-    if let Some(n) = status.get("resources").and_then(Value::as_u64) {
-        parts.push(format!("{n} resources in the files"));
-    }
-    for key in ["apiServer", "upstream"] {
-        if let Some(text) = status.get(key).and_then(Value::as_str) {
-            parts.push(escaped(text).into_owned());
+fn source_summary(status: &SourceStatus) -> String {
+    let part = match status {
+        SourceStatus::Manifests(manifests) => {
+            format!("{} resources in the files", manifests.resources)
         }
-    }
-    if parts.is_empty() {
-        String::new()
-    } else {
-        format!(" ({})", parts.join(", "))
-    }
+        SourceStatus::Kubernetes(kubernetes) => escaped(&kubernetes.api_server).into_owned(),
+        SourceStatus::Upstream(upstream) => escaped(&upstream.upstream).into_owned(),
+        SourceStatus::Unreported => return String::new(),
+    };
+    format!(" ({part})")
 }
 
 /// The source's problems (files that do not parse), one line each.
-fn source_problems(status: &Value) -> Vec<String> {
+fn source_problems(status: &SourceStatus) -> Vec<String> {
     status
-        .get("problems")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .map(|p| match (p.get("path"), p.get("error")) {
-            (Some(path), Some(error)) => format!(
-                "{}: {}",
-                escaped(path.as_str().unwrap_or_default()),
-                escaped(error.as_str().unwrap_or_default())
-            ),
-            _ => escaped(&p.to_string()).into_owned(),
-        })
+        .problems()
+        .iter()
+        .map(|p| format!("{}: {}", escaped(&p.path), escaped(&p.error)))
         .collect()
 }
 

@@ -1,9 +1,10 @@
 //! Tests of `status`: a report built from a status page and metrics, and how it prints.
 use std::time::UNIX_EPOCH;
 
-use super::collect::{Samples, StatusPage};
 use super::render::age;
 use super::*;
+use crate::introspection::{Samples, StatusPage};
+use serde_json::Value;
 
 const METRICS: &str = "# HELP flagd_proxy_upstream_watches Resources\n\
     # TYPE flagd_proxy_upstream_watches gauge\n\

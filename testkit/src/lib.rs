@@ -26,6 +26,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use flagd_proxy::introspection::{Process, Samples, StatusPage};
 use serde_json::Value;
 
 /// The repository's root folder (this package lives in `testkit/` below it).
@@ -328,12 +329,10 @@ impl Proxy {
 
     /// The resident memory of the process in bytes (VmRSS in /proc/<pid>/status).
     pub fn rss_bytes(&self) -> u64 {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.pid()))
-            .expect("read /proc/<pid>/status");
-        let kib: u64 = status
-            .lines()
-            .find_map(|l| l.strip_prefix("VmRSS:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        let kib = Process::Id(self.pid())
+            .status()
+            .expect("read /proc/<pid>/status")
+            .number("VmRSS")
             .expect("VmRSS");
         kib * 1024
     }
@@ -351,18 +350,22 @@ impl Proxy {
             .expect("join")
     }
 
-    /// The value of a metric sample line (`name{labels}`) from `/metrics`, or 0.
+    /// The value of the sample `sample` (`name` or `name{labels}`) on `/metrics`, or 0.
     pub async fn metric(&self, sample: &str) -> f64 {
         let (_, body) = http_get(self.management_port, "/metrics")
             .await
             .expect("metrics");
-        body.lines()
-            .find_map(|l| {
-                l.strip_prefix(sample)
-                    .and_then(|rest| rest.strip_prefix(' '))
-            })
-            .map(|v| v.trim().parse().expect("number"))
-            .unwrap_or(0.0)
+        Samples::parse(&body).get(sample).unwrap_or(0.0)
+    }
+
+    /// The management port's `/status` page.
+    pub async fn status_page(&self) -> StatusPage {
+        let (code, body) = http_get_whole(self.management_port, "/status")
+            .await
+            .expect("/status answers");
+        assert_eq!(code, 200, "{body}");
+        serde_json::from_str(&body)
+            .unwrap_or_else(|error| panic!("/status is not a status page ({error}): {body}"))
     }
 
     /// Waits until `sample` has the value `want`.

@@ -1,7 +1,9 @@
 //! Reading what a process exposes: samples of the API server's Prometheus text format, and the
-//! TCP connections a process holds (from `/proc`).
+//! TCP connections a process holds (from `/proc`), both with the proxy's own readers.
 
 use std::collections::BTreeMap;
+
+use flagd_proxy::introspection::{Process, Samples, TcpSocket};
 
 /// Sums `apiserver_longrunning_requests` samples with `verb="WATCH"` and the given resource.
 pub fn sum_long_running_watches(metrics: &str, resource: &str) -> u64 {
@@ -11,34 +13,14 @@ pub fn sum_long_running_watches(metrics: &str, resource: &str) -> u64 {
 /// Sum of the samples of the apiserver metric `name` with labels `verb` and `resource`, over all
 /// other labels.
 pub(crate) fn sum_samples(metrics: &str, name: &str, verb: &str, resource: &str) -> u64 {
-    let total: f64 = samples(metrics, name)
-        .filter(|(labels, _)| {
-            label(labels, "verb") == Some(verb) && label(labels, "resource") == Some(resource)
+    let total: f64 = Samples::parse(metrics)
+        .named(name)
+        .filter(|sample| {
+            sample.label("verb") == Some(verb) && sample.label("resource") == Some(resource)
         })
-        .map(|(_, value)| value)
+        .map(|sample| sample.value)
         .sum();
     total.max(0.0).round() as u64
-}
-
-/// The samples of metric `name`: their labels and values.
-fn samples<'a>(
-    metrics: &'a str,
-    name: &str,
-) -> impl Iterator<Item = (Vec<(String, String)>, f64)> + 'a {
-    let prefix = format!("{name}{{");
-    metrics.lines().filter_map(move |line| {
-        let (labels, value) = line.strip_prefix(&prefix)?.rsplit_once('}')?;
-        // A sample may carry a timestamp after the value.
-        let value = value.split_whitespace().next()?.parse::<f64>().ok()?;
-        Some((parse_labels(labels), value))
-    })
-}
-
-fn label<'a>(labels: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    labels
-        .iter()
-        .find(|(k, _)| k == name)
-        .map(|(_, v)| v.as_str())
 }
 
 /// What the API server has counted at one moment: `apiserver_request_total` by verb and
@@ -53,16 +35,17 @@ pub struct RequestCounts {
 impl RequestCounts {
     /// Reads them from the API server's `/metrics` text.
     pub fn parse(metrics: &str) -> Self {
+        let samples = Samples::parse(metrics);
         let mut answered = BTreeMap::<(String, String), f64>::new();
-        for (labels, value) in samples(metrics, "apiserver_request_total") {
-            let key = |name| label(&labels, name).unwrap_or_default().to_owned();
-            *answered.entry((key("verb"), key("resource"))).or_default() += value;
+        for sample in samples.named("apiserver_request_total") {
+            let key = |name| sample.label(name).unwrap_or_default().to_owned();
+            *answered.entry((key("verb"), key("resource"))).or_default() += sample.value;
         }
         let mut open_watches = BTreeMap::<String, f64>::new();
-        for (labels, value) in samples(metrics, "apiserver_longrunning_requests") {
-            if label(&labels, "verb") == Some("WATCH") {
-                let resource = label(&labels, "resource").unwrap_or_default().to_owned();
-                *open_watches.entry(resource).or_default() += value;
+        for sample in samples.named("apiserver_longrunning_requests") {
+            if sample.label("verb") == Some("WATCH") {
+                let resource = sample.label("resource").unwrap_or_default().to_owned();
+                *open_watches.entry(resource).or_default() += sample.value;
             }
         }
         let round = |v: f64| v.max(0.0).round() as u64;
@@ -101,71 +84,17 @@ impl RequestCounts {
 /// The TCP connections process `pid` holds to 127.0.0.1:`port` (from /proc: its socket file
 /// descriptors matched against the established connections of its network namespace).
 pub fn connections_to(pid: u32, port: u16) -> usize {
-    let inodes: std::collections::HashSet<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|entry| std::fs::read_link(entry.path()).ok())
-        .filter_map(|link| {
-            link.to_str()?
-                .strip_prefix("socket:[")?
-                .strip_suffix(']')
-                .map(str::to_owned)
-        })
-        .collect();
-    let remote = format!(":{port:04X}");
-    ["tcp", "tcp6"]
+    let process = Process::Id(pid);
+    let inodes = process.socket_inodes().unwrap_or_default();
+    process
+        .tcp()
         .iter()
-        .filter_map(|table| std::fs::read_to_string(format!("/proc/{pid}/net/{table}")).ok())
-        .map(|text| {
-            text.lines()
-                .skip(1)
-                .filter(|line| {
-                    let fields: Vec<&str> = line.split_whitespace().collect();
-                    fields.len() > 9
-                        && fields[2].ends_with(&remote)
-                        && fields[3] == "01"
-                        && inodes.contains(fields[9])
-                })
-                .count()
+        .filter(|socket| {
+            socket.remote_port == port
+                && socket.state == TcpSocket::ESTABLISHED
+                && inodes.contains(&socket.inode)
         })
-        .sum()
-}
-
-/// Parses Prometheus text-format labels: `a="x",b="y\"z"`.
-fn parse_labels(text: &str) -> Vec<(String, String)> {
-    let mut labels = Vec::new();
-    let mut chars = text.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
-            chars.next();
-        }
-        let mut name = String::new();
-        while let Some(&c) = chars.peek() {
-            if c == '=' {
-                break;
-            }
-            name.push(c);
-            chars.next();
-        }
-        if chars.next() != Some('=') || chars.next() != Some('"') {
-            break;
-        }
-        let mut value = String::new();
-        while let Some(c) = chars.next() {
-            match c {
-                '\\' => match chars.next() {
-                    Some('n') => value.push('\n'),
-                    Some(other) => value.push(other),
-                    None => break,
-                },
-                '"' => break,
-                other => value.push(other),
-            }
-        }
-        labels.push((name.trim().to_owned(), value));
-    }
-    labels
+        .count()
 }
 
 #[cfg(test)]

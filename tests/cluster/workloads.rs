@@ -220,13 +220,9 @@ pub(crate) fn unauthorized_rejections(cluster: &Cluster, proxy_ns: &str) -> Resu
     let mut total = 0;
     for ip in cluster.pod_ips(proxy_ns, "app.kubernetes.io/name=flagd-proxy")? {
         let metrics = cluster.http_get(&format!("http://{ip}:8016/metrics"))?;
-        total += metrics
-            .lines()
-            .filter(|l| {
-                l.starts_with("flagd_proxy_rejected_requests_total{reason=\"unauthorized\"}")
-            })
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-            .sum::<u64>();
+        total += flagd_proxy::introspection::Samples::parse(&metrics)
+            .get("flagd_proxy_rejected_requests_total{reason=\"unauthorized\"}")
+            .map_or(0, |value| value as u64);
     }
     Ok(total)
 }

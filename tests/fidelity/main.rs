@@ -133,22 +133,12 @@ async fn from_files(bin: &Path, dir: &Path, docs: &[&Doc]) -> BTreeMap<(String, 
 
 /// The proxy's state of each resource (`/status`).
 async fn availability(proxy: &Proxy) -> BTreeMap<String, String> {
-    let (code, body) = support::http_get(proxy.management_port, "/status")
+    proxy
+        .status_page()
         .await
-        .expect("/status");
-    assert_eq!(code, 200, "{body}");
-    let page: Value = serde_json::from_str(&body).expect("/status is JSON");
-    page["resources"]
-        .as_array()
+        .resources
         .into_iter()
-        .flatten()
-        .map(|r| {
-            let selector = r["selector"].as_str().unwrap_or_default().to_owned();
-            (
-                selector,
-                r["availability"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
+        .map(|r| (r.selector, r.availability))
         .collect()
 }
 

@@ -4,6 +4,7 @@
 use super::scene::{Scene, color, next_within, subscribe};
 use super::*;
 
+use flagd_proxy::introspection::StatusPage;
 use flagd_proxy_testkit::write_atomically;
 
 /// How long a hostile file may take to be reported.
@@ -79,8 +80,13 @@ async fn reported(scene: &Scene, name: &str) -> String {
             );
         }
         if let Ok((_, body)) =
-            flagd_proxy_testkit::http_get(scene.proxy.management_port, "/status").await
-            && body.contains(name)
+            flagd_proxy_testkit::http_get_whole(scene.proxy.management_port, "/status").await
+            && serde_json::from_str::<StatusPage>(&body).is_ok_and(|page| {
+                page.source_status
+                    .problems()
+                    .iter()
+                    .any(|p| p.path.ends_with(name))
+            })
         {
             return format!("reported after {:.1} s", started.elapsed().as_secs_f64());
         }

@@ -124,20 +124,17 @@ impl Scene {
 
     /// The sum of `flagd_proxy_rejected_requests_total` over its reasons.
     pub(crate) async fn rejected(&self) -> f64 {
-        self.metric("flagd_proxy_rejected_requests_total{").await
+        self.metric("flagd_proxy_rejected_requests_total").await
     }
 
-    /// The sum of the samples of `/metrics` whose line starts with `prefix` (0 when none do).
-    pub(crate) async fn metric(&self, prefix: &str) -> f64 {
+    /// The sum of the samples of the metric `name` on `/metrics`, over its labels (0 when there
+    /// is none).
+    pub(crate) async fn metric(&self, name: &str) -> f64 {
         let metrics = flagd_proxy_testkit::http_get(self.proxy.management_port, "/metrics")
             .await
             .map(|(_, body)| body)
             .unwrap_or_default();
-        metrics
-            .lines()
-            .filter(|l| l.starts_with(prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        flagd_proxy::introspection::Samples::parse(&metrics).sum(name)
     }
 }
 

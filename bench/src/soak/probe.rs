@@ -3,12 +3,13 @@
 //! published). The proxy exports no count of its tokio tasks; its tasks are per connection,
 //! per stream and per watch, which are counted here.
 
-use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+use flagd_proxy::introspection::{Process, Samples};
 
 /// What the sampler is sampling.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -73,27 +74,14 @@ pub(crate) struct Sample {
 /// Samples the proxy `pid`, whose management port is `management_port`. /proc is read first,
 /// so the connection that fetches `/metrics` is not among the open files.
 pub(crate) fn take(pid: u32, management_port: u16, began: Instant, phase: Phase) -> Sample {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok();
-    let field = |name: &str| {
-        status
-            .as_deref()
-            .and_then(|s| status_field(s, name))
-            .map(|v| v as f64)
-    };
-    let fds = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .ok()
-        .map(|d| d.count() as f64);
-    let (rss_kib, threads) = (field("VmRSS:"), field("Threads:"));
+    let process = Process::Id(pid);
+    let status = process.status().ok();
+    let field = |name: &str| status.as_ref()?.number(name).map(|v| v as f64);
+    let fds = process.open_files().ok().map(|count| count as f64);
+    let (rss_kib, threads) = (field("VmRSS"), field("Threads"));
     let metrics = fetch_metrics(management_port).ok();
-    let metric = |name: &str| metrics.as_ref().and_then(|m| m.get(name).copied());
-    let sum = |prefix: &str| {
-        metrics.as_ref().map(|m| {
-            m.iter()
-                .filter(|(k, _)| k.starts_with(prefix))
-                .map(|(_, v)| v)
-                .sum::<f64>()
-        })
-    };
+    let metric = |name: &str| metrics.as_ref().and_then(|m| m.get(name));
+    let sum = |name: &str| metrics.as_ref().map(|m| m.sum(name));
     Sample {
         at_seconds: began.elapsed().as_secs_f64(),
         phase,
@@ -112,18 +100,8 @@ pub(crate) fn take(pid: u32, management_port: u16, began: Instant, phase: Phase)
     }
 }
 
-/// The number after `name` in /proc/<pid>/status (`VmRSS:  1234 kB` gives 1234).
-pub(crate) fn status_field(status: &str, name: &str) -> Option<u64> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(name))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
-/// `GET /metrics` on the management port (HTTP/1.1, 5 s to connect and to answer): every
-/// sample line, by name and labels.
-pub(crate) fn fetch_metrics(port: u16) -> std::io::Result<HashMap<String, f64>> {
+/// `GET /metrics` on the management port (HTTP/1.1, 5 s to connect and to answer): its samples.
+pub(crate) fn fetch_metrics(port: u16) -> std::io::Result<Samples> {
     let address = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut stream = TcpStream::connect_timeout(&address, Duration::from_secs(5))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
@@ -135,18 +113,7 @@ pub(crate) fn fetch_metrics(port: u16) -> std::io::Result<HashMap<String, f64>> 
         return Err(std::io::Error::other("/metrics did not answer 200"));
     }
     let body = text.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
-    Ok(parse_metrics(body))
-}
-
-/// The sample lines of a Prometheus text exposition: `name{labels} value` by `name{labels}`.
-pub(crate) fn parse_metrics(body: &str) -> HashMap<String, f64> {
-    body.lines()
-        .filter(|l| !l.starts_with('#'))
-        .filter_map(|l| {
-            let (name, value) = l.trim().rsplit_once(' ')?;
-            Some((name.to_owned(), value.parse().ok()?))
-        })
-        .collect()
+    Ok(Samples::parse(body))
 }
 
 /// Samples the proxy every `every` from a thread of its own (so the load generator's backlog
@@ -209,23 +176,4 @@ impl Drop for Sampler {
 
 pub(crate) fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_sample_lines_and_status_fields() {
-        let body = "# HELP sync_active_streams x\n# TYPE sync_active_streams gauge\nsync_active_streams 400\nflagd_proxy_open_connections{port=\"sync\"} 8\nflagd_proxy_versions_published_total 1.5e3\n# EOF\n";
-        let metrics = parse_metrics(body);
-        assert_eq!(metrics.len(), 3, "{metrics:?}");
-        assert_eq!(metrics["sync_active_streams"], 400.0);
-        assert_eq!(metrics["flagd_proxy_open_connections{port=\"sync\"}"], 8.0);
-        assert_eq!(metrics["flagd_proxy_versions_published_total"], 1500.0);
-        let status = "Name:\tflagd-proxy\nVmRSS:\t   12345 kB\nThreads:\t7\n";
-        assert_eq!(status_field(status, "VmRSS:"), Some(12345));
-        assert_eq!(status_field(status, "Threads:"), Some(7));
-        assert_eq!(status_field(status, "VmHWM:"), None);
-    }
 }

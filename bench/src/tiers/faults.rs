@@ -242,12 +242,7 @@ async fn kill_node(
     let expected = f.central_streams_expected as f64;
     let deadline = Instant::now() + FAULT_TIMEOUT;
     loop {
-        let streams = t
-            .central
-            .metrics()
-            .await
-            .get("sync_active_streams")
-            .copied();
+        let streams = t.central.metrics().await.get("sync_active_streams");
         f.central_streams_after = streams;
         if streams == Some(expected) || Instant::now() > deadline {
             break;

@@ -43,7 +43,6 @@ impl Topology<'_> {
                 .metrics()
                 .await
                 .get("sync_active_streams")
-                .copied()
                 .unwrap_or(0.0);
         }
         let result = &mut self.result;
@@ -55,11 +54,9 @@ impl Topology<'_> {
             result.node_rss_mib_mean = Some(node_rss.iter().sum::<f64>() / node_rss.len() as f64);
             result.node_rss_mib_max = node_rss.iter().copied().reduce(f64::max);
         }
-        result.central_streams = central.get("sync_active_streams").copied();
-        result.central_connections = central
-            .get("flagd_proxy_open_connections{port=\"sync\"}")
-            .copied();
-        result.central_watches = central.get("flagd_proxy_upstream_watches").copied();
+        result.central_streams = central.get("sync_active_streams");
+        result.central_connections = central.get("flagd_proxy_open_connections{port=\"sync\"}");
+        result.central_watches = central.get("flagd_proxy_upstream_watches");
         result.node_streams = Some(node_streams);
         if let Some(cluster) = &self.cluster {
             result.apiserver_watches = Some(cluster.open_watches("featureflags").await);

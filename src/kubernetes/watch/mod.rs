@@ -35,10 +35,10 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, WatchParams};
 use kube::core::WatchEvent;
 use kube::runtime::watcher;
-use serde_json::Value;
 
 use crate::backoff::Backoff;
 use crate::hub::{Publisher, SpanSink};
+use crate::introspection::{KubernetesStatus, SourceStatus};
 use crate::metrics::Metrics;
 use crate::selector::{GROUP, ResourceKey};
 use crate::source::{ConnectAttempt, Source};
@@ -130,11 +130,11 @@ impl Source for KubernetesSource {
         SOURCE
     }
 
-    fn status(&self) -> Value {
-        serde_json::json!({
-            "apiServer": &*self.server,
-            "configuredBy": self.configured_by,
-            "resource": format!("{PLURAL}.{GROUP}/{VERSION}"),
+    fn status(&self) -> SourceStatus {
+        SourceStatus::Kubernetes(KubernetesStatus {
+            api_server: self.server.to_string(),
+            configured_by: self.configured_by.to_owned(),
+            resource: format!("{PLURAL}.{GROUP}/{VERSION}"),
         })
     }
 

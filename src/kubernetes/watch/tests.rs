@@ -2,6 +2,8 @@
 //! (see [`super::api_server`]), asserting on what the hub's subscribers see.
 use std::time::Duration;
 
+use serde_json::Value;
+
 use super::api_server::{Call, ScriptedApi, WatchEvents, feature_flag, status};
 use super::*;
 use crate::hub::SpanValue;
