@@ -227,15 +227,22 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
     sampler.set_phase(Phase::CoolDown);
     let cool_began = Instant::now();
     let stale = tracker.wait_on(&steady.finals(), args.soak_timeout).await;
+    // Back: the counts at their baseline, and the threads within their tolerance (the proxy's
+    // idle blocking threads go a while after the churn's last parse, not at once).
     let back = |s: &Sample| {
-        [
-            (s.streams, baseline.streams),
-            (s.connections, baseline.connections),
-            (s.watches, baseline.watches),
-            (s.waiting, baseline.waiting),
-        ]
-        .iter()
-        .all(|(now, then)| now.is_some() && now == then)
+        let threads_back = match (s.threads, baseline.threads) {
+            (Some(now), Some(then)) => now <= then + judge::THREADS_PLUS,
+            _ => true,
+        };
+        threads_back
+            && [
+                (s.streams, baseline.streams),
+                (s.connections, baseline.connections),
+                (s.watches, baseline.watches),
+                (s.waiting, baseline.waiting),
+            ]
+            .iter()
+            .all(|(now, then)| now.is_some() && now == then)
     };
     settle(
         pid,
