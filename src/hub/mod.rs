@@ -59,7 +59,7 @@ pub use ports::{
 use propagation::Propagation;
 use publisher::Bounds;
 pub use publisher::Publisher;
-pub use snapshot::{Availability, EncodingName, ResourceState, Snapshot};
+pub use snapshot::{Availability, Encoded, EncodingName, ResourceState, Snapshot};
 pub use subscription::{INVALID_GRACE, Subscription, SubscriptionEnd};
 use waiting::WaitingPlace;
 

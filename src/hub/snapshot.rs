@@ -26,12 +26,25 @@ pub struct Snapshot {
     /// Nanoseconds from `changed_at` to the latest time it was sent to a subscriber, plus one
     /// (0: not sent to anyone yet).
     last_sent: AtomicU64,
+    /// `flag_configuration` as bytes, without a copy: encodings may carry it as one of their
+    /// pieces. It carries the document's charge, given back when the last of them lets go.
+    document: Bytes,
     encodings: Encodings,
-    /// The budget this version's document and encodings are charged to.
+    /// The budget this version's encodings are charged to (each piece of theirs that is not
+    /// the document carries its own charge, given back when the last stream holding it lets go).
     budget: Arc<MemoryBudget>,
-    /// The document's charge, given back when the version is dropped (each encoding carries
-    /// its own, given back when the last stream holding it lets go).
-    _document: Charge,
+}
+
+/// The document's text, charged to the budget for as long as anything holds it.
+struct Document {
+    text: Arc<str>,
+    _charge: Charge,
+}
+
+impl AsRef<[u8]> for Document {
+    fn as_ref(&self) -> &[u8] {
+        self.text.as_bytes()
+    }
 }
 
 /// How a version's propagation ended: the last subscriber counted at its publication was sent
@@ -48,17 +61,67 @@ pub(super) struct Settled {
 /// names its encodings (the wire names them after its protocols).
 pub type EncodingName = &'static str;
 
+/// One encoding of a snapshot: its bytes in pieces, handed on one after another. A piece may be
+/// the snapshot's [`document`](Snapshot::document) itself or a piece of another of its
+/// encodings: such pieces are shared, not copied, so a version held in several encodings costs
+/// its document once plus what each encoding adds around it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Encoded(Arc<[Bytes]>);
+
+impl Encoded {
+    /// The pieces, in order (none: nothing could be encoded).
+    pub fn pieces(&self) -> &[Bytes] {
+        &self.0
+    }
+
+    /// The length of all pieces together.
+    pub fn len(&self) -> usize {
+        self.0.iter().map(Bytes::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Bytes::is_empty)
+    }
+}
+
+impl Encoded {
+    /// An encoding made of `pieces`, charged to no budget (for tests of what is sent).
+    #[cfg(test)]
+    pub(crate) fn from_pieces(pieces: Vec<Bytes>) -> Self {
+        Self(pieces.into())
+    }
+}
+
+impl From<Bytes> for Encoded {
+    fn from(bytes: Bytes) -> Self {
+        Self(Arc::from([bytes]))
+    }
+}
+
 /// Encodings made so far: few (one per protocol in use), made once, read by every subscriber.
 #[derive(Debug, Default)]
-struct Encodings(RwLock<Vec<(EncodingName, Bytes)>>);
+struct Encodings(RwLock<Vec<(EncodingName, Encoded)>>);
 
 impl Encodings {
-    fn find(entries: &[(EncodingName, Bytes)], name: EncodingName) -> Option<Bytes> {
+    fn find(entries: &[(EncodingName, Encoded)], name: EncodingName) -> Option<Encoded> {
         entries
             .iter()
             .find(|(n, _)| *n == name)
-            .map(|(_, bytes)| bytes.clone())
+            .map(|(_, encoded)| encoded.clone())
     }
+}
+
+/// Whether `piece` is `other` or a slice of it: the same memory, charged already.
+fn within(piece: &Bytes, other: &Bytes) -> bool {
+    let (start, end) = (
+        piece.as_ptr() as usize,
+        piece.as_ptr() as usize + piece.len(),
+    );
+    let (from, to) = (
+        other.as_ptr() as usize,
+        other.as_ptr() as usize + other.len(),
+    );
+    !piece.is_empty() && from <= start && end <= to
 }
 
 impl Snapshot {
@@ -70,10 +133,14 @@ impl Snapshot {
         warnings: Option<Arc<str>>,
         budget: Arc<MemoryBudget>,
     ) -> Self {
-        let document = budget.charge(flag_configuration.len(), Kind::Versions);
+        let document = Bytes::from_owner(Document {
+            text: flag_configuration.clone(),
+            _charge: budget.charge(flag_configuration.len(), Kind::Versions),
+        });
         Self {
             version,
             flag_configuration,
+            document,
             changed_at,
             subscribers: pending,
             warnings,
@@ -81,7 +148,6 @@ impl Snapshot {
             last_sent: AtomicU64::new(0),
             encodings: Encodings::default(),
             budget,
-            _document: document,
         }
     }
 
@@ -133,28 +199,60 @@ impl Snapshot {
         }
     }
 
-    /// This version's encoding called `name`, made by `encode` the first time any subscriber
-    /// asks for it and shared afterwards. Subscribers asking while it is made wait for it.
-    pub fn encoded(&self, name: EncodingName, encode: impl FnOnce(&Snapshot) -> Bytes) -> Bytes {
+    /// The document as bytes, shared (no copy): an encoding may hand it on as one of its pieces.
+    pub fn document(&self) -> Bytes {
+        self.document.clone()
+    }
+
+    /// This version's encoding called `name`, made from the pieces `encode` returns the first
+    /// time any subscriber asks for it and shared afterwards. Subscribers asking while it is made
+    /// wait for it. Each piece is charged to the budget unless it is the document's memory or
+    /// another encoding's (already charged).
+    pub fn encoded(
+        &self,
+        name: EncodingName,
+        encode: impl FnOnce(&Snapshot) -> Vec<Bytes>,
+    ) -> Encoded {
         // Entries are only ever appended whole, so a poisoned lock still holds good ones.
         let read = crate::locks::read(&self.encodings.0);
-        if let Some(bytes) = Encodings::find(&read, name) {
-            return bytes;
+        if let Some(encoded) = Encodings::find(&read, name) {
+            return encoded;
         }
         drop(read);
         let mut write = crate::locks::write(&self.encodings.0);
-        if let Some(bytes) = Encodings::find(&write, name) {
-            return bytes;
+        if let Some(encoded) = Encodings::find(&write, name) {
+            return encoded;
         }
-        let bytes = self.budget.hold(encode(self));
-        write.push((name, bytes.clone()));
-        bytes
+        let pieces: Vec<Bytes> = encode(self)
+            .into_iter()
+            .map(|piece| {
+                let charged = within(&piece, &self.document)
+                    || write
+                        .iter()
+                        .flat_map(|(_, encoded)| encoded.pieces())
+                        .any(|other| within(&piece, other));
+                if charged || piece.is_empty() {
+                    piece
+                } else {
+                    self.budget.hold(piece)
+                }
+            })
+            .collect();
+        let encoded = Encoded(pieces.into());
+        write.push((name, encoded.clone()));
+        encoded
     }
 
     /// A snapshot of `flag_configuration` as version 1, for tests of what is made from one.
     #[cfg(test)]
     pub(crate) fn for_test(flag_configuration: &str) -> Self {
         let budget = MemoryBudget::unlimited(Arc::new(crate::metrics::Metrics::new()));
+        Self::charged_for_test(flag_configuration, budget)
+    }
+
+    /// [`for_test`](Self::for_test), charged to `budget`.
+    #[cfg(test)]
+    pub(crate) fn charged_for_test(flag_configuration: &str, budget: Arc<MemoryBudget>) -> Self {
         Self::new(
             1,
             flag_configuration.into(),
@@ -207,12 +305,44 @@ mod tests {
         let mut made = 0;
         let a = snapshot.encoded("a", |_| {
             made += 1;
-            Bytes::from_static(b"A")
+            vec![Bytes::from_static(b"A")]
         });
         let again = snapshot.encoded("a", |_| unreachable!("made once"));
-        let b = snapshot.encoded("b", |_| Bytes::from_static(b"B"));
+        let b = snapshot.encoded("b", |_| vec![Bytes::from_static(b"B")]);
         assert_eq!(made, 1);
-        assert_eq!(a.as_ptr(), again.as_ptr());
-        assert_eq!((&a[..], &b[..]), (&b"A"[..], &b"B"[..]));
+        assert_eq!(a.pieces()[0].as_ptr(), again.pieces()[0].as_ptr());
+        assert_eq!(
+            (&a.pieces()[0][..], &b.pieces()[0][..]),
+            (&b"A"[..], &b"B"[..])
+        );
+    }
+
+    /// The document is charged once, however many encodings carry it; what they add around it,
+    /// once each; a piece shared with another encoding, not again.
+    #[test]
+    fn shared_pieces_are_charged_once() {
+        let budget = MemoryBudget::new(1 << 30, Arc::new(crate::metrics::Metrics::new()));
+        let document = "d".repeat(10_000);
+        let snapshot = Snapshot::new(1, document.into(), Instant::now(), 0, None, budget.clone());
+        assert_eq!(budget.used(), 10_000);
+        let head = Bytes::from(vec![1u8; 7]);
+        let a = snapshot.encoded("a", |s| vec![head, s.document()]);
+        assert_eq!(budget.used(), 10_007);
+        let b = snapshot.encoded("b", |s| {
+            vec![
+                Bytes::from(vec![2u8; 3]),
+                s.document().slice(1..),
+                Bytes::new(),
+            ]
+        });
+        assert_eq!(budget.used(), 10_010);
+        let c = snapshot.encoded("c", |_| a.pieces().to_vec());
+        assert_eq!(budget.used(), 10_010);
+        assert_eq!((a.len(), b.len(), c.len()), (10_007, 10_002, 10_007));
+        drop(snapshot);
+        // Streams still holding the pieces keep them charged.
+        assert_eq!(budget.used(), 10_010);
+        drop((a, b, c));
+        assert_eq!(budget.used(), 0);
     }
 }

@@ -1,24 +1,27 @@
 //! gzip for sync messages: negotiated per call from the client's `grpc-accept-encoding`, made at
 //! most once per version and protocol (one more encoding of the snapshot, shared by every stream
-//! that takes it, like the uncompressed frame).
+//! that takes it, like the uncompressed frame). A large document is deflated once per version,
+//! and each message's gzip member is made around it ([`gzip`]).
 //!
 //! A stream whose client lists gzip is answered with `grpc-encoding: gzip`; each of its messages
 //! is then either the shared gzip frame (compressed flag set) or, when the message is smaller
 //! than `--compression-min-bytes` or gzip would not make it smaller, the shared uncompressed
 //! frame (flag clear), which gRPC allows on any stream.
-use std::io::Write;
+mod gzip;
+
 use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use flate2::Compression as Level;
-use flate2::write::GzEncoder;
 use prometheus_client::metrics::counter::Counter;
 use prost_types::Struct;
 
 use crate::hub::{EncodingName, Snapshot};
 use crate::metrics::{AcceptLabels, EncodingLabels, Metrics, ResourceLabels};
 use crate::selector::ResourceKey;
-use crate::wire::frame::{Frame, Message, PREFIX};
+use crate::wire::frame::{Frame, Message};
+
+/// The snapshot encoding of a large document deflated on its own, which the gzip messages of
+/// every protocol share.
+const DEFLATED_DOCUMENT: EncodingName = "document+deflate";
 
 /// The request header that lists the encodings a client decodes.
 pub const ACCEPT_ENCODING: &str = "grpc-accept-encoding";
@@ -100,14 +103,28 @@ impl Compressor {
         key: &ResourceKey,
         frame: Frame,
     ) -> Frame {
-        if frame.message().len() < self.settings.min_bytes {
+        if frame.message_len() < self.settings.min_bytes {
             return frame;
         }
         let encoding = message.gzip_encoding();
+        let level = self.settings.level;
+        let deflated = (frame.pieces().len() > 1).then(|| {
+            snapshot.encoded(DEFLATED_DOCUMENT, |_| {
+                gzip::deflated_document(&frame, level)
+            })
+        });
         Frame(snapshot.encoded(encoding, |_| {
-            let compressed = gzip(&frame, self.settings.level);
-            self.record(encoding, key, &frame, &compressed);
-            compressed.unwrap_or_else(|| frame.0.clone())
+            let compressed = match deflated.as_ref().map(|d| d.pieces().first()) {
+                Some(Some(deflated)) => gzip::around(&frame, deflated, level),
+                Some(None) => None,
+                None => gzip::whole(&frame, level),
+            };
+            let length = compressed
+                .as_ref()
+                .map(|pieces| pieces.iter().map(|piece| piece.len()).sum());
+            self.record(encoding, key, &frame, length);
+            // An incompressible message stays as it is: the same pieces, not charged again.
+            compressed.unwrap_or_else(|| frame.pieces().to_vec())
         }))
     }
 
@@ -116,14 +133,14 @@ impl Compressor {
         encoding: EncodingName,
         key: &ResourceKey,
         frame: &Frame,
-        gzip: &Option<Bytes>,
+        gzip_length: Option<usize>,
     ) {
         self.metrics
             .messages_compressed
             .get_or_create(&EncodingLabels { encoding })
             .inc();
-        let ratio = match gzip {
-            Some(gzip) => frame.0.len() as f64 / gzip.len() as f64,
+        let ratio = match gzip_length {
+            Some(gzip) => frame.len() as f64 / gzip as f64,
             None => 1.0,
         };
         self.metrics
@@ -179,14 +196,14 @@ impl StreamEncoder {
         } else {
             &self.sent_identity
         };
-        counter.inc_by(frame.0.len() as u64);
+        counter.inc_by(frame.len() as u64);
         frame
     }
 }
 
 /// Whether the message's compressed flag is set.
 pub(crate) fn is_compressed(frame: &Frame) -> bool {
-    frame.0.first() == Some(&1)
+    frame.pieces().first().and_then(|piece| piece.first()) == Some(&1)
 }
 
 /// Whether the `grpc-accept-encoding` headers list gzip (a comma-separated list; names are
@@ -200,31 +217,12 @@ pub(crate) fn accepts_gzip(headers: &http::HeaderMap) -> bool {
         .any(|name| name.trim().eq_ignore_ascii_case(GZIP))
 }
 
-/// `frame`'s message gzipped, as a whole gRPC message with the compressed flag set; `None` when
-/// that is not smaller than `frame` (or its length would not fit the prefix).
-fn gzip(frame: &Frame, level: u32) -> Option<Bytes> {
-    let message = frame.message();
-    let mut buffer = BytesMut::with_capacity(PREFIX + message.len() / 4);
-    buffer.put_bytes(0, PREFIX);
-    let mut encoder = GzEncoder::new((&mut buffer).writer(), Level::new(level));
-    // Writing to memory cannot fail.
-    encoder.write_all(&message).ok()?;
-    encoder.finish().ok()?;
-    if buffer.len() >= frame.0.len() {
-        return None;
-    }
-    let length = u32::try_from(buffer.len() - PREFIX).ok()?;
-    buffer[0] = 1;
-    buffer[1..PREFIX].copy_from_slice(&length.to_be_bytes());
-    Some(buffer.freeze())
-}
-
 #[cfg(test)]
 mod tests {
     use std::io::Read;
 
     use super::*;
-    use crate::wire::frame::{Protocol, proxy_identity};
+    use crate::wire::frame::{PREFIX, Protocol, proxy_identity};
 
     fn headers(values: &[&str]) -> http::HeaderMap {
         let mut headers = http::HeaderMap::new();
@@ -271,19 +269,25 @@ mod tests {
             let frame = protocol.frame(&large, &key, &identity);
             let gzip = compressor.gzip_frame(Message::Sync(protocol), &large, &key, frame.clone());
             assert!(is_compressed(&gzip));
-            let length = u32::from_be_bytes(gzip.0[1..PREFIX].try_into().expect("4 bytes"));
-            assert_eq!(length as usize, gzip.0.len() - PREFIX);
-            assert!(gzip.0.len() * 4 < frame.0.len(), "{}", gzip.0.len());
-            assert_eq!(gunzip(&gzip.message()), frame.message());
+            let compressed = &gzip.pieces()[0];
+            let length = u32::from_be_bytes(compressed[1..PREFIX].try_into().expect("4 bytes"));
+            assert_eq!(length as usize, gzip.len() - PREFIX);
+            assert!(gzip.len() * 4 < frame.len(), "{}", gzip.len());
+            assert_eq!(gunzip(&gzip.message_bytes()), frame.message_bytes());
             let again = compressor.gzip_frame(Message::Sync(protocol), &large, &key, frame);
-            assert_eq!(again.0.as_ptr(), gzip.0.as_ptr(), "shared, not made again");
+            assert_eq!(again, gzip);
+            assert_eq!(
+                again.pieces()[0].as_ptr(),
+                compressed.as_ptr(),
+                "shared, not made again"
+            );
 
             let small = Snapshot::for_test(&flag_set(1024));
             let frame = protocol.frame(&small, &key, &identity);
             let sent = compressor.gzip_frame(Message::Sync(protocol), &small, &key, frame.clone());
             assert_eq!(
-                sent.0.as_ptr(),
-                frame.0.as_ptr(),
+                sent.pieces()[0].as_ptr(),
+                frame.pieces()[0].as_ptr(),
                 "small messages go as they are"
             );
         }
@@ -323,5 +327,55 @@ mod tests {
         let auto = Compressor::new(CompressionSettings::default(), Arc::new(Metrics::new()));
         assert!(auto.negotiate(&headers(&["gzip"])));
         assert!(!auto.negotiate(&headers(&[])));
+    }
+
+    /// A large version asked for in every form (three messages, each plain and gzipped) costs
+    /// its document once, deflated once, and a few hundred bytes per message around them; each
+    /// gzip message decompresses to its plain message.
+    #[test]
+    fn a_large_version_in_every_form_costs_its_document_and_one_deflated_copy() {
+        let metrics = Arc::new(Metrics::new());
+        let budget = crate::budget::MemoryBudget::new(1 << 30, metrics.clone());
+        let compressor = Compressor::new(CompressionSettings::default(), metrics);
+        // Noise over 90 characters: gzip saves little, so copies would show.
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let noise: String = (0..256 * 1024)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                char::from(b'#' + (state % 57) as u8)
+            })
+            .filter(|c| *c != '\\')
+            .collect();
+        let document = format!(
+            r#"{{"flags":{{"f":{{"state":"ENABLED","variants":{{"on":"{noise}"}},"defaultVariant":"on"}}}}}}"#
+        );
+        let snapshot = Snapshot::charged_for_test(&document, budget.clone());
+        let key = ResourceKey::new("ns", "a");
+        let identity = proxy_identity(&[]);
+        let mut deflated = Vec::new();
+        for message in [
+            Message::Sync(Protocol::FlagdSyncV1),
+            Message::Sync(Protocol::LegacySyncV1),
+            Message::FetchAll,
+        ] {
+            let frame = message.frame(&snapshot, &key, &identity);
+            let gzip = compressor.gzip_frame(message, &snapshot, &key, frame.clone());
+            assert!(is_compressed(&gzip));
+            assert_eq!(gunzip(&gzip.message_bytes()), frame.message_bytes());
+            let length = u32::from_be_bytes(gzip.pieces()[0][1..PREFIX].try_into().expect("4"));
+            assert_eq!(length as usize, gzip.message_len());
+            deflated.push(gzip.pieces()[1].clone());
+        }
+        assert!(deflated.iter().all(|d| d.as_ptr() == deflated[0].as_ptr()));
+        let charged = budget.used();
+        let once = document.len() + deflated[0].len();
+        assert!(
+            (once..once + 4096).contains(&charged),
+            "{charged} charged for a document of {} deflated to {}",
+            document.len(),
+            deflated[0].len()
+        );
     }
 }

@@ -3,47 +3,125 @@
 //! A [`Frame`] is a response message ([`Message`]: a `SyncFlagsResponse`, or the
 //! `FetchAllFlagsResponse`) already encoded as a whole gRPC message (the 5-byte prefix, then the
 //! protobuf), made once per version and message (the snapshot's encoding named after the
-//! message; gzip ones in [`crate::wire::compression`]) and shared by every stream, which hands it
-//! to HTTP/2 as one chunk of body data without copying it (HTTP/2 cuts it into DATA frames of the
-//! client's frame size; see [`crate::wire::body`]).
+//! message; gzip ones in [`crate::wire::compression`]) and shared by every stream, which hands
+//! its pieces to HTTP/2 as chunks of body data without copying them (HTTP/2 cuts them into DATA
+//! frames of the client's frame size; see [`crate::wire::body`]).
+//!
+//! Every message carries the document as its field 1 (`flag_configuration`). A document of
+//! [`SHARED_DOCUMENT`] bytes or more is not copied into the message: the frame is three pieces,
+//! the prefix and field 1's key and length, the snapshot's own document bytes, and the message's
+//! other fields. So the three messages of a version (and the gzip ones, which keep an
+//! incompressible message as it is) cost its document once, not once each.
 use bytes::{BufMut, Bytes, BytesMut};
+use prost::encoding::{WireType, encode_key, encode_varint, encoded_len_varint};
 use prost_types::value::Kind;
 use prost_types::{Struct, Value as ProtoValue};
 use serde_json::Value;
 
-use crate::hub::{EncodingName, Snapshot};
+use crate::hub::{Encoded, EncodingName, Snapshot};
 use crate::protocol::client::{flagd_sync_v1, sync_v1};
 use crate::selector::ResourceKey;
 
 /// Length of the gRPC message prefix: a compression flag and a big-endian length.
 pub(crate) const PREFIX: usize = 5;
 
-/// An encoded `SyncFlagsResponse` (of either protocol) with its gRPC message prefix. Empty when
-/// the message is too large for the prefix's length field.
+/// The smallest document sent as a piece of its own, shared by every message of its version;
+/// a smaller one is copied into each message, which then goes to HTTP/2 as one piece (the
+/// default largest DATA frame holds 16 KiB).
+pub(crate) const SHARED_DOCUMENT: usize = 16 * 1024;
+
+/// An encoded response message (of either protocol) with its gRPC message prefix, in the pieces
+/// it is handed on in (the prefix always in the first). Empty when the message is too large for
+/// the prefix's length field.
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Frame(pub Bytes);
+pub struct Frame(pub Encoded);
 
 impl Frame {
-    /// The protobuf message, without the prefix.
-    pub fn message(&self) -> Bytes {
-        self.0.slice(PREFIX.min(self.0.len())..)
+    /// A frame of one piece.
+    pub fn whole(bytes: Bytes) -> Self {
+        Self(Encoded::from(bytes))
+    }
+
+    pub fn pieces(&self) -> &[Bytes] {
+        self.0.pieces()
+    }
+
+    /// The length of the whole gRPC message, its prefix included.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// The protobuf message, without the prefix, piece by piece.
+    pub fn message(&self) -> impl Iterator<Item = &[u8]> {
+        self.pieces().iter().enumerate().map(|(i, piece)| {
+            if i == 0 {
+                &piece[PREFIX.min(piece.len())..]
+            } else {
+                &piece[..]
+            }
+        })
+    }
+
+    /// The protobuf message's length.
+    pub fn message_len(&self) -> usize {
+        self.len().saturating_sub(PREFIX)
+    }
+
+    /// The protobuf message in one piece (a copy when the frame has several).
+    pub fn message_bytes(&self) -> Bytes {
+        match self.pieces() {
+            [one] => one.slice(PREFIX.min(one.len())..),
+            _ => Bytes::from(self.message().collect::<Vec<_>>().concat()),
+        }
     }
 }
 
-/// `message` as a whole gRPC message (uncompressed); empty if its length does not fit.
-fn grpc_message(message: &impl prost::Message) -> Bytes {
+/// `message` as a whole gRPC message (uncompressed) in one piece; empty if its length does not
+/// fit.
+fn grpc_message(message: &impl prost::Message) -> Vec<Bytes> {
     let length = message.encoded_len();
     let Ok(prefix) = u32::try_from(length) else {
-        return Bytes::new();
+        return Vec::new();
     };
     let mut buffer = BytesMut::with_capacity(PREFIX + length);
     buffer.put_u8(0);
     buffer.put_u32(prefix);
     match message.encode(&mut buffer) {
-        Ok(()) => buffer.freeze(),
+        Ok(()) => vec![buffer.freeze()],
         // A growing buffer always has room.
-        Err(_) => Bytes::new(),
+        Err(_) => Vec::new(),
     }
+}
+
+/// A whole gRPC message whose field 1 is `document` and whose other fields are `rest` (with an
+/// empty field 1), in three pieces: the prefix with field 1's key and length, `document` itself,
+/// and `rest` encoded. Decoders take fields in any order; this is also the order prost writes.
+/// Empty if its length does not fit.
+fn grpc_message_around(document: Bytes, rest: &impl prost::Message) -> Vec<Bytes> {
+    let key_and_length = encoded_len_varint(1 << 3) + encoded_len_varint(document.len() as u64);
+    let length = key_and_length + document.len() + rest.encoded_len();
+    let Ok(prefix) = u32::try_from(length) else {
+        return Vec::new();
+    };
+    let mut head = BytesMut::with_capacity(PREFIX + key_and_length);
+    head.put_u8(0);
+    head.put_u32(prefix);
+    encode_key(1, WireType::LengthDelimited, &mut head);
+    encode_varint(document.len() as u64, &mut head);
+    let mut tail = BytesMut::with_capacity(rest.encoded_len());
+    if rest.encode(&mut tail).is_err() {
+        // A growing buffer always has room.
+        return Vec::new();
+    }
+    let mut pieces = vec![head.freeze(), document];
+    if !tail.is_empty() {
+        pieces.push(tail.freeze());
+    }
+    pieces
 }
 
 /// The sync protocols this proxy speaks.
@@ -99,21 +177,47 @@ impl Message {
     /// This message for `snapshot`, uncompressed, encoded on first use and shared afterwards;
     /// `identity` is the proxy's part of `sync_context` ([`proxy_identity`]).
     pub fn frame(self, snapshot: &Snapshot, key: &ResourceKey, identity: &Struct) -> Frame {
-        Frame(snapshot.encoded(self.encoding(), |s| match self {
-            Message::Sync(Protocol::FlagdSyncV1) => {
-                grpc_message(&flagd_sync_v1::SyncFlagsResponse {
-                    flag_configuration: s.flag_configuration.to_string(),
-                    sync_context: Some(sync_context(&s.flag_configuration, key, identity)),
-                })
+        Frame(snapshot.encoded(self.encoding(), |s| {
+            let shared = s.flag_configuration.len() >= SHARED_DOCUMENT;
+            // Field 1 in the message itself, or empty and sent as a piece of its own.
+            let text = if shared {
+                String::new()
+            } else {
+                s.flag_configuration.to_string()
+            };
+            match self {
+                Message::Sync(Protocol::FlagdSyncV1) => {
+                    let message = flagd_sync_v1::SyncFlagsResponse {
+                        flag_configuration: text,
+                        sync_context: Some(sync_context(&s.flag_configuration, key, identity)),
+                    };
+                    encode(shared, s, &message)
+                }
+                Message::Sync(Protocol::LegacySyncV1) => {
+                    let message = sync_v1::SyncFlagsResponse {
+                        flag_configuration: text,
+                        state: sync_v1::SyncState::All as i32,
+                    };
+                    encode(shared, s, &message)
+                }
+                Message::FetchAll => {
+                    let message = flagd_sync_v1::FetchAllFlagsResponse {
+                        flag_configuration: text,
+                    };
+                    encode(shared, s, &message)
+                }
             }
-            Message::Sync(Protocol::LegacySyncV1) => grpc_message(&sync_v1::SyncFlagsResponse {
-                flag_configuration: s.flag_configuration.to_string(),
-                state: sync_v1::SyncState::All as i32,
-            }),
-            Message::FetchAll => grpc_message(&flagd_sync_v1::FetchAllFlagsResponse {
-                flag_configuration: s.flag_configuration.to_string(),
-            }),
         }))
+    }
+}
+
+/// `message` as a whole gRPC message: with the document as a shared piece when `shared` (the
+/// message's field 1 then is empty), in one piece otherwise.
+fn encode(shared: bool, snapshot: &Snapshot, message: &impl prost::Message) -> Vec<Bytes> {
+    if shared {
+        grpc_message_around(snapshot.document(), message)
+    } else {
+        grpc_message(message)
     }
 }
 
@@ -176,16 +280,21 @@ mod tests {
 
     use super::*;
 
-    #[test]
-    fn frames_decode_as_the_protocol_messages() {
-        let snapshot = Snapshot::for_test(r#"{"flags":{},"metadata":{"flagSetId":"s","n":2}}"#);
+    /// The frame's bytes in one piece, its prefix checked: uncompressed, then the big-endian
+    /// length of the rest.
+    fn checked(frame: &Frame) -> Bytes {
+        let length = u32::try_from(frame.message_len()).expect("a small message");
+        let first = &frame.pieces()[0];
+        assert_eq!(first[0], 0);
+        assert_eq!(first[1..PREFIX], length.to_be_bytes());
+        frame.message_bytes()
+    }
+
+    fn check_messages(document: &str) -> Vec<Frame> {
+        let snapshot = Snapshot::for_test(document);
         let key = ResourceKey::new("ns", "a");
         let v1 = Protocol::FlagdSyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
-        // One whole gRPC message: uncompressed, then the big-endian length of the rest.
-        let length = u32::try_from(v1.message().len()).expect("a small message");
-        assert_eq!(v1.0[0], 0);
-        assert_eq!(v1.0[1..PREFIX], length.to_be_bytes());
-        let decoded = flagd_sync_v1::SyncFlagsResponse::decode(v1.message()).expect("decodes");
+        let decoded = flagd_sync_v1::SyncFlagsResponse::decode(checked(&v1)).expect("decodes");
         assert_eq!(
             decoded.flag_configuration,
             snapshot.flag_configuration.as_ref()
@@ -199,12 +308,47 @@ mod tests {
         assert_eq!(context.fields["proxy"], string("flagd-proxy"));
 
         let legacy = Protocol::LegacySyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
-        let decoded = sync_v1::SyncFlagsResponse::decode(legacy.message()).expect("decodes");
+        let decoded = sync_v1::SyncFlagsResponse::decode(checked(&legacy)).expect("decodes");
         assert_eq!(decoded.state, sync_v1::SyncState::All as i32);
+        assert_eq!(decoded.flag_configuration, document);
+
+        let fetch = Message::FetchAll.frame(&snapshot, &key, &proxy_identity(&[]));
+        let decoded =
+            flagd_sync_v1::FetchAllFlagsResponse::decode(checked(&fetch)).expect("decodes");
+        assert_eq!(decoded.flag_configuration, document);
 
         // The same bytes are shared, not encoded again.
         let again = Protocol::FlagdSyncV1.frame(&snapshot, &key, &proxy_identity(&[]));
-        assert_eq!(again.0.as_ptr(), v1.0.as_ptr());
+        assert_eq!(again.pieces()[0].as_ptr(), v1.pieces()[0].as_ptr());
+        vec![v1, legacy, fetch]
+    }
+
+    #[test]
+    fn frames_decode_as_the_protocol_messages() {
+        let frames = check_messages(r#"{"flags":{},"metadata":{"flagSetId":"s","n":2}}"#);
+        for frame in frames {
+            assert_eq!(frame.pieces().len(), 1, "a small document is copied in");
+        }
+    }
+
+    /// A large document is one piece of each message, the snapshot's own bytes: every message of
+    /// the version shares it.
+    #[test]
+    fn large_documents_are_shared_by_every_message() {
+        let padding = "x".repeat(SHARED_DOCUMENT);
+        let document =
+            format!(r#"{{"flags":{{}},"metadata":{{"flagSetId":"s","n":2,"pad":"{padding}"}}}}"#);
+        let frames = check_messages(&document);
+        let shared = frames[0].pieces()[1].as_ptr();
+        for frame in &frames {
+            assert_eq!(frame.pieces()[1].as_ptr(), shared);
+            assert_eq!(frame.pieces()[1].len(), document.len());
+        }
+        // Only the fetch response has no field after the document.
+        assert_eq!(
+            frames.iter().map(|f| f.pieces().len()).collect::<Vec<_>>(),
+            [3, 3, 2]
+        );
     }
 
     #[test]

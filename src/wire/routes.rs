@@ -207,12 +207,15 @@ fn unary_body(frame: Frame) -> Body {
         http::HeaderName::from_static("grpc-status"),
         http::HeaderValue::from_static("0"),
     )]);
-    let frames = [
-        http_body::Frame::data(frame.0),
-        http_body::Frame::trailers(ok),
-    ];
+    let frames = frame
+        .pieces()
+        .iter()
+        .filter(|piece| !piece.is_empty())
+        .map(|piece| http_body::Frame::data(piece.clone()))
+        .chain([http_body::Frame::trailers(ok)])
+        .collect::<Vec<_>>();
     Body::new(StreamBody::new(futures::stream::iter(
-        frames.map(Ok::<_, Infallible>),
+        frames.into_iter().map(Ok::<_, Infallible>),
     )))
 }
 
