@@ -1311,16 +1311,16 @@ async fn a_client_that_stops_reading_is_disconnected() {
     const RESOURCES: usize = 8;
     let scene =
         Scene::start_with(&["--keepalive-interval", "1s", "--keepalive-timeout", "1s"]).await;
-    // Eight resources of about 1 MB each: more than the kernel buffers between the two ends.
+    // Eight resources of about 1 MiB each (one variant's value): more than the kernel buffers
+    // between the two ends.
     let big = "x".repeat(1024 * 1024);
     for i in 0..RESOURCES {
-        write_color(
-            scene.dir.path(),
-            "default",
-            &format!("big-{i}"),
-            &big,
-            &[&big],
-        );
+        let flags = serde_json::json!({"color": {
+            "state": "ENABLED",
+            "variants": {"big": big},
+            "defaultVariant": "big",
+        }});
+        write_manifest(scene.dir.path(), "default", &format!("big-{i}"), flags);
     }
     let socket = tokio::net::TcpSocket::new_v4().expect("socket");
     socket

@@ -80,10 +80,15 @@ impl FileProblem {
     }
 }
 
+/// A `FeatureFlag` object as the files hold it, kept as compact JSON text: parsed, an object
+/// takes many times its text (about 20 times for flag sets with targeting rules: 24 objects of
+/// 259 KiB held 120 MiB), and it is parsed again only when it is delivered to a watch.
+pub(super) type Object = Arc<str>;
+
 /// Everything the directories hold right now.
 #[derive(Debug, Default)]
 pub struct Catalog {
-    resources: HashMap<ResourceKey, Arc<Value>>,
+    resources: HashMap<ResourceKey, Object>,
     /// When the change that produced this catalog was noticed.
     changed_at: Option<Instant>,
     pub problems: Vec<FileProblem>,
@@ -216,14 +221,21 @@ impl Source for ManifestSource {
     fn watch(&self, key: ResourceKey, publisher: Publisher) -> BoxFuture<'static, ()> {
         let mut catalog = self.catalog.clone();
         Box::pin(async move {
-            let mut last: Option<Arc<Value>> = None;
+            let mut last: Option<Object> = None;
             let mut first = true;
             loop {
                 let current = catalog.borrow_and_update().clone();
                 match current.resources.get(&key) {
                     Some(object) if last.as_ref().is_some_and(|l| Arc::ptr_eq(l, object)) => {}
                     Some(object) => {
-                        publisher.resource(object, current.changed_at.unwrap_or_else(Instant::now));
+                        let changed_at = current.changed_at.unwrap_or_else(Instant::now);
+                        match serde_json::from_str::<Value>(object) {
+                            Ok(value) => publisher.resource(&value, changed_at),
+                            // The text was written from a parsed object: this cannot happen.
+                            Err(error) => {
+                                tracing::error!(resource = %key, %error, "a kept object does not parse again; not delivered");
+                            }
+                        }
                         last = Some(object.clone());
                     }
                     None if last.is_some() || first => {
@@ -279,7 +291,7 @@ fn identity(path: &Path) -> Option<(u64, u64)> {
     std::fs::metadata(path).ok().map(|m| (m.dev(), m.ino()))
 }
 
-type ParseResult = Result<Vec<(ResourceKey, Arc<Value>)>, String>;
+type ParseResult = Result<Vec<(ResourceKey, Object)>, String>;
 
 #[cfg(test)]
 mod tests;

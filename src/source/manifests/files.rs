@@ -3,13 +3,12 @@
 use std::collections::HashSet;
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::identity;
 use super::parsing::Cancel;
+use super::{Object, identity};
 use crate::document;
 use crate::selector::{self, GROUP, ResourceKey};
 
@@ -166,7 +165,7 @@ pub(super) fn parse_objects(
     path: &Path,
     content: &[u8],
     cancel: &Cancel,
-) -> Result<Vec<(ResourceKey, Arc<Value>)>, String> {
+) -> Result<Vec<(ResourceKey, Object)>, String> {
     let text = std::str::from_utf8(content).map_err(|e| format!("not UTF-8: {e}"))?;
     let mut documents = Vec::new();
     if path.extension().is_some_and(|e| e == "json") {
@@ -197,10 +196,7 @@ pub(super) fn parse_objects(
     Ok(objects)
 }
 
-fn collect_objects(
-    document: Value,
-    out: &mut Vec<(ResourceKey, Arc<Value>)>,
-) -> Result<(), String> {
+fn collect_objects(document: Value, out: &mut Vec<(ResourceKey, Object)>) -> Result<(), String> {
     let kind = document
         .get("kind")
         .and_then(Value::as_str)
@@ -226,7 +222,8 @@ fn collect_objects(
                 .unwrap_or("default");
             let key = selector::parse(&format!("{GROUP}/{namespace}/{name}"))
                 .map_err(|e| e.to_string())?;
-            out.push((key, Arc::new(document)));
+            let text = serde_json::to_string(&document).map_err(|e| e.to_string())?;
+            out.push((key, text.into()));
             Ok(())
         }
         _ => Ok(()),

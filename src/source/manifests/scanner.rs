@@ -7,12 +7,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
 use tokio::sync::{mpsc, watch};
 
 use super::files::{collect_files, read_limited};
 use super::parsing::Parses;
-use super::{Catalog, FileProblem, RESCAN, SharedWatcher, identity};
+use super::{Catalog, FileProblem, Object, RESCAN, SharedWatcher, identity};
 use crate::locks::lock;
 use crate::metrics::Metrics;
 use crate::selector::ResourceKey;
@@ -26,7 +25,7 @@ const PARSE_BUDGET: Duration = Duration::from_millis(500);
 /// What one file held the last time it parsed.
 pub(super) struct FileState {
     content: Vec<u8>,
-    objects: Vec<(ResourceKey, Arc<Value>)>,
+    objects: Vec<(ResourceKey, Object)>,
     error: Option<String>,
     /// `content` is being parsed; `objects` and `error` are still those of the last parse.
     parsing: bool,

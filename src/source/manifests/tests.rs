@@ -49,13 +49,14 @@ fn parser(held: Arc<Held>) -> Parser {
             .to_owned();
         Ok(vec![(
             ResourceKey::new("default", &name),
-            Arc::new(serde_json::json!({ "version": version })),
+            serde_json::json!({ "version": version }).to_string().into(),
         )])
     })
 }
 
 fn version(catalog: &Catalog, name: &str) -> Option<String> {
     let object = catalog.resources.get(&ResourceKey::new("default", name))?;
+    let object: serde_json::Value = serde_json::from_str(object).ok()?;
     object["version"].as_str().map(str::to_owned)
 }
 
