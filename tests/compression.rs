@@ -304,3 +304,73 @@ impl Messages {
         }
     }
 }
+
+/// Resources of about 259 KiB, each asked for in every form a client can ask for it: both
+/// protocols' streams and `FetchAllFlags`, each plain and with gzip. What the proxy charges for
+/// their versions is each document once, its one deflated copy (which every gzip message
+/// shares) and a little around them, not a copy per form (4.5 times the documents here before).
+/// Run in a memory cgroup (`FLAGD_PROXY_TEST_MEMORY_CGROUP`), the kernel judges what is held.
+#[tokio::test]
+async fn a_version_asked_for_in_every_form_is_held_once() {
+    const RESOURCES: usize = 24;
+    let dir = tempfile::tempdir().expect("tempdir");
+    for i in 0..RESOURCES {
+        let flags = Value::Object(realistic_flags(i as u64, 259 * 1024));
+        write_manifest(dir.path(), "default", &format!("large-{i}"), flags);
+    }
+    let proxy = start(dir.path(), &[]).await;
+    let channel = channel(proxy.port).await;
+    let mut held = Vec::new();
+    for i in 0..RESOURCES {
+        let selector = format!("core.openfeature.dev/default/large-{i}");
+        for gzip in [false, true] {
+            let mut v1 = v1::flag_sync_service_client::FlagSyncServiceClient::new(channel.clone());
+            let mut legacy =
+                legacy::flag_sync_service_client::FlagSyncServiceClient::new(channel.clone());
+            if gzip {
+                v1 = v1.accept_compressed(CompressionEncoding::Gzip);
+                legacy = legacy.accept_compressed(CompressionEncoding::Gzip);
+            }
+            let mut stream = v1
+                .sync_flags(with_selector(v1::SyncFlagsRequest::default(), &selector))
+                .await
+                .expect("a flagd.sync.v1 stream")
+                .into_inner();
+            let document = next(&mut stream).await.flag_configuration;
+            held.push(Box::new(stream) as Box<dyn Send>);
+            let mut stream = legacy
+                .sync_flags(with_selector(
+                    legacy::SyncFlagsRequest::default(),
+                    &selector,
+                ))
+                .await
+                .expect("a sync.v1 stream")
+                .into_inner();
+            assert_eq!(next(&mut stream).await.flag_configuration, document);
+            held.push(Box::new(stream));
+            let fetched = v1
+                .fetch_all_flags(with_selector(
+                    v1::FetchAllFlagsRequest::default(),
+                    &selector,
+                ))
+                .await
+                .expect("FetchAllFlags")
+                .into_inner();
+            assert_eq!(fetched.flag_configuration, document);
+        }
+    }
+    let page = proxy.status_page().await;
+    let documents: u64 = page.resources.iter().filter_map(|r| r.bytes).sum();
+    assert_eq!(page.resources.len(), RESOURCES);
+    let charged = proxy
+        .metric("flagd_proxy_memory_charged_bytes{kind=\"versions\"}")
+        .await;
+    // The generated flag sets deflate to about a sixth; a copy per form would be 4.5 times.
+    let ratio = charged / documents as f64;
+    eprintln!("{charged} charged for {documents} bytes of documents ({ratio:.2} times)");
+    assert!(
+        (1.0..1.5).contains(&ratio),
+        "{charged} charged for {documents} bytes of documents ({ratio:.2} times)"
+    );
+    drop(held);
+}

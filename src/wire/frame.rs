@@ -237,10 +237,10 @@ pub fn proxy_identity(context_values: &[(String, String)]) -> Struct {
 /// same key, then the proxy's identity and the selector (which always win).
 fn sync_context(flag_configuration: &str, key: &ResourceKey, identity: &Struct) -> Struct {
     let mut context = Struct::default();
-    if let Ok(Value::Object(document)) = serde_json::from_str::<Value>(flag_configuration)
-        && let Some(Value::Object(metadata)) = document.get("metadata")
+    if let Ok(Metadata(Some(Value::Object(metadata)))) =
+        serde_json::from_str::<Metadata>(flag_configuration)
     {
-        for (name, value) in metadata {
+        for (name, value) in &metadata {
             let kind = match value {
                 Value::String(s) => Kind::StringValue(s.clone()),
                 Value::Bool(b) => Kind::BoolValue(*b),
@@ -266,6 +266,38 @@ fn sync_context(flag_configuration: &str, key: &ResourceKey, identity: &Struct) 
         .fields
         .insert("selector".to_owned(), string(&key.to_string()));
     context
+}
+
+/// A document's top-level `metadata` (the last one, as a parse into a map keeps it), read
+/// without building the rest of the document: the flags are skipped as they are read (a parsed
+/// flag set takes many times its text).
+struct Metadata(Option<Value>);
+
+impl<'de> serde::Deserialize<'de> for Metadata {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Visitor;
+        impl<'de> serde::de::Visitor<'de> for Visitor {
+            type Value = Metadata;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<Metadata, A::Error> {
+                let mut metadata = None;
+                while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+                    if key == "metadata" {
+                        metadata = Some(map.next_value::<Value>()?);
+                    } else {
+                        map.next_value::<serde::de::IgnoredAny>()?;
+                    }
+                }
+                Ok(Metadata(metadata))
+            }
+        }
+        deserializer.deserialize_map(Visitor)
+    }
 }
 
 fn string(s: &str) -> ProtoValue {
@@ -370,5 +402,23 @@ mod tests {
             context.fields["selector"],
             string("core.openfeature.dev/ns/a")
         );
+    }
+
+    /// The metadata read for `sync_context` is the document's last top-level `metadata`, as a
+    /// parse of the whole document keeps it; nested ones and other keys do not count.
+    #[test]
+    fn sync_context_takes_the_last_top_level_metadata() {
+        let key = ResourceKey::new("ns", "a");
+        let context = |document: &str| sync_context(document, &key, &proxy_identity(&[]));
+        let twice = r#"{"metadata":{"team":"a"},"flags":{"f":{"metadata":{"team":"x"}}},"metadata":{"team":"b"}}"#;
+        assert_eq!(context(twice).fields["team"], string("b"));
+        let whole: Value = serde_json::from_str(twice).expect("JSON");
+        assert_eq!(whole["metadata"]["team"], "b");
+        assert!(
+            !context(r#"{"flags":{"f":{"metadata":{"team":"x"}}}}"#)
+                .fields
+                .contains_key("team")
+        );
+        assert!(!context(r#"[1]"#).fields.contains_key("team"));
     }
 }
