@@ -47,7 +47,10 @@ const CONNECTION_WINDOW: u32 = 128 * 1024;
 /// Defaults of [`ServerOptions`] (and of the command line's flags for them).
 pub const DEFAULT_MAX_CONCURRENT_STREAMS: u32 = 1_000;
 pub const DEFAULT_MAX_HEADER_LIST_SIZE: u32 = 16 * 1024;
-pub const DEFAULT_MAX_REQUEST_BYTES: usize = 64 * 1024;
+/// Real clients' requests are a few hundred bytes: a selector (at most about 340 bytes for a
+/// FeatureFlag's: the group, a 63-byte namespace, a 253-byte name) and a provider id. 4 KiB
+/// leaves ten times that, and bounds what an unfinished request can make a stream hold.
+pub const DEFAULT_MAX_REQUEST_BYTES: usize = 4 * 1024;
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 pub const DEFAULT_MAX_CONNECTIONS: usize = 16_384;
 pub const DEFAULT_CONNECTION_IDLE_TIMEOUT: Duration = Duration::from_secs(300);
