@@ -193,11 +193,16 @@ impl AsRef<[u8]> for Held {
     }
 }
 
-/// The default budget: three quarters of the container's memory limit (cgroup v2
-/// `memory.max`, or v1 `memory.limit_in_bytes`), else half the machine's memory (which other
-/// processes share); 0 (no limit) when neither can be read. The rest is for what is not counted:
-/// the allocator's slack, the runtime, the sources' caches. The charges are close to what is
-/// held (an idle subscriber on a connection of its own is charged 24 KiB; 22.6 KiB measured).
+/// What the process holds before any client: the runtime, the allocator, the sources, its
+/// metrics (a release build serving a few resources: 15 MiB measured).
+pub const BASE_BYTES: usize = 16 << 20;
+
+/// The default budget: three quarters of what the container's memory limit (cgroup v2
+/// `memory.max`, or v1 `memory.limit_in_bytes`) leaves above [`BASE_BYTES`], else half the
+/// machine's memory (which other processes share); 0 (no limit) when neither can be read. The
+/// last quarter is for what is not counted: the allocator's slack, the sources' caches, the
+/// short-lived parses of new versions. The charges are close to what is held (a subscriber on a
+/// connection of its own is charged 24 KiB and holds 25.9 KiB; over TLS, 32 and 33.9 KiB).
 pub fn default_limit() -> usize {
     let cgroup = [
         "/sys/fs/cgroup/memory.max",
@@ -206,9 +211,15 @@ pub fn default_limit() -> usize {
     .iter()
     .find_map(|path| cgroup_limit(Path::new(path)));
     match cgroup {
-        Some(limit) => limit / 4 * 3,
+        Some(limit) => for_memory_limit(limit),
         None => machine_memory().map_or(0, |bytes| bytes / 2),
     }
+}
+
+/// The default budget in a container limited to `limit` bytes (at least 1 byte, so that a
+/// limit below the base still bounds what clients can add).
+pub fn for_memory_limit(limit: usize) -> usize {
+    (limit.saturating_sub(BASE_BYTES) / 4 * 3).max(1)
 }
 
 /// A cgroup memory limit file's value, if it sets one ("max", or v1's huge "no limit", do not).
@@ -257,6 +268,15 @@ pub fn parse_bytes(text: &str) -> Result<usize, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The chart's limits: the node tier's 64Mi leaves 36 MiB for clients, the central's 544Mi
+    /// 396 MiB; a limit below the base still bounds them (0 would turn the budget off).
+    #[test]
+    fn the_default_is_three_quarters_of_what_the_limit_leaves_above_the_base() {
+        assert_eq!(for_memory_limit(64 << 20), 36 << 20);
+        assert_eq!(for_memory_limit(544 << 20), 396 << 20);
+        assert_eq!(for_memory_limit(8 << 20), 1);
+    }
 
     fn used(metrics: &Metrics, kind: &'static str) -> i64 {
         metrics

@@ -1265,7 +1265,9 @@ async fn settled(read: &mut tokio::net::tcp::OwnedReadHalf) {
 #[tokio::test]
 async fn memory_taken_by_a_burst_of_clients_goes_back_once_they_leave() {
     use support::raw_h2;
-    const CONNECTIONS: usize = 8;
+    // 4,000 streams, charged about 32 MiB: under the node tier's budget (36 MiB), so that the
+    // test runs the same in a memory cgroup at that tier's limit.
+    const CONNECTIONS: usize = 4;
     const STREAMS: u32 = 1_000;
     const OPEN: &str = "flagd_proxy_open_connections{port=\"sync\"}";
     let scene = Scene::start_with(&[
@@ -1286,10 +1288,10 @@ async fn memory_taken_by_a_burst_of_clients_goes_back_once_they_leave() {
         settled(&mut read).await;
         held.push((read, write));
     }
-    // 8,000 streams at a few KiB each: measured 31-51 MiB (debug build), so only a floor well
-    // under that is asked for; the check is the share given back.
+    // 8,000 streams at a few KiB each measured 31-51 MiB (debug build), so for these 4,000 only
+    // a floor well under half that is asked for; the check is the share given back.
     let taken = scene.proxy.rss_bytes().saturating_sub(base);
-    assert!(taken > 12 << 20, "the burst took only {} MiB", taken >> 20);
+    assert!(taken > 8 << 20, "the burst took only {} MiB", taken >> 20);
     drop(held);
     scene.proxy.wait_for_metric(OPEN, open).await;
     support::eventually("the memory goes back", || async {

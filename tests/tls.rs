@@ -281,3 +281,125 @@ async fn invalid_configuration_exits_64_naming_the_flag() {
         assert!(stderr.contains(needle), "{args:?}: {stderr}");
     }
 }
+
+/// A TLS connection is charged to the memory budget for what its session holds too: 8 KiB more
+/// than a plaintext one (measured by `measure_subscribers`).
+#[tokio::test]
+async fn tls_connections_are_charged_for_their_session() {
+    let ca = TestCa::new();
+    let (_dir, proxy) = tls_proxy(&ca, &[]).await;
+    let _stream = red_stream(proxy.port, trusting(&ca.ca_cert), "a TLS subscriber").await;
+    let charged = proxy
+        .metric("flagd_proxy_memory_charged_bytes{kind=\"connections\"}")
+        .await;
+    // 16 KiB for the connection, 8 KiB for TLS, and its stream's place in the stream store.
+    assert!(charged >= 24.0 * 1024.0, "{charged} bytes charged");
+}
+
+/// Prints what one subscriber on a connection of its own makes the proxy hold, over TLS and in
+/// plaintext: the RSS growth of each proxy divided by its subscribers (the figure behind
+/// `budget::TLS_BYTES`). Run with `cargo test --release --test tls measure_subscribers --
+/// --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: prints figures, asserts none"]
+async fn measure_subscribers() {
+    const SUBSCRIBERS: usize = 1_000;
+    let ca = TestCa::new();
+    let limit = ["--max-connections-per-address", "5000"];
+    let (_tls_dir, tls) = tls_proxy(&ca, &limit).await;
+    let plain_dir = demo_manifests();
+    let plain_args = args(&plain_dir, &limit.map(str::to_owned));
+    let plain = Proxy::start(&plain_args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let settle = || tokio::time::sleep(Duration::from_secs(3));
+    settle().await;
+    let (tls_base, plain_base) = (tls.rss_bytes(), plain.rss_bytes());
+    let mut held = Vec::new();
+    for _ in 0..SUBSCRIBERS {
+        held.push(red_stream(tls.port, trusting(&ca.ca_cert), "a TLS subscriber").await);
+        let channel = support::client::channel(plain.port).await;
+        let mut stream = open_demo(channel).await;
+        assert_eq!(next_color(&mut stream).await, "red");
+        held.push(stream);
+    }
+    settle().await;
+    let per = |now: u64, base: u64| now.saturating_sub(base) as f64 / SUBSCRIBERS as f64 / 1024.0;
+    eprintln!(
+        "{SUBSCRIBERS} subscribers, one connection each: TLS {:.1} KiB each, plaintext {:.1} KiB each",
+        per(tls.rss_bytes(), tls_base),
+        per(plain.rss_bytes(), plain_base),
+    );
+    drop(held);
+}
+
+/// Adds subscribers, each on a connection of its own, until the proxy refuses one, over TLS
+/// and then in plaintext, and prints how many it admitted, what it held, and whether it was
+/// still alive with its first subscriber served. Run it with the proxy in a memory cgroup at a
+/// tier's limit and that tier's budget (`FLAGD_PROXY_TEST_MEMORY_CGROUP`,
+/// `FLAGD_PROXY_MEMORY_BUDGET`; docs/security.md) and a release build: `cargo test --release
+/// --test tls fill_the_budget_with_subscribers -- --ignored --nocapture`.
+#[tokio::test]
+#[ignore = "a measurement: prints figures, asserts none"]
+async fn fill_the_budget_with_subscribers() {
+    const MOST: usize = 20_000;
+    let ca = TestCa::new();
+    let limit = ["--max-connections-per-address", "50000"];
+    for tls in [true, false] {
+        let (dir, proxy) = if tls {
+            tls_proxy(&ca, &limit).await
+        } else {
+            let dir = demo_manifests();
+            let args = args(&dir, &limit.map(str::to_owned));
+            let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+            (dir, proxy)
+        };
+        let mut held = Vec::new();
+        let refused = loop {
+            if held.len() == MOST {
+                break None;
+            }
+            let channel = if tls {
+                tls_channel(proxy.port, trusting(&ca.ca_cert)).await
+            } else {
+                tonic::transport::Endpoint::from_shared(format!("http://127.0.0.1:{}", proxy.port))
+                    .expect("endpoint")
+                    .connect()
+                    .await
+            };
+            let opened = match channel {
+                Ok(channel) => open(&mut Client::new(channel), SELECTOR)
+                    .await
+                    .map_err(|status| status.to_string()),
+                Err(error) => Err(error.to_string()),
+            };
+            match opened {
+                Ok(mut stream) => {
+                    match tokio::time::timeout(support::EVENT_TIMEOUT, stream.message()).await {
+                        Ok(Ok(Some(_))) => held.push(stream),
+                        other => break Some(format!("{other:?}")),
+                    }
+                }
+                Err(error) => break Some(error),
+            }
+        };
+        let rss = proxy.rss_bytes() >> 20;
+        let budget = proxy
+            .metric("flagd_proxy_rejected_requests_total{reason=\"memory_budget\"}")
+            .await;
+        write_color(dir.path(), "default", "demo", "blue", &["red", "blue"]);
+        let first = match held.first_mut() {
+            Some(stream) => next_color(stream).await,
+            None => "none".to_owned(),
+        };
+        eprintln!(
+            "{}: {} subscribers admitted; RSS {rss} MiB; memory_budget refusals {budget}; the first subscriber's next color {first}; refused with: {}",
+            if tls { "TLS" } else { "plaintext" },
+            held.len(),
+            refused
+                .unwrap_or_default()
+                .chars()
+                .take(200)
+                .collect::<String>(),
+        );
+        drop(held);
+    }
+}

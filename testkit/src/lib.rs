@@ -218,7 +218,7 @@ impl Proxy {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Proxy {
-        let mut command = Command::new(proxy_bin());
+        let mut command = in_memory_cgroup(proxy_bin());
         command
             .args([
                 "start",
@@ -236,7 +236,6 @@ impl Proxy {
             command.env(k, v);
         }
         let mut child = command.spawn().expect("spawn flagd-proxy");
-        join_memory_cgroup(&child);
         let log = collect_lines(child.stderr.take().expect("stderr"));
         let mut proxy = Proxy {
             port,
@@ -451,17 +450,28 @@ pub(crate) async fn wait_answering(
     }
 }
 
-/// With `FLAGD_PROXY_TEST_MEMORY_CGROUP` set to a memory cgroup's directory (v1, or a v2
-/// group), every proxy a test starts is moved into it as soon as it is spawned: the kernel then
-/// judges its memory at that cgroup's limit (see docs/security.md for a run).
-fn join_memory_cgroup(child: &Child) {
+/// A command that runs `program`. With `FLAGD_PROXY_TEST_MEMORY_CGROUP` set to a memory cgroup's
+/// directory (v1, or a v2 group), it runs in that cgroup from its first instruction: a shell
+/// joins the cgroup and then becomes `program` (the same process). The kernel then judges all of
+/// its memory at that cgroup's limit (see docs/security.md for a run); a process moved in after
+/// it started would leave what it touched before outside (cgroup v1 keeps pages charged where
+/// they were first touched).
+fn in_memory_cgroup(program: PathBuf) -> Command {
     let Some(dir) = std::env::var_os("FLAGD_PROXY_TEST_MEMORY_CGROUP") else {
-        return;
+        return Command::new(program);
     };
-    let pid = child.id();
-    let procs = Path::new(&dir).join("cgroup.procs");
-    std::fs::write(&procs, pid.to_string())
-        .unwrap_or_else(|e| panic!("moving flagd-proxy into {}: {e}", procs.display()));
+    assert!(
+        Path::new(&dir).join("cgroup.procs").exists(),
+        "FLAGD_PROXY_TEST_MEMORY_CGROUP={} is not a cgroup's directory",
+        Path::new(&dir).display()
+    );
+    let mut command = Command::new("sh");
+    command
+        .arg("-c")
+        .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
+        .arg(dir)
+        .arg(program);
+    command
 }
 
 /// A minimal HTTP/1.1 GET against 127.0.0.1:`port`: (status, body).

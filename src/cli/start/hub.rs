@@ -47,8 +47,8 @@ pub struct HubArgs {
     /// streams, at their measured size. Above it, new connections are closed, new streams get
     /// RESOURCE_EXHAUSTED and sync connections with no stream open are closed; established
     /// streams keep being served. Bytes, or with a unit (512Mi, 2Gi). Default: three quarters
-    /// of the container's memory limit (cgroup), else half the machine's memory. 0 means no
-    /// limit.
+    /// of what the container's memory limit (cgroup) leaves above the process's 16 MiB base,
+    /// else half the machine's memory. 0 means no limit.
     #[arg(long, value_name = "BYTES", env = "FLAGD_PROXY_MEMORY_BUDGET", value_parser = budget::parse_bytes)]
     pub memory_budget: Option<usize>,
 }
