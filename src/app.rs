@@ -7,6 +7,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 use crate::authz::{Authorizer, AuthzConfigError, AuthzMode, AuthzSettings, Reviewer};
+use crate::budget::MemoryBudget;
 use crate::hub::{HubOptions, Source, SpanSink};
 use crate::kubernetes::events::EventRecorder;
 use crate::kubernetes::reviews::KubeReviewer;
@@ -79,7 +80,9 @@ pub struct Prepared {
     management: ManagementOptions,
     context_values: Vec<(String, String)>,
     compression: CompressionSettings,
+    /// The process's metrics and memory budget, handed to every part that counts or charges.
     metrics: Arc<Metrics>,
+    budget: Arc<MemoryBudget>,
     source: Arc<dyn Source>,
     tls: Option<Arc<ReloadingTls>>,
     authz: Arc<Authorizer>,
@@ -99,6 +102,7 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
         tls,
         authz,
         hub,
+        memory,
         state,
         server,
         management,
@@ -111,6 +115,7 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
         .transpose()
         .map_err(ConfigError::State)?;
     let metrics = Arc::new(Metrics::new());
+    let budget = MemoryBudget::new(memory.budget, metrics.clone());
     let otlp = match otlp {
         Some(settings) => {
             let (exporter, spans) =
@@ -140,6 +145,7 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
         context_values,
         compression,
         metrics,
+        budget,
         source: started.source,
         tls,
         authz: Arc::new(authz),

@@ -43,6 +43,7 @@ impl Readiness {
 #[derive(Clone)]
 struct AppState {
     hub: Hub,
+    metrics: Arc<Metrics>,
     source: Arc<dyn Source>,
     readiness: Readiness,
 }
@@ -50,6 +51,7 @@ struct AppState {
 /// The management routes; `grpc` adds gRPC services (health) to the same port.
 pub fn router(
     hub: Hub,
+    metrics: Arc<Metrics>,
     source: Arc<dyn Source>,
     readiness: Readiness,
     grpc: tonic::service::Routes,
@@ -57,10 +59,11 @@ pub fn router(
     let http = Router::new()
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
+        .route("/metrics", get(metrics_page))
         .route("/status", get(status))
         .with_state(AppState {
             hub,
+            metrics,
             source,
             readiness,
         });
@@ -220,10 +223,9 @@ fn state_of(availability: &Availability) -> (&'static str, Option<String>) {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+async fn metrics_page(State(state): State<AppState>) -> impl IntoResponse {
     let text = state
-        .hub
-        .metrics()
+        .metrics
         .encode_observed(|metrics| observe(metrics, &state.hub, &state.readiness));
     (
         [(

@@ -127,7 +127,7 @@ pub enum ServerError {
 }
 
 /// Serves the sync protocols on `listeners` until `shutdown` is cancelled and every stream has
-/// ended. Streams end with `UNAVAILABLE` as soon as `shutdown` is cancelled (the services see
+/// ended, charging connections and streams to `budget` and counting in `metrics`. Streams end with `UNAVAILABLE` as soon as `shutdown` is cancelled (the services see
 /// the same token); connections whose streams have not ended by the time `closed` is cancelled
 /// (the end of the drain) are closed then. The tasks that accept and admit connections run on
 /// `tasks`, and end with `shutdown`.
@@ -140,12 +140,12 @@ pub async fn run(
         impl tonic_health::pb::health_server::Health,
     >,
     options: ServerOptions,
+    budget: Arc<MemoryBudget>,
+    metrics: Arc<Metrics>,
     shutdown: CancellationToken,
     closed: CancellationToken,
     tasks: TaskTracker,
 ) -> Result<(), ServerError> {
-    let metrics = service.metrics().clone();
-    let budget = service.budget().clone();
     let incoming = accept_all(
         listeners, tls, &options, &budget, &metrics, &shutdown, closed, &tasks,
     );
@@ -158,6 +158,7 @@ pub async fn run(
         })
         .layer(RequestLimits {
             max_header_bytes: options.max_header_list_size as usize,
+            max_request_bytes: max_request,
             budget,
             metrics,
         })
@@ -439,7 +440,7 @@ mod tests {
         );
         let admission = admission(&budget, &metrics);
         let unix = admission.place(UNIX_CONNECTION_BYTES).expect("room");
-        assert_eq!(budget.used(), 16 * 1024 + 4 * 1024 + 8 * 1024);
+        assert_eq!(budget.used(), 18 * 1024 + 4 * 1024 + 8 * 1024);
         assert!(admission.place(UNIX_CONNECTION_BYTES).is_none());
         let tcp = admission.place(budget::CONNECTION_BYTES).expect("room");
         assert_eq!(budget.used(), budget.limit());

@@ -24,6 +24,7 @@ pub struct Settings {
     pub tls: Option<TlsFiles>,
     pub authz: AuthzSettings,
     pub hub: HubOptions,
+    pub memory: MemorySettings,
     /// Where the last version of each resource is kept across restarts (`--state-dir`); off
     /// without it.
     pub state: Option<StateSettings>,
@@ -35,6 +36,21 @@ pub struct Settings {
     pub compression: CompressionSettings,
     /// OpenTelemetry export (`--otlp-endpoint`); off without it.
     pub otlp: Option<OtlpSettings>,
+}
+
+/// What clients may make the proxy hold (`--memory-budget`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemorySettings {
+    /// The process's memory budget in bytes (0: no limit); see [`crate::budget::MemoryBudget`].
+    pub budget: usize,
+}
+
+impl Default for MemorySettings {
+    fn default() -> Self {
+        Self {
+            budget: crate::budget::default_limit(),
+        }
+    }
 }
 
 /// Default of [`ServeSettings::port`] (and of `--port`).

@@ -50,11 +50,20 @@ struct Shared {
 #[derive(Default)]
 pub struct FakeSource {
     shared: Arc<Shared>,
+    watch_bytes: usize,
 }
 
 impl FakeSource {
     pub fn new() -> Arc<Self> {
         Arc::new(Self::default())
+    }
+
+    /// A source whose every watch holds `watch_bytes` ([`Source::watch_bytes`]).
+    pub fn with_watch_bytes(watch_bytes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            watch_bytes,
+            ..Self::default()
+        })
     }
 
     /// Waits until a watch for `key` is running and returns its publisher.
@@ -117,6 +126,10 @@ impl Drop for Active {
 impl Source for FakeSource {
     fn name(&self) -> &'static str {
         "fake"
+    }
+
+    fn watch_bytes(&self) -> usize {
+        self.watch_bytes
     }
 
     fn watch(&self, key: ResourceKey, publisher: Publisher) -> BoxFuture<'static, ()> {

@@ -469,9 +469,24 @@ async fn measure_one_pods_thousands_of_resources_on_the_node_tier() {
             colors("green"),
         );
         let tiers = tiers(&manifests, &[], &node_args).await;
+        let rss_before = tiers.1.rss_bytes();
         // At least as many as the central lets one connection carry.
         let _streams = one_pod_opens_many(&tiers, resources, resources.min(1_000)).await;
         let (central, node) = &tiers;
+        let per_resource = |bytes: f64| bytes / resources as f64 / 1024.0;
+        let mut charged = Vec::new();
+        for kind in ["versions", "connections", "streams", "watches"] {
+            let sample = format!("flagd_proxy_memory_charged_bytes{{kind=\"{kind}\"}}");
+            charged.push(format!(
+                "{kind} {:.1}",
+                per_resource(node.metric(&sample).await)
+            ));
+        }
+        eprintln!(
+            "{resources} resources: node RSS {:.1} KiB per resource with its stream; charged per resource (KiB): {}",
+            per_resource(node.rss_bytes().saturating_sub(rss_before) as f64),
+            charged.join(", ")
+        );
 
         let mut other = Client::new(channel_from(node.port, "127.0.0.3").await);
         let started = Instant::now();

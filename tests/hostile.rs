@@ -500,6 +500,54 @@ fn unfinished_sync_streams(streams: u32) -> Vec<u8> {
         .collect()
 }
 
+/// A request is charged to the memory budget for the message it may still send (as large as
+/// --max-request-bytes allows) from its first frame until its message has arrived; then only its
+/// stream is. Requests whose message stops half-way hold that charge.
+#[tokio::test]
+async fn unfinished_requests_are_charged_for_their_message_until_it_arrives() {
+    use flagd_proxy::budget::STREAM_BYTES;
+    use support::raw_h2::{self, DATA};
+    const STREAMS: u32 = 10;
+    const STREAMS_HELD: &str = "flagd_proxy_memory_charged_bytes{kind=\"streams\"}";
+    let mut scene = Scene::start().await;
+    let base = scene.metric(STREAMS_HELD).await;
+    let (mut read, mut write) = raw_h2::connect(scene.proxy.port).await;
+    // Each request's message up to its middle.
+    let message = raw_h2::sync_request(SELECTOR);
+    let (first, rest) = message.split_at(message.len() / 2);
+    let mut bytes = unfinished_sync_streams(STREAMS);
+    for i in 0..STREAMS {
+        bytes.extend(raw_h2::frame(DATA, 0, 2 * i + 1, first));
+    }
+    bytes.extend(raw_h2::ping(*b"settled!"));
+    write.write_all(&bytes).await.expect("open the streams");
+    settled(&mut read).await;
+    let request = (MAX_REQUEST_BYTES + 5) as f64;
+    let proxy = &scene.proxy;
+    let charged = |streams: f64| async move {
+        let held = proxy.metric(STREAMS_HELD).await - base;
+        if held == streams {
+            Ok(())
+        } else {
+            Err(format!(
+                "{held} bytes charged for the streams, not {streams}"
+            ))
+        }
+    };
+    let unfinished = f64::from(STREAMS) * (STREAM_BYTES as f64 + request);
+    support::eventually("unfinished requests charged", || charged(unfinished)).await;
+    // The messages arrive whole: the streams are served, and charged for themselves only.
+    let ends: Vec<u8> = (0..STREAMS)
+        .flat_map(|i| raw_h2::frame(DATA, 0, 2 * i + 1, rest))
+        .collect();
+    write.write_all(&ends).await.expect("finish the messages");
+    let open = f64::from(STREAMS) * STREAM_BYTES as f64;
+    support::eventually("finished requests let go of", || charged(open)).await;
+    drop((read, write));
+    support::eventually("closed streams let go of", || charged(0.0)).await;
+    scene.change().await;
+}
+
 /// The frames of `connections` raw HTTP/2 clients that each open `streams` SyncFlags streams
 /// and never finish their requests: every stream must end (at --request-timeout), memory must
 /// stay bounded meanwhile, and the probes and subscribers must be served.

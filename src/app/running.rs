@@ -64,6 +64,7 @@ impl Bound {
             context_values,
             compression,
             metrics,
+            budget,
             source,
             tls,
             authz,
@@ -75,7 +76,13 @@ impl Bound {
         let (exporter, spans) = otlp.unzip();
         // Every task the proxy starts, but the hub's watches (the hub tracks those).
         let tasks = TaskTracker::new();
-        let hub = Hub::traced(source.clone(), hub_options, metrics, spans);
+        let hub = Hub::traced(
+            source.clone(),
+            hub_options,
+            metrics.clone(),
+            budget.clone(),
+            spans,
+        );
         if let Some(events) = events {
             hub.record_events(Arc::new(events.tracked_by(tasks.clone())));
         }
@@ -85,10 +92,9 @@ impl Bound {
         let readiness = Readiness::default();
         let otlp_done = CancellationToken::new();
         let otlp_task = exporter.map(|exporter| {
-            let (hub, readiness) = (hub.clone(), readiness.clone());
+            let (hub, readiness, metrics) = (hub.clone(), readiness.clone(), metrics.clone());
             let collect = move || {
-                hub.metrics()
-                    .collect_observed(|metrics| management::observe(metrics, &hub, &readiness))
+                metrics.collect_observed(|metrics| management::observe(metrics, &hub, &readiness))
             };
             tasks.spawn(exporter.run(collect, otlp_done.clone()))
         });
@@ -98,17 +104,18 @@ impl Bound {
             management,
             management::router(
                 hub.clone(),
+                metrics.clone(),
                 source,
                 readiness.clone(),
                 tonic::service::Routes::new(health_service.clone()),
             ),
             management_options,
-            hub.metrics().clone(),
+            metrics.clone(),
             management_done.clone(),
         ));
         let streams_end = CancellationToken::new();
         let drain_end = CancellationToken::new();
-        let service = SyncService::new(hub.clone(), streams_end.clone())
+        let service = SyncService::new(hub.clone(), metrics.clone(), streams_end.clone())
             .with_authorizer(authz)
             .with_context_values(&context_values)
             .with_compression(compression)
@@ -123,6 +130,8 @@ impl Bound {
             service,
             health_service,
             server_options,
+            budget,
+            metrics,
             streams_end.clone(),
             drain_end.clone(),
             tasks.clone(),

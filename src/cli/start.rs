@@ -16,6 +16,7 @@ use crate::settings::{ServeSettings, Settings};
 mod authz;
 mod connections;
 mod hub;
+mod memory;
 mod otlp;
 mod serve;
 mod source;
@@ -26,6 +27,7 @@ mod tls;
 pub use authz::AuthzArgs;
 pub use connections::{ManagementArgs, ServerArgs};
 pub use hub::HubArgs;
+pub use memory::MemoryArgs;
 pub use otlp::OtlpArgs;
 pub use serve::{LogArgs, ServeArgs};
 pub use source::SourceArgs;
@@ -83,6 +85,8 @@ pub struct StartArgs {
     #[command(flatten)]
     pub hub: HubArgs,
     #[command(flatten)]
+    pub memory: MemoryArgs,
+    #[command(flatten)]
     pub state: StateArgs,
     #[command(flatten)]
     pub sync: SyncArgs,
@@ -105,6 +109,7 @@ impl From<StartArgs> for Settings {
             tls: args.tls.into_settings(),
             authz: args.authz.into(),
             hub: args.hub.into(),
+            memory: args.memory.into(),
             state: args.state.into_settings(),
             management: args.management.into_settings(&server),
             server,

@@ -532,6 +532,10 @@ fn empty_command_line_gives_every_components_default() {
     assert_eq!(AuthzSettings::from(args.authz), AuthzSettings::default());
     assert_eq!(HubOptions::from(args.hub), HubOptions::default());
     assert_eq!(
+        crate::settings::MemorySettings::from(args.memory),
+        crate::settings::MemorySettings::default()
+    );
+    assert_eq!(
         args.sync.compression_settings(),
         crate::wire::CompressionSettings::default()
     );

@@ -40,7 +40,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::backoff::Backoff;
-use crate::budget::MemoryBudget;
+use crate::budget::{Charge, Kind, MemoryBudget};
 use crate::metrics::{Metrics, ResourceLabels};
 use crate::selector::ResourceKey;
 
@@ -89,8 +89,6 @@ pub struct HubOptions {
     pub max_document_bytes: usize,
     /// The most resources waited on that do not exist (absent, and never had a version).
     pub max_waiting_resources: usize,
-    /// The process's memory budget in bytes (0: no limit); see [`MemoryBudget`].
-    pub memory_budget: usize,
 }
 
 impl Default for HubOptions {
@@ -100,7 +98,6 @@ impl Default for HubOptions {
             max_watches: DEFAULT_MAX_WATCHES,
             max_document_bytes: DEFAULT_MAX_DOCUMENT_BYTES,
             max_waiting_resources: DEFAULT_MAX_WAITING_RESOURCES,
-            memory_budget: crate::budget::default_limit(),
         }
     }
 }
@@ -110,6 +107,10 @@ impl Default for HubOptions {
 pub enum HubError {
     #[error("the proxy already watches {limit} resources, the configured maximum")]
     TooManyWatches { limit: usize },
+    #[error(
+        "the proxy is at its memory budget (--memory-budget) and cannot watch another resource; try again later or another replica"
+    )]
+    MemoryBudget,
 }
 
 type StateSender = Arc<watch::Sender<ResourceState>>;
@@ -141,8 +142,15 @@ struct Inner {
 }
 
 impl Hub {
-    pub fn new(source: Arc<dyn Source>, options: HubOptions, metrics: Arc<Metrics>) -> Self {
-        Self::traced(source, options, metrics, None)
+    /// A hub over `source` that records its metrics in `metrics` and charges its versions to
+    /// `budget` (both the process's).
+    pub fn new(
+        source: Arc<dyn Source>,
+        options: HubOptions,
+        metrics: Arc<Metrics>,
+        budget: Arc<MemoryBudget>,
+    ) -> Self {
+        Self::traced(source, options, metrics, budget, None)
     }
 
     /// A hub that also records a span for every published version in `spans`
@@ -151,9 +159,9 @@ impl Hub {
         source: Arc<dyn Source>,
         options: HubOptions,
         metrics: Arc<Metrics>,
+        budget: Arc<MemoryBudget>,
         spans: Option<Arc<dyn SpanSink>>,
     ) -> Self {
-        let budget = MemoryBudget::new(options.memory_budget, metrics.clone());
         Self {
             inner: Arc::new(Inner {
                 source,
@@ -188,14 +196,17 @@ impl Hub {
         let _ = self.inner.store.set((store, grace));
     }
 
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        &self.inner.metrics
+    /// A hub with metrics of its own and an unlimited budget, for tests.
+    #[cfg(test)]
+    pub(crate) fn for_test(source: Arc<dyn Source>, options: HubOptions) -> Self {
+        let metrics = Arc::new(Metrics::new());
+        let budget = MemoryBudget::unlimited(metrics.clone());
+        Self::new(source, options, metrics, budget)
     }
 
-    /// The process's memory budget: versions are charged to it here; whoever accepts
-    /// connections and streams charges those.
-    pub fn budget(&self) -> &Arc<MemoryBudget> {
-        &self.inner.budget
+    #[cfg(test)]
+    pub(crate) fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
     }
 
     /// Subscribes to a resource, starting its watch if nobody watches it yet.
@@ -214,6 +225,12 @@ impl Hub {
                 limit: self.inner.options.max_watches,
             });
         }
+        // Counted as `memory_budget` when refused.
+        let memory = self
+            .inner
+            .budget
+            .try_charge(self.inner.source.watch_bytes(), Kind::Watches)
+            .ok_or(HubError::MemoryBudget)?;
         let (tx, rx) = watch::channel(ResourceState {
             snapshot: None,
             availability: Availability::Pending,
@@ -224,7 +241,7 @@ impl Hub {
         drop(upstreams);
         self.inner
             .tasks
-            .spawn(run_upstream(self.inner.clone(), key.clone(), tx));
+            .spawn(run_upstream(self.inner.clone(), key.clone(), tx, memory));
         Ok(Subscription::new(key, rx, self.inner.propagation.clone()))
     }
 
@@ -280,8 +297,9 @@ impl Inner {
     }
 }
 
-/// Runs one resource's watch for as long as it has subscribers (plus the idle time).
-async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender) {
+/// Runs one resource's watch for as long as it has subscribers (plus the idle time), charged
+/// to the budget with `_memory` until then.
+async fn run_upstream(inner: Arc<Inner>, key: ResourceKey, tx: StateSender, _memory: Charge) {
     inner.metrics.upstream_watches.inc();
     tracing::debug!(resource = %key, source = inner.source.name(), "watch started");
     let waiting = Arc::new(WaitingPlace::new(

@@ -20,6 +20,12 @@ pub trait Source: Send + Sync + 'static {
     /// A short name for logs and metrics (`kubernetes`, `manifests`).
     fn name(&self) -> &'static str;
 
+    /// What one watch of this source holds while it runs, waiting or delivering (its task, its
+    /// requests and buffers, its share of a connection; not the versions it delivers, which are
+    /// charged apart), as measured. The hub charges it to the memory budget for as long as the
+    /// watch runs, and refuses a new watch that does not fit.
+    fn watch_bytes(&self) -> usize;
+
     /// Watches one resource until the returned future is dropped, reporting every state it
     /// observes (the resource as JSON, its absence, or an error) to `publisher`. The future
     /// should not return; if it does, the hub starts it again after a pause.

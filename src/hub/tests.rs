@@ -6,7 +6,7 @@ use crate::metrics::ResourceLabels;
 use crate::testing::{FakeSource, RecordedSpans, default_variant, flag_resource, span_attribute};
 
 fn hub_with(source: &Arc<FakeSource>, options: HubOptions) -> Hub {
-    Hub::new(source.clone(), options, Arc::new(Metrics::new()))
+    Hub::for_test(source.clone(), options)
 }
 
 fn hub(source: &Arc<FakeSource>, idle: Duration) -> Hub {
@@ -237,6 +237,37 @@ async fn watch_limit_refuses_new_resources_only() {
         .err()
         .expect("refused");
     assert_eq!(err, HubError::TooManyWatches { limit: 1 });
+}
+
+/// Each watch is charged to the budget at its source's cost while it runs, waiting or
+/// delivering: a new resource that does not fit is refused (and counted), one already watched
+/// is still served, and a watch that ends gives its charge back.
+#[tokio::test]
+async fn watches_are_charged_to_the_budget_while_they_run() {
+    let source = FakeSource::with_watch_bytes(1000);
+    let metrics = Arc::new(Metrics::new());
+    let budget = MemoryBudget::new(2500, metrics.clone());
+    let options = HubOptions {
+        idle_timeout: Duration::ZERO,
+        ..HubOptions::default()
+    };
+    let hub = Hub::new(source.clone(), options, metrics.clone(), budget.clone());
+    let (a, b) = (ResourceKey::new("ns", "a"), ResourceKey::new("ns", "b"));
+    let sub_a = hub.subscribe(a.clone()).expect("first");
+    let _sub_b = hub.subscribe(b).expect("second");
+    assert_eq!(budget.used(), 2000);
+    let refused = hub.subscribe(ResourceKey::new("ns", "c")).err();
+    assert_eq!(refused, Some(HubError::MemoryBudget));
+    assert!(metrics.encode().contains("reason=\"memory_budget\"} 1"));
+    let _again = hub
+        .subscribe(a.clone())
+        .expect("a watched resource is served");
+    drop((sub_a, _again));
+    eventually(|| budget.used() == 1000).await;
+    let _c = hub
+        .subscribe(ResourceKey::new("ns", "c"))
+        .expect("room again");
+    assert_eq!(budget.used(), 2000);
 }
 
 fn waiting_hub(source: &Arc<FakeSource>, max_waiting_resources: usize) -> Hub {
@@ -475,13 +506,15 @@ fn published(spans: &RecordedSpans) -> Vec<(i64, i64, bool)> {
 async fn every_published_version_ends_in_one_span() {
     let source = FakeSource::new();
     let spans = Arc::new(RecordedSpans::default());
+    let metrics = Arc::new(Metrics::new());
     let hub = Hub::traced(
         source.clone(),
         HubOptions {
             idle_timeout: Duration::from_secs(60),
             ..HubOptions::default()
         },
-        Arc::new(Metrics::new()),
+        metrics.clone(),
+        MemoryBudget::unlimited(metrics),
         Some(spans.clone()),
     );
     let key = ResourceKey::new("ns", "a");

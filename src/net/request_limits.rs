@@ -1,8 +1,9 @@
 //! The per-request limits of the sync port, as a tower layer in front of the services: a
 //! header list over `--max-header-bytes` is answered `RESOURCE_EXHAUSTED` (and counted), the
 //! requests a service refused for a message over `--max-request-bytes` are counted, and every
-//! stream is charged to the memory budget while its response lives. (The deadlines of a request
-//! are in `deadlines`.)
+//! stream is charged to the memory budget while its response lives, and for its request message
+//! (as large as `--max-request-bytes` allows) until it has been read. (The deadlines of a
+//! request are in `deadlines`.)
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
@@ -15,6 +16,9 @@ use crate::net::info::ConnectionInfo;
 #[derive(Clone)]
 pub(crate) struct RequestLimits {
     pub(crate) max_header_bytes: usize,
+    /// The largest request message a service takes: what an unfinished request may make the
+    /// proxy hold, charged until the request ends.
+    pub(crate) max_request_bytes: usize,
     /// Each stream is charged to it while it is open.
     pub(crate) budget: Arc<MemoryBudget>,
     pub(crate) metrics: Arc<Metrics>,
@@ -37,9 +41,12 @@ pub(crate) struct RequestLimitsService<S> {
     limits: RequestLimits,
 }
 
-impl<S, B> tower::Service<http::Request<B>> for RequestLimitsService<S>
+impl<S> tower::Service<http::Request<tonic::body::Body>> for RequestLimitsService<S>
 where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>,
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+        >,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {
@@ -51,7 +58,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
         let size = header_list_size(&request);
         let limit = self.limits.max_header_bytes;
         if size > limit {
@@ -61,10 +68,14 @@ where
             ));
             return Box::pin(futures::future::ready(Ok(status.into_http())));
         }
-        let Some(memory) = self
+        // The request's part is charged with the stream's, before anything of it is held, and
+        // let go of as soon as the message has been read, the request body dropped (real clients
+        // send theirs at once).
+        let request_bytes = self.limits.max_request_bytes + GRPC_PREFIX_BYTES;
+        let Some(mut memory) = self
             .limits
             .budget
-            .try_charge(budget::STREAM_BYTES, Kind::Streams)
+            .try_charge(budget::STREAM_BYTES + request_bytes, Kind::Streams)
         else {
             let status = tonic::Status::resource_exhausted(
                 "the proxy is at its memory budget (--memory-budget); try again later or another replica",
@@ -84,6 +95,13 @@ where
                 activity.retain_peak(activity.streams(), &self.limits.budget);
                 open
             });
+        let unfinished = memory.split_off(request_bytes);
+        let request = request.map(|body| {
+            tonic::body::Body::new(Holding {
+                body,
+                _held: unfinished,
+            })
+        });
         let held = (open, memory);
         let response = self.inner.call(request);
         Box::pin(async move {
@@ -105,7 +123,8 @@ where
     }
 }
 
-/// A response body that holds something (an open stream's count) for as long as it lives.
+/// A body that holds something (an open stream's count, a request's charge) for as long as it
+/// lives.
 pub(crate) struct Holding<T> {
     body: tonic::body::Body,
     _held: T,
@@ -130,6 +149,9 @@ impl<T: Unpin + Send + 'static> http_body::Body for Holding<T> {
         self.body.size_hint()
     }
 }
+
+/// The length prefix of a gRPC message.
+const GRPC_PREFIX_BYTES: usize = 5;
 
 /// The size of a request's header list as HTTP/2 counts it: name + value + 32 per field,
 /// pseudo-headers included.

@@ -45,7 +45,7 @@ impl RequestError {
     fn code(&self) -> Code {
         match self {
             RequestError::Selector(_) => Code::InvalidArgument,
-            RequestError::Hub(HubError::TooManyWatches { .. })
+            RequestError::Hub(HubError::TooManyWatches { .. } | HubError::MemoryBudget)
             | RequestError::TooManyWaiting { .. }
             | RequestError::TooManyResourcesForClient { .. } => Code::ResourceExhausted,
             RequestError::NotFound(_) => Code::NotFound,

@@ -23,6 +23,8 @@ use crate::wire::stream::{self, FrameStream, Grant};
 #[derive(Clone)]
 pub struct SyncService {
     hub: Hub,
+    /// The process's metrics: refusals and streams are counted here.
+    metrics: Arc<Metrics>,
     authz: Option<Arc<Authorizer>>,
     shutdown: CancellationToken,
     fetch_timeout: Duration,
@@ -34,8 +36,9 @@ pub struct SyncService {
 }
 
 impl SyncService {
-    /// `shutdown` ends every open stream with `UNAVAILABLE` when cancelled.
-    pub fn new(hub: Hub, shutdown: CancellationToken) -> Self {
+    /// The services over `hub`, counting in `metrics`; `shutdown` ends every open stream with
+    /// `UNAVAILABLE` when cancelled.
+    pub fn new(hub: Hub, metrics: Arc<Metrics>, shutdown: CancellationToken) -> Self {
         Self {
             authz: None,
             shutdown,
@@ -43,17 +46,18 @@ impl SyncService {
             identity: Arc::new(proxy_identity(&[])),
             compressor: Arc::new(Compressor::new(
                 CompressionSettings::default(),
-                hub.metrics().clone(),
+                metrics.clone(),
             )),
-            clients: ClientResources::new(0, hub.metrics().clone()),
+            clients: ClientResources::new(0, metrics.clone()),
             hub,
+            metrics,
         }
     }
 
     /// Lets the streams and fetches of one client address (one connection, for those without
     /// an address) name at most `limit` distinct resources at once; 0: no limit (the default).
     pub fn with_max_resources_per_address(mut self, limit: usize) -> Self {
-        self.clients = ClientResources::new(limit, self.metrics().clone());
+        self.clients = ClientResources::new(limit, self.metrics.clone());
         self
     }
 
@@ -70,7 +74,7 @@ impl SyncService {
 
     /// Compresses messages as `settings` say (by default, [`CompressionSettings::default`]).
     pub fn with_compression(mut self, settings: CompressionSettings) -> Self {
-        self.compressor = Arc::new(Compressor::new(settings, self.metrics().clone()));
+        self.compressor = Arc::new(Compressor::new(settings, self.metrics.clone()));
         self
     }
 
@@ -116,20 +120,11 @@ impl SyncService {
                 }))
             }
             Err(error) => {
-                self.metrics().reject("unauthorized");
+                self.metrics.reject("unauthorized");
                 tracing::info!(resource = %key, %error, "request refused");
                 Err(error.into())
             }
         }
-    }
-
-    pub fn metrics(&self) -> &Arc<Metrics> {
-        self.hub.metrics()
-    }
-
-    /// The process's memory budget (the hub's).
-    pub fn budget(&self) -> &Arc<crate::budget::MemoryBudget> {
-        self.hub.budget()
     }
 
     /// Opens a `SyncFlags` stream for a request whose body named `body_selector`, with gzip
@@ -161,7 +156,7 @@ impl SyncService {
             .filter(|s| !s.trim().is_empty())
             .unwrap_or(body_selector);
         selector::parse(selector)
-            .inspect_err(|_| self.metrics().reject("invalid_selector"))
+            .inspect_err(|_| self.metrics.reject("invalid_selector"))
             .map_err(Into::into)
     }
 
@@ -183,7 +178,7 @@ impl SyncService {
             self.identity.clone(),
             grant,
             named,
-            self.metrics(),
+            &self.metrics,
             self.shutdown.clone(),
             self.compressor.for_stream(gzip),
         ))

@@ -194,11 +194,7 @@ mod tests {
     /// API calls it may make) is boxed for that reason.
     #[tokio::test]
     async fn an_idle_stream_stays_small() {
-        let hub = Hub::new(
-            FakeSource::new(),
-            HubOptions::default(),
-            Arc::new(Metrics::new()),
-        );
+        let hub = Hub::for_test(FakeSource::new(), HubOptions::default());
         let key = ResourceKey::new("ns", "a");
         let state = StreamState {
             subscription: hub.subscribe(key).expect("subscribe"),

@@ -1,11 +1,10 @@
 //! The flags of the watches and what they may hold (`Watches`): idle timeout, watch and
-//! waiting-resource counts, document size and the memory budget; they become [`HubOptions`].
+//! waiting-resource counts and document size; they become [`HubOptions`].
 use std::time::Duration;
 
 use clap::Args;
 
 use super::duration_text;
-use crate::budget;
 use crate::hub::{self, HubOptions};
 
 /// Watches and what they may hold ([`HubOptions`]).
@@ -41,16 +40,6 @@ pub struct HubArgs {
         default_value_t = hub::DEFAULT_MAX_WAITING_RESOURCES
     )]
     pub max_waiting_resources: usize,
-
-    /// The memory budget for what clients can make the proxy hold: versions (once each, while
-    /// any stream holds them), connections (with what each keeps of its busiest moment) and
-    /// streams, at their measured size. Above it, new connections are closed, new streams get
-    /// RESOURCE_EXHAUSTED and sync connections with no stream open are closed; established
-    /// streams keep being served. Bytes, or with a unit (512Mi, 2Gi). Default: three quarters
-    /// of what the container's memory limit (cgroup) leaves above the process's 16 MiB base,
-    /// else half the machine's memory. 0 means no limit.
-    #[arg(long, value_name = "BYTES", env = "FLAGD_PROXY_MEMORY_BUDGET", value_parser = budget::parse_bytes)]
-    pub memory_budget: Option<usize>,
 }
 
 impl From<HubArgs> for HubOptions {
@@ -60,7 +49,6 @@ impl From<HubArgs> for HubOptions {
             max_watches: args.max_watches,
             max_document_bytes: args.max_document_bytes,
             max_waiting_resources: args.max_waiting_resources,
-            memory_budget: args.memory_budget.unwrap_or_else(budget::default_limit),
         }
     }
 }

@@ -77,11 +77,9 @@ impl Harness {
         source.backoff = Backoff::with_bounds(Duration::from_millis(1), Duration::from_millis(20));
         let spans = Arc::new(RecordedSpans::default());
         let source = source.with_spans(Some(spans.clone()));
-        let hub = Hub::new(
-            Arc::new(source),
-            HubOptions::default(),
-            Arc::new(Metrics::new()),
-        );
+        let metrics = Arc::new(Metrics::new());
+        let budget = crate::budget::MemoryBudget::unlimited(metrics.clone());
+        let hub = Hub::new(Arc::new(source), HubOptions::default(), metrics, budget);
         let subscription = hub
             .subscribe(ResourceKey::new("ns", "flags"))
             .expect("a subscription");

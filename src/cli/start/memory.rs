@@ -1,0 +1,31 @@
+//! The flag of what clients may make the proxy hold (`Memory`): the memory budget; it becomes
+//! [`MemorySettings`].
+use clap::Args;
+
+use crate::budget;
+use crate::settings::MemorySettings;
+
+/// What clients may make the proxy hold ([`MemorySettings`]).
+#[derive(Debug, Args)]
+#[command(next_help_heading = "Memory")]
+pub struct MemoryArgs {
+    /// The memory budget for what clients can make the proxy hold: versions (once each, while
+    /// any stream holds them), connections (with what each keeps of its busiest moment),
+    /// streams (with their request message, as large as --max-request-bytes allows, until the
+    /// request has arrived) and watches (at what their source's watch holds), at their measured
+    /// size. Above it, new connections are closed, new streams and streams that would start a
+    /// new watch get RESOURCE_EXHAUSTED, and sync connections with no stream open are closed;
+    /// established streams keep being served. Bytes, or with a unit (512Mi, 2Gi). Default: three
+    /// quarters of what the container's memory limit (cgroup) leaves above the process's 16 MiB
+    /// base, else half the machine's memory. 0 means no limit.
+    #[arg(long, value_name = "BYTES", env = "FLAGD_PROXY_MEMORY_BUDGET", value_parser = budget::parse_bytes)]
+    pub memory_budget: Option<usize>,
+}
+
+impl From<MemoryArgs> for MemorySettings {
+    fn from(args: MemoryArgs) -> Self {
+        MemorySettings {
+            budget: args.memory_budget.unwrap_or_else(budget::default_limit),
+        }
+    }
+}
