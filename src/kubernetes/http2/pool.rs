@@ -75,8 +75,9 @@ pub(super) struct Entry {
     link: Link,
     /// Requests placed on it while it was opened that have taken its sender since.
     claimed: usize,
-    /// Since when no request is in flight on it.
-    pub(super) idle_since: Option<Instant>,
+    /// When it is closed if no request is in flight on it until then (set when its last one
+    /// ends).
+    pub(super) idle_until: Option<Instant>,
 }
 
 /// How a connection went: `None` while it is being opened.
@@ -99,9 +100,7 @@ impl Entry {
     fn expired(&self, now: Instant) -> bool {
         matches!(self.link, Link::Open(_))
             && self.load.total() == 0
-            && self
-                .idle_since
-                .is_some_and(|since| now.duration_since(since) >= IDLE_TIMEOUT)
+            && self.idle_until.is_some_and(|until| now >= until)
     }
 }
 
@@ -233,7 +232,7 @@ impl Pool {
         };
         let entry = state.entries.get_mut(&id)?;
         entry.load.add(lifetime);
-        entry.idle_since = None;
+        entry.idle_until = None;
         let link = match &entry.link {
             Link::Open(sender) => PlacedLink::Ready(sender.clone()),
             Link::Opening(opened) => PlacedLink::Opening(opened.clone()),
@@ -260,7 +259,7 @@ impl Pool {
                 load: Load::default(),
                 link: Link::Opening(opened),
                 claimed: 0,
-                idle_since: None,
+                idle_until: None,
             },
         );
         tokio::spawn(run(
@@ -310,7 +309,7 @@ impl Shared {
         };
         entry.link = Link::Open(sender);
         if entry.load.total() == 0 {
-            entry.idle_since = Some(Instant::now());
+            entry.idle_until = Some(Instant::now() + IDLE_TIMEOUT);
         }
         true
     }
@@ -380,7 +379,7 @@ impl Drop for InFlight {
         if let Some(entry) = state.entries.get_mut(&self.id) {
             entry.load.remove(self.lifetime);
             if entry.load.total() == 0 {
-                entry.idle_since = Some(Instant::now());
+                entry.idle_until = Some(Instant::now() + IDLE_TIMEOUT);
             }
         }
         drop(state);
