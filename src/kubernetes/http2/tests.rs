@@ -233,17 +233,23 @@ async fn an_idle_connection_is_closed() {
         .await
         .expect("the body");
     assert_eq!(loads(&pool), [load(0, 0)]);
+    // Its deadline set by its last request's end, then moved: far off (however long the
+    // machine took so far), then to now.
+    let set_deadline = |deadline: Instant| {
+        for entry in lock(&pool.shared.state).entries.values_mut() {
+            assert!(entry.idle_until.is_some(), "idle");
+            entry.idle_until = Some(deadline);
+        }
+    };
+    set_deadline(Instant::now() + Duration::from_secs(3600));
     let again = guarded("an answer", pool.send(server.get("/ok"))).await;
     drop(again.expect("an answer"));
     assert_eq!(
         server.accepted(),
         1,
-        "a connection idle for moments is kept"
+        "a connection before its idle deadline is kept"
     );
-    for entry in lock(&pool.shared.state).entries.values_mut() {
-        assert!(entry.idle_until.is_some(), "idle");
-        entry.idle_until = Some(Instant::now());
-    }
+    set_deadline(Instant::now());
     let answer = guarded("an answer", pool.send(server.get("/ok"))).await;
     drop(answer.expect("an answer"));
     assert_eq!(server.accepted(), 2, "a new connection");
