@@ -142,10 +142,10 @@ const BLOCKING_KEEP_ALIVE: std::time::Duration = std::time::Duration::from_secs(
 const EXIT_GRACE: std::time::Duration = std::time::Duration::from_secs(1);
 
 async fn serve(bound: app::Bound, stop: StopSignals) -> anyhow::Result<()> {
-    let shutdown = CancellationToken::new();
-    tokio::spawn(stop.wait(shutdown.clone()));
+    let (shutdown, hurry) = (CancellationToken::new(), CancellationToken::new());
+    tokio::spawn(stop.wait(shutdown.clone(), hurry.clone()));
     bound
-        .run(shutdown)
+        .run(shutdown, hurry)
         .await
         .context("flagd-proxy stopped with an error")
 }

@@ -1,5 +1,6 @@
 //! The gRPC sync server: accepts connections (plain or TLS), serves both sync protocols and
-//! gRPC health, and shuts down by ending every stream with `UNAVAILABLE`.
+//! gRPC health, and drains: it stops accepting and sends GOAWAY, then the service ends every
+//! stream with `UNAVAILABLE`.
 //!
 //! Limits that protect the proxy from hostile or broken clients, built from the transport
 //! (`crate::net`): connections per client address and in total (`net::limits`, counted at
@@ -127,10 +128,12 @@ pub enum ServerError {
 }
 
 /// Serves the sync protocols on `listeners` until `shutdown` is cancelled and every stream has
-/// ended, charging connections and streams to `budget` and counting in `metrics`. Streams end with `UNAVAILABLE` as soon as `shutdown` is cancelled (the services see
-/// the same token); connections whose streams have not ended by the time `closed` is cancelled
-/// (the end of the drain) are closed then. The tasks that accept and admit connections run on
-/// `tasks`, and end with `shutdown`.
+/// ended, charging connections and streams to `budget` and counting in `metrics`. When
+/// `shutdown` is cancelled the listeners close and every connection is sent GOAWAY; its open
+/// streams go on until the service ends them (with `UNAVAILABLE`, on its own token).
+/// Connections whose streams have not ended by the time `closed` is cancelled (the end of the
+/// drain) are closed then. The tasks that accept and admit connections run on `tasks`, and end
+/// with `shutdown`.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     listeners: Vec<SyncListener>,

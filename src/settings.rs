@@ -63,6 +63,11 @@ pub const DEFAULT_BIND_ADDRESS: IpAddr = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
 pub const DEFAULT_SYNC_SOCKET_MODE: u32 = 0o660;
 /// Default of [`ServeSettings::shutdown_timeout`].
 pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default of [`ServeSettings::drain_delay`]: long enough for a Service to stop routing to a
+/// terminating pod (and for a replacement to become ready), short of the providers' grace period
+/// before they report an error (10 s) and of a pod's termination grace period (30 s) with the
+/// shutdown timeout added.
+pub const DEFAULT_DRAIN_DELAY: Duration = Duration::from_secs(5);
 /// Whether Kubernetes Events are recorded unless told otherwise (`--events`).
 pub const DEFAULT_EVENTS: bool = true;
 
@@ -82,6 +87,10 @@ pub struct ServeSettings {
     pub sync_socket_only: bool,
     /// How long shutdown waits for streams to close.
     pub shutdown_timeout: Duration,
+    /// How long, after a stop signal, the open streams keep being served (no new connection is
+    /// accepted) before they are ended with `UNAVAILABLE`; cut short when no stream is open or a
+    /// second stop signal arrives.
+    pub drain_delay: Duration,
     /// The proxy's pod, for the Events it records and its OpenTelemetry resource.
     pub pod_name: Option<String>,
 }
@@ -96,6 +105,7 @@ impl Default for ServeSettings {
             sync_socket_mode: DEFAULT_SYNC_SOCKET_MODE,
             sync_socket_only: false,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+            drain_delay: DEFAULT_DRAIN_DELAY,
             pod_name: None,
         }
     }

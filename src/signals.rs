@@ -1,6 +1,6 @@
 //! The signals the proxy acts on, caught from the first statement of `main`.
 //!
-//! SIGTERM, SIGINT and SIGQUIT drain and stop the proxy; SIGHUP, SIGUSR1 and SIGUSR2 are logged
+//! SIGTERM, SIGINT and SIGQUIT drain and stop the proxy (a second one ends the drain at once); SIGHUP, SIGUSR1 and SIGUSR2 are logged
 //! and otherwise ignored (the configuration is read once, at start; TLS files and manifests are
 //! followed without a signal), so that a supervisor's stray signal cannot kill it. The default
 //! action of all six ends the process, so they are caught by [`EarlySignals::install`] before
@@ -161,17 +161,28 @@ fn merged(signals: Vec<(Signal, &'static str)>) -> impl futures::Stream<Item = &
 }
 
 impl StopSignals {
-    /// Waits for a stop signal (one received during start-up counts), then cancels `shutdown`.
-    pub async fn wait(self, shutdown: CancellationToken) {
-        let name = match self.early.take(Effect::Stop).first() {
+    /// Waits for a stop signal (one received during start-up counts), then cancels `shutdown`;
+    /// a second stop signal then cancels `hurry` (the drain ends at once).
+    pub async fn wait(self, shutdown: CancellationToken, hurry: CancellationToken) {
+        let early = self.early.take(Effect::Stop);
+        let mut listening = merged(self.listening);
+        let name = match early.first() {
             Some(name) => Some(*name),
-            None => merged(self.listening).next().await,
+            None => listening.next().await,
         };
-        match name {
-            Some(name) => tracing::info!(signal = name, "signal received; shutting down"),
+        let Some(name) = name else {
             // No stop signal can be received: serve until killed.
-            None => futures::future::pending::<()>().await,
-        }
+            return futures::future::pending::<()>().await;
+        };
+        tracing::info!(signal = name, "signal received; shutting down");
         shutdown.cancel();
+        let second = match early.get(1) {
+            Some(name) => Some(*name),
+            None => listening.next().await,
+        };
+        if let Some(name) = second {
+            tracing::info!(signal = name, "second stop signal; ending the drain now");
+            hurry.cancel();
+        }
     }
 }

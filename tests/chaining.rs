@@ -69,6 +69,50 @@ async fn node_proxy_shares_one_upstream_stream_and_survives_central_restarts() {
     }
 }
 
+/// A central proxy behind one address is replaced: the old one drains (its connections were
+/// sent GOAWAY, their streams go on) and a new one listens on the same port. The node's stream
+/// on the draining connection keeps getting updates, and a resource asked for meanwhile comes
+/// from the new central at once, not when the drain ends (here: an hour).
+#[tokio::test]
+async fn a_resource_asked_for_while_the_central_drains_comes_from_its_successor() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(dir.path(), "default", "demo", colors("red"));
+    write_manifest(dir.path(), "default", "other", colors("white"));
+    let manifests = dir.path().to_str().expect("utf-8").to_owned();
+    let mut old = Proxy::start(&["--manifests", &manifests, "--drain-delay", "1h"]).await;
+    let port = old.port;
+    let node = Proxy::start(&["--upstream", &format!("127.0.0.1:{port}")]).await;
+    let mut demo = open_demo(node.port).await;
+    assert_eq!(next_color(&mut demo).await.expect("first"), "red");
+
+    old.signal("TERM");
+    old.wait_for_log("draining: no new connections").await;
+    support::wait_until_refused(port).await;
+    let new = Proxy::start_on(
+        port,
+        support::free_port(),
+        &["--manifests", &manifests],
+        &[],
+    )
+    .await;
+
+    let mut other = open(
+        &mut Client::new(channel(node.port).await),
+        "core.openfeature.dev/default/other",
+    )
+    .await
+    .expect("stream");
+    assert_eq!(next_color(&mut other).await.expect("first"), "white");
+    assert_eq!(new.metric("sync_active_streams").await, 1.0);
+    write_manifest(dir.path(), "default", "demo", colors("blue"));
+    assert_eq!(
+        next_color(&mut demo).await.expect("served while draining"),
+        "blue"
+    );
+    old.signal("TERM");
+    assert!(old.wait_exit().await.success());
+}
+
 #[tokio::test]
 async fn aged_connections_close_and_reconnecting_clients_stay_current() {
     let dir = tempfile::tempdir().expect("tempdir");

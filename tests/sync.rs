@@ -715,13 +715,77 @@ async fn shutdown_ends_streams_with_unavailable_and_exits_zero() {
     let mut stream = open(&mut client, SELECTOR).await.expect("stream");
     next(&mut stream).await;
     let exit = tokio::spawn(async move { proxy.terminate().await });
-    let end = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
-        .await
-        .expect("stream ends");
-    let status = end.expect_err("a stream never ends with OK");
-    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    ends_with_unavailable(&mut stream).await;
     let exit = exit.await.expect("join");
     assert!(exit.success(), "{exit:?}");
+}
+
+/// The stream's end: `UNAVAILABLE`, never OK.
+async fn ends_with_unavailable(stream: &mut Streaming<v1::SyncFlagsResponse>) {
+    let end = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
+        .await
+        .expect("the stream ends");
+    let status = end.expect_err("a stream never ends with OK");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+}
+
+/// A proxy of the `demo` manifest whose drain lasts an hour unless cut short.
+async fn draining_an_hour() -> (tempfile::TempDir, Proxy) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_color(dir.path(), "default", "demo", "red", COLORS);
+    let manifests = dir.path().to_str().expect("utf-8");
+    let proxy = Proxy::start(&["--manifests", manifests, "--drain-delay", "1h"]).await;
+    (dir, proxy)
+}
+
+/// A stop signal begins the drain: readiness fails and the sync port stops accepting, but the
+/// open stream keeps getting every change until the drain ends (here: a second stop signal, the
+/// delay being an hour); then it ends with `UNAVAILABLE` and the proxy exits 0.
+#[tokio::test]
+async fn a_draining_proxy_keeps_serving_its_streams_until_a_second_signal() {
+    let (dir, mut proxy) = draining_an_hour().await;
+    let mut client = client(&proxy).await;
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
+    assert_eq!(next_color(&mut stream).await, "red");
+
+    proxy.signal("TERM");
+    proxy.wait_for_log("draining: no new connections").await;
+    let (status, _) = support::http_get(proxy.management_port, "/readyz")
+        .await
+        .expect("readyz");
+    assert_eq!(status, 503, "not ready while draining");
+    support::wait_until_refused(proxy.port).await;
+    write_color(dir.path(), "default", "demo", "blue", COLORS);
+    assert_eq!(
+        next_color(&mut stream).await,
+        "blue",
+        "served while draining"
+    );
+
+    proxy.signal("TERM");
+    ends_with_unavailable(&mut stream).await;
+    let exit = proxy.wait_exit().await;
+    assert!(exit.success(), "{exit:?}");
+}
+
+/// With no stream open there is nothing to drain: a stop signal stops the proxy at once, however
+/// long the drain delay.
+#[tokio::test]
+async fn with_no_stream_open_the_drain_ends_at_once() {
+    let (_dir, mut proxy) = draining_an_hour().await;
+    let mut client = client(&proxy).await;
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
+    next(&mut stream).await;
+    drop(stream);
+    proxy.wait_for_metric("sync_active_streams", 0.0).await;
+    proxy.signal("TERM");
+    let exit = proxy.wait_exit().await;
+    assert!(exit.success(), "{exit:?}");
+    assert!(
+        !proxy.log_text().contains("draining"),
+        "{}",
+        proxy.log_text()
+    );
 }
 
 /// At shutdown the watches stop and the proxy waits for them: the log tells that the watch of

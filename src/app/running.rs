@@ -14,6 +14,7 @@ use tonic_health::server::HealthReporter;
 use super::{Bound, Prepared, RunError};
 use crate::hub::{Hub, STALE_GRACE};
 use crate::management::{self, Readiness};
+use crate::metrics::Metrics;
 use crate::net::listener::SyncListener;
 use crate::server;
 use crate::state::StateDir;
@@ -33,10 +34,17 @@ impl Bound {
         self.management.local_addr()
     }
 
-    /// Serves until `shutdown` is cancelled; then readiness goes false, every stream ends with
-    /// `UNAVAILABLE`, and the servers drain for at most the shutdown timeout.
-    pub async fn run(self, shutdown: CancellationToken) -> Result<(), RunError> {
+    /// Serves until `shutdown` is cancelled; then readiness goes false, no new connection is
+    /// accepted, open connections are sent GOAWAY, and open streams keep being served for the
+    /// drain delay (until no stream is open, or `hurry` is cancelled); then every stream ends
+    /// with `UNAVAILABLE`, and the servers close for at most the shutdown timeout.
+    pub async fn run(
+        self,
+        shutdown: CancellationToken,
+        hurry: CancellationToken,
+    ) -> Result<(), RunError> {
         let shutdown_timeout = self.prepared.serve.shutdown_timeout;
+        let drain_delay = self.prepared.serve.drain_delay;
         let mut running = self.start();
         running.set_serving(true).await;
         running.log_serving();
@@ -45,6 +53,10 @@ impl Bound {
             result = &mut running.sync_task => Some(result),
         };
         running.set_serving(false).await;
+        running.accepting_end.cancel();
+        if early.is_none() {
+            running.drain(drain_delay, &hurry).await;
+        }
         running.stop(early, shutdown_timeout).await
     }
 
@@ -113,6 +125,7 @@ impl Bound {
             metrics.clone(),
             management_done.clone(),
         ));
+        let accepting_end = CancellationToken::new();
         let streams_end = CancellationToken::new();
         let drain_end = CancellationToken::new();
         let service = SyncService::new(hub.clone(), metrics.clone(), streams_end.clone())
@@ -121,7 +134,7 @@ impl Bound {
             .with_compression(compression)
             .with_max_resources_per_address(server_options.max_resources_per_address);
         if let Some(tls) = &tls {
-            tls.spawn_reloader(&tasks, streams_end.clone());
+            tls.spawn_reloader(&tasks, accepting_end.clone());
         }
         let listeners = sync.map(SyncListener::Tcp).into_iter();
         let sync_task = tasks.spawn(server::run(
@@ -131,8 +144,8 @@ impl Bound {
             health_service,
             server_options,
             budget,
-            metrics,
-            streams_end.clone(),
+            metrics.clone(),
+            accepting_end.clone(),
             drain_end.clone(),
             tasks.clone(),
         ));
@@ -141,6 +154,8 @@ impl Bound {
             tasks,
             readiness,
             health,
+            metrics,
+            accepting_end,
             streams_end,
             drain_end,
             sync_task,
@@ -193,6 +208,9 @@ struct Running {
     tasks: TaskTracker,
     readiness: Readiness,
     health: HealthReporter,
+    metrics: Arc<Metrics>,
+    /// Closes the listeners and sends GOAWAY on every sync connection (the drain begins).
+    accepting_end: CancellationToken,
     /// Ends every sync stream with `UNAVAILABLE`.
     streams_end: CancellationToken,
     /// Closes every sync connection still open (the shutdown timeout has passed).
@@ -271,6 +289,31 @@ impl Running {
         }
     }
 
+    /// Keeps serving the open streams for at most `delay` (the listeners are closed): until no
+    /// stream is open, or `hurry` is cancelled. Clients meanwhile get every update, and a Service
+    /// stops routing to this replica (its readiness fails), so that when their streams end they
+    /// reconnect to another one.
+    async fn drain(&self, delay: Duration, hurry: &CancellationToken) {
+        let open = || self.metrics.sync_active_streams.get();
+        if delay.is_zero() || open() == 0 {
+            return;
+        }
+        tracing::info!(
+            ?delay,
+            streams = open(),
+            "draining: no new connections; open streams are served until the drain delay ends \
+             (a second stop signal ends it now)"
+        );
+        let end = Instant::now() + delay;
+        while open() > 0 && Instant::now() < end {
+            let next = end.min(Instant::now() + DRAIN_CHECK);
+            tokio::select! {
+                () = tokio::time::sleep_until(next) => {}
+                () = hurry.cancelled() => return,
+            }
+        }
+    }
+
     /// Ends the streams, waits for the sync server (unless it has already ended, with `early`)
     /// for at most `timeout`, stops the management server, the exporter and the watches, and
     /// waits for every task the proxy started to end, until `timeout` has passed (and at least
@@ -330,6 +373,8 @@ impl Running {
 
 /// How long the closed connections are given to end after the shutdown timeout.
 const CLOSE_GRACE: Duration = Duration::from_secs(1);
+/// How often the drain looks whether a stream is still open.
+const DRAIN_CHECK: Duration = Duration::from_millis(100);
 
 /// Waits until every task of `trackers` (closed) has ended, or `deadline`; then logs how many
 /// are still running, and returns that count (0 when all ended in time).

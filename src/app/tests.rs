@@ -65,7 +65,7 @@ async fn the_end_of_the_drain_closes_connections_whose_client_stopped_reading() 
         .expect("bind");
     let addr = bound.sync_addr().expect("sync address");
     let shutdown = CancellationToken::new();
-    let proxy = tokio::spawn(bound.run(shutdown.clone()));
+    let proxy = tokio::spawn(bound.run(shutdown.clone(), CancellationToken::new()));
 
     let tcp = tokio::net::TcpStream::connect(addr).await.expect("connect");
     let (mut send, connection) = h2::client::handshake(tcp).await.expect("handshake");
@@ -137,7 +137,7 @@ async fn run_returns_once_every_watch_has_stopped() {
     let bound = prepared.bind().await.expect("bind");
     let addr = bound.sync_addr().expect("sync address");
     let shutdown = CancellationToken::new();
-    let proxy = tokio::spawn(bound.run(shutdown.clone()));
+    let proxy = tokio::spawn(bound.run(shutdown.clone(), CancellationToken::new()));
 
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .expect("uri")

@@ -112,6 +112,18 @@ where
     }
 }
 
+/// Waits until nothing accepts connections on 127.0.0.1:`port` (a draining proxy has closed its
+/// listener).
+pub async fn wait_until_refused(port: u16) {
+    eventually("the port to refuse connections", || async move {
+        match tokio::net::TcpStream::connect(("127.0.0.1", port)).await {
+            Ok(_) => Err("a connection was accepted"),
+            Err(_) => Ok(()),
+        }
+    })
+    .await;
+}
+
 /// A port that was free a moment ago on 127.0.0.1 and not handed out before in this process.
 pub fn free_port() -> u16 {
     control_plane::free_port().expect("a free loopback port")

@@ -1,5 +1,5 @@
-//! The flags of where the proxy listens (`Listening`: ports, address, unix socket, shutdown,
-//! pod name) and how it logs (`Logging`); the listening ones become [`ServeSettings`].
+//! The flags of where the proxy listens (`Listening`: ports, address, unix socket, drain and
+//! shutdown, pod name) and how it logs (`Logging`); the listening ones become [`ServeSettings`].
 use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -56,6 +56,13 @@ pub struct ServeArgs {
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_SHUTDOWN_TIMEOUT", default_value = duration_text(settings::DEFAULT_SHUTDOWN_TIMEOUT), value_parser = humantime::parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// After SIGTERM, SIGINT or SIGQUIT: how long open streams keep being served, with updates,
+    /// before they end with UNAVAILABLE. No new connection is accepted meanwhile, open ones are
+    /// sent GOAWAY and readiness fails, so clients reconnect to another replica. Ends at once
+    /// when no stream is open or a second stop signal arrives.
+    #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_DRAIN_DELAY", default_value = duration_text(settings::DEFAULT_DRAIN_DELAY), value_parser = humantime::parse_duration)]
+    pub drain_delay: Duration,
+
     /// The name of this proxy's pod (the downward API's metadata.name): the reporting instance
     /// of the Kubernetes Events it records and its OpenTelemetry service.instance.id (the host
     /// name without it).
@@ -73,6 +80,7 @@ impl From<ServeArgs> for ServeSettings {
             sync_socket_mode: args.sync_socket_mode,
             sync_socket_only: args.sync_socket_only,
             shutdown_timeout: args.shutdown_timeout,
+            drain_delay: args.drain_delay,
             pod_name: args.pod_name.filter(|name| !name.is_empty()),
         }
     }
