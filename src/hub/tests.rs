@@ -842,6 +842,22 @@ async fn a_source_that_does_not_answer_gets_the_kept_version_served_after_the_gr
     assert_eq!(variant(&next(&mut sub).await), "kept");
 }
 
+/// With the proxy's grace, a client of a silent source has the kept version within a second of
+/// the watch's start (virtual time: the clock is paused and moves only as timers fire).
+#[tokio::test(start_paused = true)]
+async fn the_kept_version_is_served_within_a_second_when_the_source_is_silent() {
+    let key = ResourceKey::new("ns", "a");
+    let store = MemoryStore::with(&key, "kept");
+    let started = tokio::time::Instant::now();
+    let (_hub, mut sub, _publisher) = kept_by(&store, STALE_GRACE).await;
+    assert_eq!(variant(&next(&mut sub).await), "kept");
+    let waited = started.elapsed();
+    assert!(
+        waited >= STALE_GRACE && waited < Duration::from_secs(1),
+        "{waited:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_kept_version_never_replaces_one_from_the_source() {
     let key = ResourceKey::new("ns", "a");

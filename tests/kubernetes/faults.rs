@@ -142,3 +142,52 @@ async fn the_crd_deleted_and_created_again_serves_the_resource_again() {
     assert_eq!(next_variant(&mut stream).await, "blue");
     assert_eq!(next_variant(&mut late).await, "blue");
 }
+
+/// The central tier's warm start: a proxy restarted with its state directory while the API
+/// server is down serves a new client the version it delivered last, marked stale, and the
+/// fresh one once the API server is back (the node tier's is in `tests/chaining.rs`).
+#[tokio::test]
+async fn a_proxy_restarted_while_the_api_server_is_down_serves_its_kept_version() {
+    let Some((_turn, mut cp)) = control_plane_or_skip().await else {
+        return;
+    };
+    let state = tempfile::tempdir().expect("tempdir");
+    let state_dir = state.path().to_str().expect("utf-8").to_owned();
+    let extra = ["--state-dir", state_dir.as_str()];
+    let mut proxy = proxy_with_red_flag(&cp, "warm", "flags", &extra).await;
+    let target = selector("warm", "flags");
+    let (_client, stream) = red_stream(&proxy, &target).await;
+    eventually("the version to be kept", || async {
+        let kept = support::kept_flag_configurations(state.path());
+        match kept.as_slice() {
+            [document] if default_variant(document, "color") == "red" => Ok(()),
+            other => Err(format!("kept {other:?}")),
+        }
+    })
+    .await;
+    drop(stream);
+    assert!(proxy.terminate().await.success());
+
+    cp.stop_apiserver().await;
+    let proxy = start_proxy_with_flags(&cp, &extra).await;
+    let (_client, mut stream) = red_stream(&proxy, &target).await;
+    assert!(is_stale(&proxy, &target).await, "marked stale");
+    assert_eq!(proxy.metric("flagd_proxy_stale_resources").await, 1.0);
+
+    cp.start_apiserver().await;
+    set_variant(&cp, "warm", "flags", "blue").await;
+    wait_for_variant(&mut stream, "blue").await;
+    proxy
+        .wait_for_metric("flagd_proxy_stale_resources", 0.0)
+        .await;
+    assert!(!is_stale(&proxy, &target).await, "fresh");
+}
+
+/// Whether the proxy's `/status` marks `target` stale.
+async fn is_stale(proxy: &Proxy, target: &str) -> bool {
+    proxy
+        .status_page()
+        .await
+        .resource(target)
+        .is_some_and(|r| r.stale)
+}
