@@ -136,7 +136,7 @@ pub async fn prepare(settings: Settings) -> Result<Prepared, ConfigError> {
     let reviewer = started
         .kube_client
         .map(|client| Arc::new(KubeReviewer::new(client, &authz)) as Arc<dyn Reviewer>);
-    let authz = Authorizer::new(authz, reviewer).map_err(ConfigError::Authz)?;
+    let authz = Authorizer::new(authz, reviewer, budget.clone()).map_err(ConfigError::Authz)?;
     Ok(Prepared {
         serve,
         hub,

@@ -23,7 +23,8 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use tonic::metadata::MetadataMap;
 
-use self::memo::Memo;
+use self::memo::{Footprint, Memo};
+use crate::budget::MemoryBudget;
 use crate::net::info::ConnectionInfo;
 use crate::selector::ResourceKey;
 
@@ -81,6 +82,24 @@ pub struct Identity {
     pub namespace: Option<String>,
     /// How the identity was established.
     pub via: &'static str,
+}
+
+impl Footprint for Identity {
+    fn heap_bytes(&self) -> usize {
+        self.user.heap_bytes() + self.groups.heap_bytes() + self.namespace.heap_bytes()
+    }
+}
+
+impl Footprint for ResourceKey {
+    fn heap_bytes(&self) -> usize {
+        self.namespace.heap_bytes() + self.name.heap_bytes()
+    }
+}
+
+impl Footprint for PodOwner {
+    fn heap_bytes(&self) -> usize {
+        self.uid.heap_bytes() + self.namespace.heap_bytes() + self.service_account.heap_bytes()
+    }
 }
 
 impl Identity {
@@ -171,10 +190,12 @@ pub struct Authorizer {
 }
 
 impl Authorizer {
-    /// An authorizer that asks `reviewer` (none: the proxy has no Kubernetes API).
+    /// An authorizer that asks `reviewer` (none: the proxy has no Kubernetes API), its kept
+    /// answers charged to `budget`.
     pub fn new(
         settings: AuthzSettings,
         reviewer: Option<Arc<dyn Reviewer>>,
+        budget: Arc<MemoryBudget>,
     ) -> Result<Self, AuthzConfigError> {
         if reviewer.is_none() {
             if settings.mode == AuthzMode::Rbac {
@@ -191,9 +212,9 @@ impl Authorizer {
             }
         }
         Ok(Self {
-            tokens: Memo::new(settings.cache_ttl, Result::is_ok),
-            decisions: Memo::new(settings.cache_ttl, Result::is_ok),
-            pods: Memo::new(Duration::ZERO, |_| true),
+            tokens: Memo::new(settings.cache_ttl, Result::is_ok, budget.clone()),
+            decisions: Memo::new(settings.cache_ttl, Result::is_ok, budget.clone()),
+            pods: Memo::new(Duration::ZERO, |_| true, budget),
             settings,
             reviewer,
         })

@@ -35,6 +35,8 @@ pub enum Kind {
     Connections,
     Streams,
     Watches,
+    /// Answers the authorization memos keep (token reviews, access decisions).
+    Authorization,
 }
 
 impl Kind {
@@ -44,6 +46,7 @@ impl Kind {
             Kind::Connections => "connections",
             Kind::Streams => "streams",
             Kind::Watches => "watches",
+            Kind::Authorization => "authorization",
         }
     }
 }
@@ -88,19 +91,24 @@ impl MemoryBudget {
     /// Charges `bytes` for new work if they fit in the budget; `None` (counted as a refusal
     /// with reason `memory_budget`) if they do not.
     pub fn try_charge(self: &Arc<Self>, bytes: usize, kind: Kind) -> Option<Charge> {
-        let fits = self
-            .used
+        let charge = self.try_charge_spare(bytes, kind);
+        if charge.is_none() {
+            self.metrics.reject("memory_budget");
+            self.pressure.notify_one();
+        }
+        charge
+    }
+
+    /// Charges `bytes` if they fit, for what is only worth keeping while there is room (a memo
+    /// of answers): not fitting is no refusal, so nothing is counted or shed for it.
+    pub fn try_charge_spare(self: &Arc<Self>, bytes: usize, kind: Kind) -> Option<Charge> {
+        self.used
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |used| {
                 let after = used.saturating_add(bytes);
                 (self.limit == 0 || after <= self.limit).then_some(after)
             })
-            .is_ok();
-        if !fits {
-            self.metrics.reject("memory_budget");
-            self.pressure.notify_one();
-            return None;
-        }
-        Some(self.charged(bytes, kind))
+            .ok()
+            .map(|_| self.charged(bytes, kind))
     }
 
     /// Charges `bytes` whether or not they fit (for what must be held anyway).

@@ -6,35 +6,114 @@
 //! ([`AuthzError`], the API could not be asked) is handed to the callers that waited for it and
 //! then forgotten, so the next caller asks again.
 //!
-//! At most [`MAX_ENTRIES`] answers are kept. Beyond that the least recently used answer goes,
-//! and answers a memo values (an identity, a permission) go only when no other is left: a
-//! flood of questions with new keys (invented tokens) cannot push out the answers the honest
-//! clients keep asking for.
+//! At most [`MAX_ENTRIES`] answers taking at most [`MAX_BYTES`] are kept, each charged to the
+//! process's memory budget ([`Kind::Authorization`]) while it is. Beyond those bounds, or when
+//! the budget has no room, the least recently used answer goes, and answers a memo values (an
+//! identity, a permission) go only when no other is left: a flood of questions with new keys
+//! (invented tokens) cannot push out the answers the honest clients keep asking for. When the
+//! budget has no room even then, the new answer is not kept (it is still given).
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::FutureExt;
 use futures::future::{BoxFuture, Shared};
 
 use super::AuthzError;
+use crate::budget::{Charge, Kind, MemoryBudget};
 
 /// The most answers kept; the least recently used go first (the memo only saves API calls).
 pub(super) const MAX_ENTRIES: usize = 10_000;
+/// The most bytes the answers kept take ([`Footprint`]), per memo: 10,000 identities of the
+/// usual size (about 300 bytes each with their key) fit.
+pub(super) const MAX_BYTES: usize = 4 << 20;
+/// What a map entry costs beyond its key and value: the hash table's control bytes and spare
+/// room, and the recency tree's node share.
+const ENTRY_OVERHEAD: usize = 48;
+
+/// What a key or an answer holds on the heap, for the bytes a kept answer is charged.
+pub(super) trait Footprint {
+    fn heap_bytes(&self) -> usize;
+}
+
+impl Footprint for String {
+    fn heap_bytes(&self) -> usize {
+        self.capacity()
+    }
+}
+
+impl Footprint for () {
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
+impl<const N: usize> Footprint for [u8; N] {
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
+impl Footprint for std::net::IpAddr {
+    fn heap_bytes(&self) -> usize {
+        0
+    }
+}
+
+impl<T: Footprint, E: Footprint> Footprint for Result<T, E> {
+    fn heap_bytes(&self) -> usize {
+        match self {
+            Ok(value) => value.heap_bytes(),
+            Err(error) => error.heap_bytes(),
+        }
+    }
+}
+
+impl<A: Footprint, B: Footprint> Footprint for (A, B) {
+    fn heap_bytes(&self) -> usize {
+        self.0.heap_bytes() + self.1.heap_bytes()
+    }
+}
+
+impl<T: Footprint> Footprint for Vec<T> {
+    fn heap_bytes(&self) -> usize {
+        self.capacity() * std::mem::size_of::<T>() + self.iter().map(T::heap_bytes).sum::<usize>()
+    }
+}
+
+impl<T: Footprint> Footprint for Option<T> {
+    fn heap_bytes(&self) -> usize {
+        self.as_ref().map_or(0, T::heap_bytes)
+    }
+}
 
 type Flight<T> = Shared<BoxFuture<'static, Result<T, AuthzError>>>;
 
-/// A kept answer: when it was given, and its place in the recency order of its kind.
+/// A kept answer: when it was given, its place in the recency order of its kind, and its
+/// bytes, charged to the budget until it goes.
 struct Kept<T> {
     answer: T,
     at: Instant,
     used: u64,
     valued: bool,
+    bytes: usize,
+    _charge: Charge,
+}
+
+/// The bytes an answer kept under `key` takes: the key twice (in the table and in the recency
+/// order), the kept answer and what both hold on the heap.
+fn entry_bytes<K: Footprint, T: Footprint>(key: &K, answer: &T) -> usize {
+    2 * (std::mem::size_of::<K>() + key.heap_bytes())
+        + std::mem::size_of::<Kept<T>>()
+        + answer.heap_bytes()
+        + ENTRY_OVERHEAD
 }
 
 struct State<K, T> {
     answers: HashMap<K, Kept<T>>,
+    /// The bytes of the answers kept ([`entry_bytes`]).
+    bytes: usize,
     /// Keys by last use, oldest first: answers the memo values, and the others.
     valued: BTreeMap<u64, K>,
     other: BTreeMap<u64, K>,
@@ -42,7 +121,7 @@ struct State<K, T> {
     flights: HashMap<K, Flight<T>>,
 }
 
-impl<K: Hash + Eq + Clone, T> State<K, T> {
+impl<K: Hash + Eq + Clone + Footprint, T: Footprint> State<K, T> {
     fn order(&mut self, valued: bool) -> &mut BTreeMap<u64, K> {
         if valued {
             &mut self.valued
@@ -65,22 +144,32 @@ impl<K: Hash + Eq + Clone, T> State<K, T> {
         order.insert(uses, key.clone());
     }
 
-    fn insert(&mut self, key: K, answer: T, valued: bool, capacity: usize) {
+    /// Keeps `answer` under `key` within `bounds`, making room by letting the least recently
+    /// used answers go (valued ones last; for the budget, never: a valued answer is not pushed
+    /// out for another).
+    fn insert(&mut self, key: K, answer: T, valued: bool, bounds: &Bounds) {
         self.remove(&key);
-        while self.answers.len() >= capacity.max(1) {
-            let oldest = self
-                .other
-                .first_key_value()
-                .or_else(|| self.valued.first_key_value())
-                .map(|(_, key)| key.clone());
-            match oldest {
-                Some(oldest) => self.remove(&oldest),
-                None => break,
+        let bytes = entry_bytes(&key, &answer);
+        if bytes > bounds.max_bytes {
+            return;
+        }
+        while self.answers.len() >= bounds.capacity.max(1) || self.bytes + bytes > bounds.max_bytes
+        {
+            if !self.evict_oldest(true) {
+                break;
             }
         }
+        let charge = loop {
+            match bounds.budget.try_charge_spare(bytes, Kind::Authorization) {
+                Some(charge) => break charge,
+                None if self.evict_oldest(false) => {}
+                None => return,
+            }
+        };
         self.uses += 1;
         let used = self.uses;
         self.order(valued).insert(used, key.clone());
+        self.bytes += bytes;
         let at = Instant::now();
         self.answers.insert(
             key,
@@ -89,21 +178,48 @@ impl<K: Hash + Eq + Clone, T> State<K, T> {
                 at,
                 used,
                 valued,
+                bytes,
+                _charge: charge,
             },
         );
+    }
+
+    /// Lets the least recently used answer go: one the memo does not value, or (with
+    /// `valued_too`) any. False when there was none.
+    fn evict_oldest(&mut self, valued_too: bool) -> bool {
+        let oldest = self
+            .other
+            .first_key_value()
+            .or_else(|| valued_too.then(|| self.valued.first_key_value()).flatten())
+            .map(|(_, key)| key.clone());
+        match oldest {
+            Some(oldest) => {
+                self.remove(&oldest);
+                true
+            }
+            None => false,
+        }
     }
 
     fn remove(&mut self, key: &K) {
         if let Some(kept) = self.answers.remove(key) {
             self.order(kept.valued).remove(&kept.used);
+            self.bytes -= kept.bytes;
         }
     }
+}
+
+/// What a memo may keep: answers, bytes, and room in the process's budget.
+struct Bounds {
+    capacity: usize,
+    max_bytes: usize,
+    budget: Arc<MemoryBudget>,
 }
 
 /// Answers by question `K`, kept for `ttl` (zero: only shared while in flight).
 pub(super) struct Memo<K, T> {
     ttl: Duration,
-    capacity: usize,
+    bounds: Bounds,
     /// Which answers are worth keeping over others.
     valued: fn(&T) -> bool,
     state: Mutex<State<K, T>>,
@@ -111,21 +227,33 @@ pub(super) struct Memo<K, T> {
 
 impl<K, T> Memo<K, T>
 where
-    K: Hash + Eq + Clone,
-    T: Clone + Send + Sync + 'static,
+    K: Hash + Eq + Clone + Footprint,
+    T: Clone + Send + Sync + Footprint + 'static,
 {
-    /// A memo of at most [`MAX_ENTRIES`] answers; `valued` answers outlast the others.
-    pub(super) fn new(ttl: Duration, valued: fn(&T) -> bool) -> Self {
-        Self::with_capacity(ttl, valued, MAX_ENTRIES)
+    /// A memo of at most [`MAX_ENTRIES`] answers and [`MAX_BYTES`], charged to `budget`;
+    /// `valued` answers outlast the others.
+    pub(super) fn new(ttl: Duration, valued: fn(&T) -> bool, budget: Arc<MemoryBudget>) -> Self {
+        Self::with_bounds(ttl, valued, MAX_ENTRIES, MAX_BYTES, budget)
     }
 
-    pub(super) fn with_capacity(ttl: Duration, valued: fn(&T) -> bool, capacity: usize) -> Self {
+    fn with_bounds(
+        ttl: Duration,
+        valued: fn(&T) -> bool,
+        capacity: usize,
+        max_bytes: usize,
+        budget: Arc<MemoryBudget>,
+    ) -> Self {
         Self {
             ttl,
-            capacity,
+            bounds: Bounds {
+                capacity,
+                max_bytes,
+                budget,
+            },
             valued,
             state: Mutex::new(State {
                 answers: HashMap::new(),
+                bytes: 0,
                 valued: BTreeMap::new(),
                 other: BTreeMap::new(),
                 uses: 0,
@@ -172,7 +300,7 @@ where
                 && !self.ttl.is_zero()
             {
                 let valued = (self.valued)(answer);
-                state.insert(key, answer.clone(), valued, self.capacity);
+                state.insert(key, answer.clone(), valued, &self.bounds);
             }
         }
         result
@@ -189,6 +317,25 @@ mod tests {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use super::*;
+    use crate::metrics::Metrics;
+
+    impl Footprint for u32 {
+        fn heap_bytes(&self) -> usize {
+            0
+        }
+    }
+
+    impl Footprint for &str {
+        fn heap_bytes(&self) -> usize {
+            0
+        }
+    }
+
+    fn unlimited() -> Arc<MemoryBudget> {
+        MemoryBudget::unlimited(Arc::new(Metrics::new()))
+    }
+
+    const HOUR: Duration = Duration::from_secs(3600);
 
     fn counting(
         calls: &Arc<AtomicUsize>,
@@ -209,7 +356,7 @@ mod tests {
 
     #[tokio::test]
     async fn concurrent_questions_share_one_request_and_the_answer_is_kept() {
-        let memo = Memo::<&str, u32>::new(Duration::from_secs(3600), |_| true);
+        let memo = Memo::<&str, u32>::new(HOUR, |_| true, unlimited());
         let calls = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let all = futures::future::join_all(
@@ -227,7 +374,7 @@ mod tests {
 
     #[tokio::test]
     async fn errors_reach_the_waiters_and_are_not_kept() {
-        let memo = Memo::<&str, u32>::new(Duration::from_secs(3600), |_| true);
+        let memo = Memo::<&str, u32>::new(HOUR, |_| true, unlimited());
         let calls = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         let down = Err(AuthzError::Unavailable("down".into()));
@@ -246,7 +393,7 @@ mod tests {
 
     #[tokio::test]
     async fn zero_ttl_shares_only_while_in_flight() {
-        let memo = Memo::<&str, u32>::new(Duration::ZERO, |_| true);
+        let memo = Memo::<&str, u32>::new(Duration::ZERO, |_| true, unlimited());
         let calls = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(tokio::sync::Semaphore::new(0));
         gate.add_permits(100);
@@ -261,7 +408,7 @@ mod tests {
     /// stay, however many others come.
     #[tokio::test]
     async fn a_flood_of_new_keys_evicts_the_least_recently_used_and_keeps_valued_answers() {
-        let memo = Memo::<u32, u32>::with_capacity(Duration::from_secs(3600), |a| a % 2 == 0, 4);
+        let memo = Memo::<u32, u32>::with_bounds(HOUR, |a| a % 2 == 0, 4, MAX_BYTES, unlimited());
         let calls = Arc::new(AtomicUsize::new(0));
         let gate = Arc::new(tokio::sync::Semaphore::new(1000));
         let ask = |key: u32| memo.get(key, counting(&calls, &gate, Ok(key)));
@@ -289,7 +436,7 @@ mod tests {
             "the oldest was asked again"
         );
         // Among valued answers, the least recently used goes when only they are left.
-        let memo = Memo::<u32, u32>::with_capacity(Duration::from_secs(3600), |_| true, 2);
+        let memo = Memo::<u32, u32>::with_bounds(HOUR, |_| true, 2, MAX_BYTES, unlimited());
         let ask = |key: u32| memo.get(key, counting(&calls, &gate, Ok(key)));
         ask(10).await.expect("answer");
         ask(12).await.expect("answer");
@@ -300,5 +447,69 @@ mod tests {
         assert_eq!(calls.load(Ordering::SeqCst), asked);
         ask(12).await.expect("asked again");
         assert_eq!(calls.load(Ordering::SeqCst), asked + 1);
+    }
+
+    /// Each kept answer is charged to the budget until it goes; the bytes bound lets the least
+    /// recently used go like the count bound does.
+    #[tokio::test]
+    async fn kept_answers_are_charged_and_bounded_in_bytes() {
+        let budget = unlimited();
+        let one = entry_bytes(&0_u32, &0_u32);
+        let memo = Memo::<u32, u32>::with_bounds(HOUR, |_| true, 100, 3 * one, budget.clone());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(1000));
+        let ask = |key: u32| memo.get(key, counting(&calls, &gate, Ok(key)));
+        for key in 0..3 {
+            ask(key).await.expect("answer");
+        }
+        assert_eq!(budget.used(), 3 * one);
+        ask(3).await.expect("answer");
+        assert_eq!(budget.used(), 3 * one, "the oldest went to make room");
+        let asked = calls.load(Ordering::SeqCst);
+        ask(0).await.expect("asked again");
+        assert_eq!(calls.load(Ordering::SeqCst), asked + 1);
+        drop(memo);
+        assert_eq!(budget.used(), 0, "released with the memo");
+    }
+
+    /// With no room in the budget, answers the memo does not value give way to valued ones and
+    /// are otherwise not kept; a valued answer is never pushed out for the budget, and none of
+    /// this counts as a refusal.
+    #[tokio::test]
+    async fn a_full_budget_keeps_valued_answers_and_drops_the_others() {
+        let metrics = Arc::new(Metrics::new());
+        let one = entry_bytes(&0_u32, &0_u32);
+        let budget = MemoryBudget::new(2 * one, metrics.clone());
+        let memo = Memo::<u32, u32>::with_bounds(HOUR, |a| a % 2 == 0, 100, MAX_BYTES, budget);
+        let calls = Arc::new(AtomicUsize::new(0));
+        let gate = Arc::new(tokio::sync::Semaphore::new(1000));
+        let ask = |key: u32| memo.get(key, counting(&calls, &gate, Ok(key)));
+        ask(1).await.expect("answer");
+        ask(0).await.expect("answer");
+        // The budget is full: the valued 2 takes the place of 1.
+        ask(2).await.expect("answer");
+        let asked = calls.load(Ordering::SeqCst);
+        for key in [0, 2] {
+            ask(key).await.expect("kept");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), asked, "both valued kept");
+        // A valued 4 and a flood of others find no room and are not kept.
+        for key in [4, 3, 5] {
+            ask(key).await.expect("answer");
+        }
+        for key in [0, 2] {
+            ask(key).await.expect("kept");
+        }
+        assert_eq!(calls.load(Ordering::SeqCst), asked + 3);
+        ask(4).await.expect("not kept");
+        assert_eq!(calls.load(Ordering::SeqCst), asked + 4);
+        let refusals = crate::metrics::ReasonLabels {
+            reason: "memory_budget",
+        };
+        assert_eq!(
+            metrics.rejected_requests.get_or_create(&refusals).get(),
+            0,
+            "no refusal counted"
+        );
     }
 }

@@ -12,8 +12,13 @@ fn authorizer(mode: AuthzMode, allow: &[&str]) -> Authorizer {
             cache_ttl: Duration::from_secs(5),
         },
         None,
+        unlimited(),
     )
     .expect("valid settings")
+}
+
+fn unlimited() -> Arc<MemoryBudget> {
+    MemoryBudget::unlimited(Arc::new(crate::metrics::Metrics::new()))
 }
 
 #[test]
@@ -84,13 +89,13 @@ fn rbac_needs_the_api() {
         pod_node: None,
         cache_ttl: Duration::from_secs(5),
     };
-    assert!(Authorizer::new(settings.clone(), None).is_err());
+    assert!(Authorizer::new(settings.clone(), None, unlimited()).is_err());
     let pod_ip = AuthzSettings {
         mode: AuthzMode::Namespace,
         pod_ip: true,
         ..settings
     };
-    assert!(Authorizer::new(pod_ip, None).is_err());
+    assert!(Authorizer::new(pod_ip, None, unlimited()).is_err());
 }
 
 /// A [`Reviewer`] that counts its calls and holds every answer until `gate` opens.
@@ -170,8 +175,12 @@ fn faked(mode: AuthzMode, pod_ip: bool) -> (Arc<FakeReviewer>, Authorizer) {
         cache_ttl: Duration::from_secs(3600),
         ..AuthzSettings::default()
     };
-    let authz =
-        Authorizer::new(settings, Some(fake.clone() as Arc<dyn Reviewer>)).expect("valid settings");
+    let authz = Authorizer::new(
+        settings,
+        Some(fake.clone() as Arc<dyn Reviewer>),
+        unlimited(),
+    )
+    .expect("valid settings");
     (fake, authz)
 }
 
