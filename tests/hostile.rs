@@ -725,6 +725,121 @@ async fn what_connections_keep_after_a_burst_is_charged_and_let_go_at_the_budget
     scene.change().await;
 }
 
+/// Connections from several addresses that each send a burst of requests and then hold one
+/// stream open (their stream stores keep the burst's places, charged to the budget, for one
+/// subscriber) reach the memory budget. They are shed first, however busy that one stream is,
+/// while an honest client that polls (its connection has no stream open between its calls) keeps
+/// its connection; new clients are served again, and established subscribers get the next
+/// version.
+#[tokio::test]
+async fn connections_holding_a_burst_for_one_stream_are_shed_before_a_polling_client() {
+    use support::raw_h2::{self, ACK, GOAWAY, PING};
+    const REQUESTS: u32 = 500;
+    /// Each burst keeps 750 KiB charged: the budget is reached after about 20.
+    const MOST_CONNECTIONS: u8 = 64;
+    const SYNC: &str = "/flagd.sync.v1.FlagSyncService/SyncFlags";
+    // No keepalive ping within the test and no idle timeout: only the budget closes anything.
+    let mut scene = Scene::start_with(&[
+        "--max-pending-requests-per-address",
+        "0",
+        "--memory-budget",
+        "16Mi",
+        "--keepalive-interval",
+        "1h",
+        "--connection-idle-timeout",
+        "0",
+    ])
+    .await;
+    scene.subscribe().await;
+    let port = scene.proxy.port;
+    // The poller: one call, answered; its connection then has no stream open.
+    let (mut poll_read, mut poll_write) =
+        raw_h2::connect_from(std::net::Ipv4Addr::new(127, 0, 0, 9), port).await;
+    let call = raw_h2::grpc_headers(1, SYNC, true);
+    poll_write.write_all(&call).await.expect("a call");
+    all_streams_end(&mut poll_read, 1).await;
+
+    let burst: Vec<u8> = (0..REQUESTS)
+        .flat_map(|i| raw_h2::grpc_headers(2 * i + 1, SYNC, true))
+        .collect();
+    let held = 2 * REQUESTS + 1;
+    let mut hoarders = Vec::new();
+    let mut refused = false;
+    for i in 0..MOST_CONNECTIONS {
+        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + i % 4);
+        let (mut read, mut write) = raw_h2::connect_from(from, port).await;
+        write.write_all(&burst).await.expect("send the burst");
+        if streams_end_or_connection_closes(&mut read, REQUESTS).await {
+            let mut stream = raw_h2::grpc_headers(held, SYNC, false);
+            stream.extend(raw_h2::frame(
+                raw_h2::DATA,
+                raw_h2::END_STREAM,
+                held,
+                &raw_h2::sync_request(SELECTOR),
+            ));
+            let _ = write.write_all(&stream).await;
+        }
+        hoarders.push((read, write));
+        if scene.rejected("memory_budget").await > 0.0 {
+            refused = true;
+            break;
+        }
+    }
+    assert!(
+        refused,
+        "{MOST_CONNECTIONS} connections held bursts of {REQUESTS} requests, and the budget never refused"
+    );
+    // New clients get in again: hoarders were shed.
+    support::eventually("a new subscriber", || async {
+        let mut client = Client::new(scene.channel().await);
+        match open(&mut client, SELECTOR).await {
+            Ok(mut stream) => support::client::next_message(&mut stream).await.map(|_| ()),
+            Err(status) => Err(status),
+        }
+    })
+    .await;
+    one_closed(&mut hoarders).await;
+    // The poller's connection is still open: it answers a PING, and no GOAWAY came first.
+    poll_write
+        .write_all(&raw_h2::ping(*b"pollster"))
+        .await
+        .expect("ping");
+    loop {
+        let frame = tokio::time::timeout(EVENT_TIMEOUT, raw_h2::read_frame(&mut poll_read))
+            .await
+            .expect("a frame")
+            .expect("the polling client's connection is open");
+        assert_ne!(frame.kind, GOAWAY, "the polling client was shed");
+        if frame.kind == PING && frame.flags & ACK != 0 {
+            break;
+        }
+    }
+    drop(hoarders);
+    scene.change().await;
+}
+
+/// Waits until the proxy has closed one of `connections` (GOAWAY, or the end of its bytes).
+async fn one_closed(
+    connections: &mut [(
+        tokio::net::tcp::OwnedReadHalf,
+        tokio::net::tcp::OwnedWriteHalf,
+    )],
+) {
+    use support::raw_h2::{self, GOAWAY};
+    let ends = connections.iter_mut().map(|(read, _)| {
+        Box::pin(async move {
+            while let Some(frame) = raw_h2::read_frame(read).await {
+                if frame.kind == GOAWAY {
+                    break;
+                }
+            }
+        })
+    });
+    tokio::time::timeout(EVENT_TIMEOUT, futures::future::select_all(ends))
+        .await
+        .expect("a hoarding connection is closed");
+}
+
 /// The "MadeYouReset" pattern: streams the client makes the server reset (here by overflowing
 /// each stream's flow-control window) are counted, and the connection gets GOAWAY.
 #[tokio::test]

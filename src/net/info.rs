@@ -78,6 +78,14 @@ impl Activity {
         self.streams.load(Ordering::SeqCst)
     }
 
+    /// The places the connection keeps (and is charged for) beyond the streams open now: the
+    /// most it held at once, less those.
+    pub fn unused_places(&self) -> usize {
+        self.peak
+            .load(Ordering::SeqCst)
+            .saturating_sub(self.streams())
+    }
+
     /// Notes that the connection did something now.
     pub fn heard(&self) {
         self.heard.store(clock_ms(), Ordering::Relaxed);

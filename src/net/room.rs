@@ -6,6 +6,12 @@
 //! What "quiet" means is the port's: on the management port, nothing read from the connection;
 //! on the sync port, no stream open on it (a connection with a stream is never closed to make
 //! room: it is serving someone).
+//!
+//! At the memory budget the sync port sheds ([`Room::shed`]) the connections that hold the most
+//! for the least service first: those that keep many more stream places than they have streams
+//! open (a burst, then idle or one stream held), however busy that stream; only when there are
+//! none, the connections with no stream open. An honest client that polls (a connection with no stream
+//! between its calls) is so never closed while a hoarder is left.
 use std::collections::HashMap;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,6 +36,18 @@ struct Entry {
     activity: Arc<Activity>,
     close: CancellationToken,
     place: TotalSlot,
+}
+
+impl Entry {
+    /// No stream open, and nothing heard since `since` ([`clock_ms`]).
+    fn is_idle_since(&self, since: u64) -> bool {
+        self.activity.streams() == 0 && self.activity.last_heard() <= since
+    }
+}
+
+/// The [`clock_ms`] before which a connection heard from last has been quiet for `quiet`.
+fn quiet_since(quiet: Duration) -> u64 {
+    clock_ms().saturating_sub(u64::try_from(quiet.as_millis()).unwrap_or(0))
 }
 
 impl Room {
@@ -80,23 +98,52 @@ impl Room {
         Some(entry.place)
     }
 
+    /// Sheds connections for the memory budget: every hoarder (a connection that keeps at least
+    /// [`HOARDED_PLACES`] stream places it does not use) with no stream open that has been quiet
+    /// for `quiet`, and the [`SHED_AT_ONCE`] other hoarders that keep the most; when there is no
+    /// hoarder, every connection with no stream open that has been quiet for `quiet`. With
+    /// `wait_for_ending`, nothing while connections closed before are still ending: what they
+    /// give back may be enough.
+    pub(crate) fn shed(&self, quiet: Duration, wait_for_ending: bool) -> Shed {
+        let connections = self.lock();
+        if wait_for_ending && connections.values().any(|entry| entry.close.is_cancelled()) {
+            return Shed::Ending;
+        }
+        let since = quiet_since(quiet);
+        let (mut idle, mut busy): (Vec<&Entry>, Vec<&Entry>) = connections
+            .values()
+            .filter(|entry| {
+                entry.activity.unused_places() >= HOARDED_PLACES && !entry.close.is_cancelled()
+            })
+            .partition(|entry| entry.is_idle_since(since));
+        busy.sort_by_key(|entry| std::cmp::Reverse(entry.activity.unused_places()));
+        busy.truncate(SHED_AT_ONCE);
+        idle.append(&mut busy);
+        if !idle.is_empty() {
+            return Shed::Hoarders(idle.into_iter().map(|entry| entry.close.cancel()).count());
+        }
+        drop(connections);
+        match self.close_idle(quiet) {
+            0 => Shed::Nothing,
+            closed => Shed::Idle(closed),
+        }
+    }
+
     /// Closes every connection with no stream open that has been quiet for `quiet` (so not one
     /// whose client is sending a request right now); returns how many. They serve no one, and
     /// what they keep goes back with them (each leaves the room once it has closed).
     pub(crate) fn close_idle(&self, quiet: Duration) -> usize {
-        let since = clock_ms().saturating_sub(u64::try_from(quiet.as_millis()).unwrap_or(0));
+        let since = quiet_since(quiet);
         let connections = self.lock();
-        let idle = connections.values().filter(|entry| {
-            entry.activity.streams() == 0
-                && entry.activity.last_heard() <= since
-                && !entry.close.is_cancelled()
-        });
+        let idle = connections
+            .values()
+            .filter(|entry| entry.is_idle_since(since) && !entry.close.is_cancelled());
         idle.map(|entry| entry.close.cancel()).count()
     }
 
-    /// Whenever the memory budget refuses new work, closes the connections with no stream open
-    /// (what they keep, see [`Activity::retain_peak`], is charged to the budget) every `PAUSE`,
-    /// until the budget has room for a stream again and a pass closes none; until `shutdown`.
+    /// Whenever the memory budget refuses new work, sheds connections ([`Room::shed`]; what
+    /// they keep, see [`Activity::retain_peak`], is charged to the budget) every `PAUSE`, until
+    /// the budget has room for a new client again or nothing is left to shed; until `shutdown`.
     pub(crate) async fn close_idle_when_refused(
         self: Arc<Self>,
         budget: Arc<MemoryBudget>,
@@ -108,26 +155,55 @@ impl Room {
                 () = shutdown.cancelled() => return,
                 () = budget.refused() => {}
             }
-            loop {
-                let closed = self.close_idle(PAUSE);
-                if closed > 0 {
-                    tracing::warn!(
+            let mut waited = 0;
+            while !budget.has_room(ROOM_FOR_A_CLIENT) {
+                let pass = self.shed(PAUSE, waited < MOST_PASSES_WAITED);
+                waited = if pass == Shed::Ending { waited + 1 } else { 0 };
+                match pass {
+                    Shed::Nothing => break,
+                    Shed::Ending => {}
+                    Shed::Hoarders(closed) => tracing::warn!(
+                        closed,
+                        "at the memory budget (--memory-budget): closing the connections that keep the most stream places they do not use"
+                    ),
+                    Shed::Idle(closed) => tracing::warn!(
                         closed,
                         "at the memory budget (--memory-budget): closing the connections with no stream open"
-                    );
+                    ),
                 }
                 tokio::select! {
                     () = shutdown.cancelled() => return,
                     () = tokio::time::sleep(PAUSE) => {}
                 }
-                // Once more after any was closed: those heard from just before are quiet now.
-                if closed == 0 && budget.has_room(crate::budget::STREAM_BYTES) {
-                    break;
-                }
             }
         }
     }
 }
+
+/// What a pass of [`Room::shed`] did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Shed {
+    /// Closed this many connections that keep many unused stream places.
+    Hoarders(usize),
+    /// Closed this many connections with no stream open.
+    Idle(usize),
+    /// Connections closed before are still ending.
+    Ending,
+    /// Nothing to shed.
+    Nothing,
+}
+
+/// Unused stream places ([`Activity::unused_places`]) that make a connection a hoarder: 96 KiB
+/// kept for nothing, four subscribers' worth. Real clients open their streams a few at a time.
+pub(crate) const HOARDED_PLACES: usize = 64;
+/// How many passes shedding waits for closed connections to end before it goes on without
+/// them (a connection ends as soon as it is next read from, which is at once for a live one).
+const MOST_PASSES_WAITED: u32 = 8;
+/// The most hoarders one pass closes: the biggest first, and the budget is looked at again.
+const SHED_AT_ONCE: usize = 16;
+/// What the budget must have room for before shedding stops: a new client's connection, stream
+/// and request, with room to spare.
+const ROOM_FOR_A_CLIENT: usize = 64 * 1024;
 
 /// A connection's entry in the [`Room`]: leaves it when dropped.
 pub(crate) struct Ticket {
@@ -363,6 +439,44 @@ mod tests {
         assert_eq!(room.close_idle(Duration::ZERO), 1);
         talking.closed().await;
         assert_eq!(room.close_idle(Duration::ZERO), 0, "closed once");
+    }
+
+    /// At the budget, connections that keep many more stream places than they use go first,
+    /// the biggest first, even with a stream open; the idle one (an honest poller between its
+    /// calls) stays while any is left, and goes only after.
+    #[tokio::test]
+    async fn hoarders_are_shed_before_idle_connections() {
+        let metrics = Arc::new(Metrics::new());
+        let limit = TotalLimit::new(0, "sync", "max_connections", metrics.clone());
+        let budget = MemoryBudget::unlimited(metrics);
+        let room = Room::new();
+        let hoarder = |places: usize| {
+            let ticket = room.enter(limit.admit().expect("place"));
+            let streams: Vec<_> = (0..places)
+                .map(|_| ticket.activity().open_stream())
+                .collect();
+            ticket.activity().retain_peak(places, &budget);
+            let kept = ticket.activity().open_stream();
+            drop(streams);
+            (ticket, kept)
+        };
+        let (big, _big_stream) = hoarder(HOARDED_PLACES * 2);
+        let (small, _small_stream) = hoarder(HOARDED_PLACES + 1);
+        let (subscriber, _stream) = hoarder(HOARDED_PLACES);
+        let poller = room.enter(limit.admit().expect("place"));
+        let quiet = Duration::ZERO;
+        assert_eq!(room.shed(quiet, true), Shed::Hoarders(2));
+        assert!(big.close.is_cancelled() && small.close.is_cancelled());
+        assert_eq!(
+            room.shed(quiet, true),
+            Shed::Ending,
+            "until they have ended"
+        );
+        assert_eq!(room.shed(quiet, false), Shed::Idle(1));
+        assert!(poller.close.is_cancelled());
+        assert!(!subscriber.close.is_cancelled(), "few unused places: kept");
+        drop((big, small, poller));
+        assert_eq!(room.shed(quiet, true), Shed::Nothing);
     }
 
     #[tokio::test]
