@@ -81,6 +81,24 @@ impl Scene {
         self.subscribers.push(stream);
     }
 
+    /// A scene with a 16 MiB memory budget, no keepalive ping within a test and no idle
+    /// timeout (only the budget closes connections), and one subscriber.
+    async fn where_only_the_budget_closes() -> Scene {
+        let mut scene = Scene::start_with(&[
+            "--max-pending-requests-per-address",
+            "0",
+            "--memory-budget",
+            "16Mi",
+            "--keepalive-interval",
+            "1h",
+            "--connection-idle-timeout",
+            "0",
+        ])
+        .await;
+        scene.subscribe().await;
+        scene
+    }
+
     /// `/healthz` answers 200.
     async fn assert_healthy(&self) {
         assert_eq!(self.probe("/healthz").await, 200);
@@ -489,12 +507,18 @@ async fn streams_end_or_connection_closes(
 
 /// HEADERS frames opening `streams` SyncFlags streams whose request never comes.
 fn unfinished_sync_streams(streams: u32) -> Vec<u8> {
+    sync_headers(streams, false)
+}
+
+/// HEADERS frames opening `streams` SyncFlags streams (odd ids from 1), each ended at once
+/// (`end_stream`: no message) or left open.
+fn sync_headers(streams: u32, end_stream: bool) -> Vec<u8> {
     (0..streams)
         .flat_map(|i| {
             support::raw_h2::grpc_headers(
                 2 * i + 1,
                 "/flagd.sync.v1.FlagSyncService/SyncFlags",
-                false,
+                end_stream,
             )
         })
         .collect()
@@ -655,49 +679,9 @@ async fn unfinished_streams_from_many_addresses_are_bounded_by_the_memory_budget
 #[tokio::test]
 async fn what_connections_keep_after_a_burst_is_charged_and_let_go_at_the_budget() {
     use support::raw_h2;
-    const REQUESTS: u32 = 500;
-    /// Each burst keeps 750 KiB charged once idle: the budget is reached after about 20.
-    const MOST_CONNECTIONS: u8 = 64;
     const CONNECTIONS_HELD: &str = "flagd_proxy_memory_charged_bytes{kind=\"connections\"}";
-    // No keepalive ping within the test and no idle timeout: only the budget closes the idle
-    // connections.
-    let mut scene = Scene::start_with(&[
-        "--max-pending-requests-per-address",
-        "0",
-        "--memory-budget",
-        "16Mi",
-        "--keepalive-interval",
-        "1h",
-        "--connection-idle-timeout",
-        "0",
-    ])
-    .await;
-    scene.subscribe().await;
-    let port = scene.proxy.port;
-    // Requests that end at once (no message): each is answered as soon as it is read.
-    let burst: Vec<u8> = (0..REQUESTS)
-        .flat_map(|i| {
-            raw_h2::grpc_headers(2 * i + 1, "/flagd.sync.v1.FlagSyncService/SyncFlags", true)
-        })
-        .collect();
-    let mut idle = Vec::new();
-    let mut refused = false;
-    for i in 0..MOST_CONNECTIONS {
-        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + i % 4);
-        let (mut read, mut write) = raw_h2::connect_from(from, port).await;
-        write.write_all(&burst).await.expect("send the burst");
-        // Answered (or, once the budget refused, possibly closed as idle already).
-        streams_end_or_connection_closes(&mut read, REQUESTS).await;
-        idle.push((read, write));
-        if scene.rejected("memory_budget").await > 0.0 {
-            refused = true;
-            break;
-        }
-    }
-    assert!(
-        refused,
-        "{MOST_CONNECTIONS} connections kept idle after bursts of {REQUESTS} requests, and the budget never refused"
-    );
+    let mut scene = Scene::where_only_the_budget_closes().await;
+    let mut idle = bursts_until_refused(&scene, false).await;
     // The idle connections are closed; what they kept goes back to the budget.
     for (read, _write) in &mut idle {
         let closed = async {
@@ -725,6 +709,58 @@ async fn what_connections_keep_after_a_burst_is_charged_and_let_go_at_the_budget
     scene.change().await;
 }
 
+/// The requests of a burst: each keeps 750 KiB charged to the connection once answered, so the
+/// 16 MiB budget of [`Scene::where_only_the_budget_closes`] is reached after about 20 bursts.
+const REQUESTS: u32 = 500;
+/// The most connections a test sends a burst on before the budget must have refused.
+const MOST_CONNECTIONS: u8 = 64;
+
+/// Connections from four addresses, each sending a burst of [`REQUESTS`] (and, with
+/// `hold_a_stream`, then opening one stream of [`SELECTOR`] that stays open), until the memory
+/// budget refuses; the connections, both halves.
+async fn bursts_until_refused(
+    scene: &Scene,
+    hold_a_stream: bool,
+) -> Vec<(
+    tokio::net::tcp::OwnedReadHalf,
+    tokio::net::tcp::OwnedWriteHalf,
+)> {
+    use support::raw_h2;
+    let burst = burst_of(REQUESTS);
+    let held = 2 * REQUESTS + 1;
+    let mut stream = raw_h2::grpc_headers(held, "/flagd.sync.v1.FlagSyncService/SyncFlags", false);
+    stream.extend(raw_h2::frame(
+        raw_h2::DATA,
+        raw_h2::END_STREAM,
+        held,
+        &raw_h2::sync_request(SELECTOR),
+    ));
+    let mut connections = Vec::new();
+    for i in 0..MOST_CONNECTIONS {
+        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + i % 4);
+        let (mut read, mut write) = raw_h2::connect_from(from, scene.proxy.port).await;
+        write.write_all(&burst).await.expect("send the burst");
+        // Answered (or, once the budget refused, possibly closed already).
+        let answered = streams_end_or_connection_closes(&mut read, REQUESTS).await;
+        if answered && hold_a_stream {
+            let _ = write.write_all(&stream).await;
+        }
+        connections.push((read, write));
+        if scene.rejected("memory_budget").await > 0.0 {
+            return connections;
+        }
+    }
+    panic!(
+        "{MOST_CONNECTIONS} connections sent bursts of {REQUESTS} requests, and the budget never refused"
+    );
+}
+
+/// `requests` SyncFlags requests that end at once (no message): each is answered as soon as it
+/// is read.
+fn burst_of(requests: u32) -> Vec<u8> {
+    sync_headers(requests, true)
+}
+
 /// Connections from several addresses that each send a burst of requests and then hold one
 /// stream open (their stream stores keep the burst's places, charged to the budget, for one
 /// subscriber) reach the memory budget. They are shed first, however busy that one stream is,
@@ -734,23 +770,8 @@ async fn what_connections_keep_after_a_burst_is_charged_and_let_go_at_the_budget
 #[tokio::test]
 async fn connections_holding_a_burst_for_one_stream_are_shed_before_a_polling_client() {
     use support::raw_h2::{self, ACK, GOAWAY, PING};
-    const REQUESTS: u32 = 500;
-    /// Each burst keeps 750 KiB charged: the budget is reached after about 20.
-    const MOST_CONNECTIONS: u8 = 64;
     const SYNC: &str = "/flagd.sync.v1.FlagSyncService/SyncFlags";
-    // No keepalive ping within the test and no idle timeout: only the budget closes anything.
-    let mut scene = Scene::start_with(&[
-        "--max-pending-requests-per-address",
-        "0",
-        "--memory-budget",
-        "16Mi",
-        "--keepalive-interval",
-        "1h",
-        "--connection-idle-timeout",
-        "0",
-    ])
-    .await;
-    scene.subscribe().await;
+    let mut scene = Scene::where_only_the_budget_closes().await;
     let port = scene.proxy.port;
     // The poller: one call, answered; its connection then has no stream open.
     let (mut poll_read, mut poll_write) =
@@ -759,36 +780,7 @@ async fn connections_holding_a_burst_for_one_stream_are_shed_before_a_polling_cl
     poll_write.write_all(&call).await.expect("a call");
     all_streams_end(&mut poll_read, 1).await;
 
-    let burst: Vec<u8> = (0..REQUESTS)
-        .flat_map(|i| raw_h2::grpc_headers(2 * i + 1, SYNC, true))
-        .collect();
-    let held = 2 * REQUESTS + 1;
-    let mut hoarders = Vec::new();
-    let mut refused = false;
-    for i in 0..MOST_CONNECTIONS {
-        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + i % 4);
-        let (mut read, mut write) = raw_h2::connect_from(from, port).await;
-        write.write_all(&burst).await.expect("send the burst");
-        if streams_end_or_connection_closes(&mut read, REQUESTS).await {
-            let mut stream = raw_h2::grpc_headers(held, SYNC, false);
-            stream.extend(raw_h2::frame(
-                raw_h2::DATA,
-                raw_h2::END_STREAM,
-                held,
-                &raw_h2::sync_request(SELECTOR),
-            ));
-            let _ = write.write_all(&stream).await;
-        }
-        hoarders.push((read, write));
-        if scene.rejected("memory_budget").await > 0.0 {
-            refused = true;
-            break;
-        }
-    }
-    assert!(
-        refused,
-        "{MOST_CONNECTIONS} connections held bursts of {REQUESTS} requests, and the budget never refused"
-    );
+    let mut hoarders = bursts_until_refused(&scene, true).await;
     // New clients get in again: hoarders were shed.
     support::eventually("a new subscriber", || async {
         let mut client = Client::new(scene.channel().await);
