@@ -512,3 +512,67 @@ async fn kept_versions_are_authorized_like_fresh_ones() {
         .expect("its own namespace, kept");
     assert_eq!(color(kept), "blue");
 }
+
+/// A flood of invented 15 KiB bearer tokens, each reviewed and refused: the token memo keeps
+/// each refusal by the token's digest, charged to the memory budget (`kind="authorization"`) at
+/// far less than the token, and the identity of an honest client, kept before the flood,
+/// outlasts it (its next request makes no TokenReview).
+#[tokio::test]
+async fn a_flood_of_invented_tokens_is_kept_small_and_keeps_honest_identities() {
+    const TOKENS: usize = 1_000;
+    const AUTHORIZATION: &str = "flagd_proxy_memory_charged_bytes{kind=\"authorization\"}";
+    let Some(cp) = start_or_skip().await else {
+        return;
+    };
+    let token = two_teams(&cp).await;
+    let args = ["--authz", "namespace", "--authz-cache-ttl", "1h"];
+    let proxy = start_on(&cp, &args).await;
+    let channel = plain_channel(proxy.port).await;
+    let honest = first(channel.clone(), TEAM_A, Some(&token)).await;
+    assert!(honest.expect("own namespace").contains("team-a"));
+    let rss_before = proxy.rss_bytes();
+
+    for wave in 0..TOKENS / 50 {
+        let invented = futures::future::join_all((0..50).map(|i| {
+            let token = invented_token(wave * 50 + i);
+            let channel = channel.clone();
+            async move { first(channel, TEAM_A, Some(&token)).await }
+        }))
+        .await;
+        for answer in invented {
+            assert_eq!(answer.expect_err("refused").code(), Code::Unauthenticated);
+        }
+    }
+    let charged = proxy.metric(AUTHORIZATION).await;
+    let per_token = charged / TOKENS as f64;
+    eprintln!(
+        "{TOKENS} invented tokens of 15 KiB: {per_token:.0} bytes charged per token; RSS {:+.1} KiB per token",
+        (proxy.rss_bytes() as f64 - rss_before as f64) / TOKENS as f64 / 1024.0
+    );
+    assert!(
+        (100.0..1024.0).contains(&per_token),
+        "{per_token} bytes charged per refused token"
+    );
+    let reviews = cp.requests("POST", "tokenreviews").await;
+    let again = first(channel, TEAM_A, Some(&token)).await;
+    assert!(again.expect("own namespace").contains("team-a"));
+    assert_eq!(
+        cp.requests("POST", "tokenreviews").await,
+        reviews,
+        "the honest identity was kept"
+    );
+}
+
+/// A token no one issued, 15,000 characters of the JWT alphabet, distinct for each `seed`.
+fn invented_token(seed: usize) -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
+    let mut state = (seed as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..15_000)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            char::from(ALPHABET[(state % 64) as usize])
+        })
+        .collect()
+}
