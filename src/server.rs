@@ -12,6 +12,7 @@ use std::io;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -129,11 +130,13 @@ pub enum ServerError {
 
 /// Serves the sync protocols on `listeners` until `shutdown` is cancelled and every stream has
 /// ended, charging connections and streams to `budget` and counting in `metrics`. When
-/// `shutdown` is cancelled the listeners close and every connection is sent GOAWAY; its open
-/// streams go on until the service ends them (with `UNAVAILABLE`, on its own token).
-/// Connections whose streams have not ended by the time `closed` is cancelled (the end of the
-/// drain) are closed then. The tasks that accept and admit connections run on `tasks`, and end
-/// with `shutdown`.
+/// `stop_accepting` is cancelled (the drain begins) the listeners close; the connections open go
+/// on as they were, new streams on them included, and see nothing of it (a client that watches
+/// its channel's state, as the Java provider does, would report a GOAWAY as an outage). When
+/// `shutdown` is cancelled every connection is sent GOAWAY, as the service ends the streams
+/// (with `UNAVAILABLE`, on the same token). Connections whose streams have not ended by the
+/// time `closed` is cancelled are closed then. The tasks that accept and admit connections run
+/// on `tasks`, and end with `stop_accepting`.
 #[allow(clippy::too_many_arguments)]
 pub async fn run(
     listeners: Vec<SyncListener>,
@@ -145,12 +148,25 @@ pub async fn run(
     options: ServerOptions,
     budget: Arc<MemoryBudget>,
     metrics: Arc<Metrics>,
+    stop_accepting: CancellationToken,
     shutdown: CancellationToken,
     closed: CancellationToken,
     tasks: TaskTracker,
 ) -> Result<(), ServerError> {
-    let incoming = accept_all(
-        listeners, tls, &options, &budget, &metrics, &shutdown, closed, &tasks,
+    let accepted = accept_all(
+        listeners,
+        tls,
+        &options,
+        &budget,
+        &metrics,
+        &stop_accepting,
+        closed,
+        &tasks,
+    );
+    // The server sends GOAWAY to every connection as soon as its incoming connections end:
+    // they end only with `shutdown`, however long before the listeners closed.
+    let incoming = accepted.chain(
+        futures::stream::once(shutdown.clone().cancelled_owned()).filter_map(|()| async { None }),
     );
     let max_request = options.max_request_bytes;
     http2_server(&options)

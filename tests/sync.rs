@@ -739,7 +739,8 @@ async fn draining_an_hour() -> (tempfile::TempDir, Proxy) {
 }
 
 /// A stop signal begins the drain: readiness fails and the sync port stops accepting, but the
-/// open stream keeps getting every change until the drain ends (here: a second stop signal, the
+/// open connection is left as it was (no GOAWAY: it takes new streams) and its stream keeps
+/// getting every change until the drain ends (here: a second stop signal, the
 /// delay being an hour); then it ends with `UNAVAILABLE` and the proxy exits 0.
 #[tokio::test]
 async fn a_draining_proxy_keeps_serving_its_streams_until_a_second_signal() {
@@ -761,6 +762,11 @@ async fn a_draining_proxy_keeps_serving_its_streams_until_a_second_signal() {
         "blue",
         "served while draining"
     );
+    // No GOAWAY came: the connection still takes a new stream (a reconnect would be refused).
+    let mut another = open(&mut client, SELECTOR)
+        .await
+        .expect("a stream on the connection");
+    assert_eq!(next_color(&mut another).await, "blue");
 
     proxy.signal("TERM");
     ends_with_unavailable(&mut stream).await;

@@ -35,9 +35,9 @@ impl Bound {
     }
 
     /// Serves until `shutdown` is cancelled; then readiness goes false, no new connection is
-    /// accepted, open connections are sent GOAWAY, and open streams keep being served for the
-    /// drain delay (until no stream is open, or `hurry` is cancelled); then every stream ends
-    /// with `UNAVAILABLE`, and the servers close for at most the shutdown timeout.
+    /// accepted, and the connections open keep being served for the drain delay (until no
+    /// stream is open, or `hurry` is cancelled); then every stream ends with `UNAVAILABLE`,
+    /// every connection is sent GOAWAY, and the servers close for at most the shutdown timeout.
     pub async fn run(
         self,
         shutdown: CancellationToken,
@@ -146,6 +146,7 @@ impl Bound {
             budget,
             metrics.clone(),
             accepting_end.clone(),
+            streams_end.clone(),
             drain_end.clone(),
             tasks.clone(),
         ));
@@ -209,9 +210,9 @@ struct Running {
     readiness: Readiness,
     health: HealthReporter,
     metrics: Arc<Metrics>,
-    /// Closes the listeners and sends GOAWAY on every sync connection (the drain begins).
+    /// Closes the listeners (the drain begins).
     accepting_end: CancellationToken,
-    /// Ends every sync stream with `UNAVAILABLE`.
+    /// Ends every sync stream with `UNAVAILABLE` and sends GOAWAY on every sync connection.
     streams_end: CancellationToken,
     /// Closes every sync connection still open (the shutdown timeout has passed).
     drain_end: CancellationToken,

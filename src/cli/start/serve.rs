@@ -57,9 +57,9 @@ pub struct ServeArgs {
     pub shutdown_timeout: Duration,
 
     /// After SIGTERM, SIGINT or SIGQUIT: how long open streams keep being served, with updates,
-    /// before they end with UNAVAILABLE. No new connection is accepted meanwhile, open ones are
-    /// sent GOAWAY and readiness fails, so clients reconnect to another replica. Ends at once
-    /// when no stream is open or a second stop signal arrives.
+    /// before they end with UNAVAILABLE and their connections get GOAWAY. No new connection is
+    /// accepted meanwhile and readiness fails, so clients reconnect to another replica. Ends at
+    /// once when no stream is open or a second stop signal arrives.
     #[arg(long, value_name = "DURATION", env = "FLAGD_PROXY_DRAIN_DELAY", default_value = duration_text(settings::DEFAULT_DRAIN_DELAY), value_parser = humantime::parse_duration)]
     pub drain_delay: Duration,
 
