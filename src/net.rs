@@ -2,7 +2,9 @@
 //! accepted connection and the checks on its bytes (on the unix socket, the `:authority` any
 //! client sends made one the HTTP/2 server accepts), connection limits, deadlines, and the room
 //! that lets a new connection in at the limit. The sync server (`server`) and the management
-//! port (`management`) both build on it; neither reaches into the other.
+//! port (`management`) both build on it; neither reaches into the other, and it knows neither:
+//! nothing here speaks gRPC (the sync server's request layers and tonic's view of a connection
+//! are the server's).
 use std::time::Duration;
 
 pub(crate) mod arrivals;
@@ -12,7 +14,6 @@ pub(crate) mod deadlines;
 pub mod info;
 pub(crate) mod limits;
 pub mod listener;
-pub(crate) mod request_limits;
 pub(crate) mod room;
 pub mod tls;
 

@@ -12,7 +12,6 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
-use tonic::transport::server::Connected;
 
 use crate::budget::Charge;
 use crate::net::arrivals::StreamArrivals;
@@ -175,10 +174,9 @@ impl Closed {
     }
 }
 
-impl Connected for Connection {
-    type ConnectInfo = ConnectionInfo;
-
-    fn connect_info(&self) -> ConnectionInfo {
+impl Connection {
+    /// What the services may learn about this connection.
+    pub(crate) fn info(&self) -> ConnectionInfo {
         let activity = Some(self.activity.clone());
         match &self.stream {
             Stream::Plain(tcp) => ConnectionInfo {
