@@ -1,5 +1,6 @@
-//! The crate's shape, checked: the hub is a core that knows no adapter, and no two top-level
-//! modules import each other, directly or around a circle.
+//! The crate's shape, checked: the hub is a core that knows no adapter, the transport knows no
+//! protocol above it, and no two top-level modules import each other, directly or around a
+//! circle.
 //!
 //! Read from the sources: every `crate::<module>` path in code (comments left out) is an edge
 //! from the file's top-level module to `<module>`. `testing` (unit-test support) is left out.
@@ -66,6 +67,39 @@ fn the_command_line_builds_settings_and_never_runs_the_app() {
     assert!(!settings.contains("app"), "settings imports {settings:?}");
 }
 
+/// The transport (`net`) holds sockets and the bytes on them: it knows neither the gRPC server
+/// above it (no `tonic` crate, no `wire`) nor the core (`hub`).
+#[test]
+fn the_transport_knows_no_protocol_above_it() {
+    let graph = module_graph();
+    let net = graph.get("net").expect("a net module");
+    let above: Vec<_> = ["wire", "hub"]
+        .into_iter()
+        .filter(|m| net.contains(*m))
+        .collect();
+    assert!(above.is_empty(), "net imports {above:?}");
+    for file in module_files("net") {
+        let text = std::fs::read_to_string(&file).expect("read a source file");
+        let tonic: Vec<_> = path_roots(&text)
+            .into_iter()
+            .filter(|root| root.starts_with("tonic"))
+            .collect();
+        assert!(tonic.is_empty(), "{} names {tonic:?}", file.display());
+    }
+}
+
+/// The Kubernetes client fetches resources for the sources: it neither serves clients (`wire`)
+/// nor builds on the transport of the ports (`net`).
+#[test]
+fn kubernetes_knows_neither_the_wire_nor_the_transport() {
+    let graph = module_graph();
+    let kubernetes = graph.get("kubernetes").expect("a kubernetes module");
+    assert!(
+        !kubernetes.contains("wire") && !kubernetes.contains("net"),
+        "kubernetes imports {kubernetes:?}"
+    );
+}
+
 #[test]
 fn no_import_circle_among_modules() {
     let graph = module_graph();
@@ -89,6 +123,14 @@ fn the_check_finds_a_circle() {
         Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
     );
     assert_eq!(circle_from(&graph, "d"), None, "d is on no circle");
+    assert_eq!(
+        path_roots("use tonic::Status; // other::X\nlet a = crate::tonic::b(tonic_health::c);"),
+        BTreeSet::from([
+            "crate".to_owned(),
+            "tonic".to_owned(),
+            "tonic_health".to_owned()
+        ])
+    );
     assert_eq!(
         imports("use crate::hub::{Hub, Snapshot}; // crate::wire\nuse crate::{metrics::M, tls};"),
         BTreeSet::from(["hub".to_owned(), "metrics".to_owned(), "tls".to_owned()])
@@ -167,6 +209,42 @@ fn imports(text: &str) -> BTreeSet<String> {
         }
     }
     found
+}
+
+/// The first names of the paths in code outside comments (`tonic` of `tonic::Status`, `crate`
+/// of `crate::net::X`): the crates and modules a file names.
+fn path_roots(text: &str) -> BTreeSet<String> {
+    let mut found = BTreeSet::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        for (at, _) in code.match_indices("::") {
+            let before = &code[..at];
+            let name = before
+                .rsplit(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .next()
+                .unwrap_or_default();
+            let start = &before[..before.len() - name.len()];
+            if !name.is_empty() && !start.ends_with("::") {
+                found.insert(name.to_owned());
+            }
+        }
+    }
+    found
+}
+
+/// The files of a top-level module: `src/<module>.rs` and those under `src/<module>/`.
+fn module_files(module: &str) -> Vec<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let folder = src.join(module);
+    let mut files = if folder.is_dir() {
+        rust_files(&folder)
+    } else {
+        Vec::new()
+    };
+    files.push(src.join(format!("{module}.rs")));
+    files.retain(|file| file.exists());
+    assert!(!files.is_empty(), "no files of {module}");
+    files
 }
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {
