@@ -19,7 +19,7 @@ use self::accept::accept_all;
 use self::layers::{Layer, RequestDeadline, RequestLimits};
 use crate::budget::MemoryBudget;
 use crate::metrics::Metrics;
-use crate::net::authority::MAX_FRAME_SIZE;
+use crate::net::h2::MAX_FRAME_SIZE;
 use crate::net::limits::AddressLimit;
 use crate::net::listener::SyncListener;
 use crate::net::tls::ReloadingTls;

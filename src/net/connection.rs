@@ -14,9 +14,9 @@ use tokio_rustls::server::TlsStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 
 use crate::budget::Charge;
-use crate::net::arrivals::StreamArrivals;
-use crate::net::authority::AuthorityFilter;
 use crate::net::deadlines::{PrefaceDeadline, WriteStall};
+use crate::net::h2::AuthorityFilter;
+use crate::net::h2::arrivals::StreamArrivals;
 use crate::net::info::{Activity, ConnectionInfo};
 use crate::net::limits::AddressSlot;
 use crate::net::room::{IdleClose, Ticket};
@@ -210,11 +210,10 @@ impl AsyncRead for Connection {
         let this = self.get_mut();
         let before = buf.filled().len();
         let result = this.stream.io().poll_read(cx, buf);
-        let read = buf.filled().len() - before;
         this.count_arrivals(&buf.filled()[before..], result.is_pending());
-        let result = match &mut this.preface {
-            Some(preface) => preface.check(cx, read, result),
-            None => result,
+        let result = match (&mut this.preface, &this.arrivals) {
+            (Some(preface), Some(arrivals)) => preface.check(cx, arrivals.preface_passed(), result),
+            _ => result,
         };
         let result = this.check_closed(cx, result);
         match &mut this.idle {

@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use tokio::net::TcpStream;
 
-/// The HTTP/2 connection preface every client sends first.
-pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+use crate::net::h2::{FrameReader, PREFACE};
 
 /// Waits until `tcp` has sent what a client sends first without waiting for an answer: the
 /// whole HTTP/2 preface, or (with `http1`) any bytes that cannot begin it, which an HTTP/1
@@ -25,13 +24,18 @@ pub(crate) async fn request_starts_within(
     let wait = async {
         let mut buf = [0u8; PREFACE.len()];
         loop {
-            match tcp.peek(&mut buf).await {
+            let n = match tcp.peek(&mut buf).await {
                 Ok(0) | Err(_) => return false,
-                Ok(n) if n == PREFACE.len() => return true,
-                Ok(n) if http1 && buf[..n] != PREFACE[..n] => return true,
-                // Part of the preface: the rest is still on its way (or never comes).
-                Ok(_) => tokio::time::sleep(RECHECK).await,
+                Ok(n) => n,
+            };
+            let mut frames = FrameReader::default();
+            let mut peeked = &buf[..n];
+            while frames.next(&mut peeked).is_some() {}
+            if frames.preface_passed() || (http1 && !frames.is_http2()) {
+                return true;
             }
+            // Part of the preface: the rest is still on its way (or never comes).
+            tokio::time::sleep(RECHECK).await;
         }
     };
     tokio::time::timeout(deadline, wait).await.unwrap_or(false)
@@ -78,8 +82,7 @@ impl WriteStall {
 /// connections of every kind: checked as the server reads, so a peer that closes early ends its
 /// connection at once and nothing polls for bytes still to come).
 pub(crate) struct PrefaceDeadline {
-    /// Preface bytes still to come; 0 once they have.
-    remaining: usize,
+    /// `None` once the preface has arrived.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
@@ -92,24 +95,22 @@ impl PrefaceDeadline {
     /// accepted plus `--handshake-timeout`, which covers the handshake and the preface together).
     pub(crate) fn until(deadline: tokio::time::Instant) -> Self {
         Self {
-            remaining: PREFACE.len(),
             deadline: Some(Box::pin(tokio::time::sleep_until(deadline))),
         }
     }
 
-    /// Passes a read's `result` on (`read` bytes arrived), failing a pending read once the
-    /// deadline has passed without the whole preface.
+    /// Passes a read's `result` on (after it, the whole preface has arrived when
+    /// `preface_passed`), failing a pending read once the deadline has passed without it.
     pub(crate) fn check(
         &mut self,
         cx: &mut Context<'_>,
-        read: usize,
+        preface_passed: bool,
         result: Poll<std::io::Result<()>>,
     ) -> Poll<std::io::Result<()>> {
         let Some(deadline) = self.deadline.as_mut() else {
             return result;
         };
-        self.remaining = self.remaining.saturating_sub(read);
-        if self.remaining == 0 {
+        if preface_passed {
             self.deadline = None;
             return result;
         }
