@@ -3,7 +3,8 @@
 //! fills the connection's stream store at once, however quickly each is answered (and that store
 //! does not shrink again). Reading only frame headers as the bytes pass, this counts the new
 //! streams between two moments when the client had nothing more to read.
-use super::{Event, FrameReader, HEADERS};
+use super::frame::HEADERS;
+use super::reader::{Event, FrameReader};
 
 /// Counts the streams a client opens, batch by batch of reads. Its reader is the connection's
 /// one reader of frames: the preface deadline asks it whether the preface has passed.
@@ -50,7 +51,7 @@ impl StreamArrivals {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::h2::PREFACE;
+    use crate::net::h2::frame::PREFACE;
 
     fn frame(kind: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let len = u32::try_from(payload.len()).expect("small");

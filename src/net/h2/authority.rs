@@ -33,10 +33,8 @@ use loona_hpack::Decoder;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
 use self::hpack::{fragment, write_literal};
-use super::{
-    CONTINUATION, END_HEADERS, END_STREAM, Event, FrameReader, HEAD_LEN, HEADERS, Head,
-    PUSH_PROMISE,
-};
+use super::frame::{CONTINUATION, END_HEADERS, END_STREAM, HEAD_LEN, HEADERS, Head, PUSH_PROMISE};
+use super::reader::{Event, FrameReader};
 
 mod hpack;
 

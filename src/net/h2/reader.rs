@@ -1,6 +1,6 @@
 //! The frame-header reader: a client's bytes, a read at a time, as the preface, frame headers and
 //! payloads.
-use super::{HEAD_LEN, Head, PREFACE};
+use super::frame::{HEAD_LEN, Head, PREFACE};
 
 /// Where a client's byte stream is, read a piece at a time: in the preface, in a frame's header
 /// or in its payload. It keeps nothing of the bytes but a header cut between two pieces (at most

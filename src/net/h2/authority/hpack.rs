@@ -2,7 +2,7 @@
 //! CONTINUATION frame (RFC 9113), and literal fields.
 use bytes::{BufMut, BytesMut};
 
-use crate::net::h2::{HEADERS, Head, PADDED, PRIORITY};
+use crate::net::h2::frame::{HEADERS, Head, PADDED, PRIORITY};
 
 /// The HPACK bytes of a HEADERS or CONTINUATION frame's `payload`: padding and priority taken
 /// off. Both are safe to drop: padding carries nothing, and the server does not act on

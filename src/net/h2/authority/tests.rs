@@ -9,7 +9,7 @@ use tokio::io::AsyncReadExt;
 
 use super::hpack::write_integer;
 use super::*;
-use crate::net::h2::{PADDED, PREFACE, PRIORITY};
+use crate::net::h2::frame::{PADDED, PREFACE, PRIORITY};
 
 const LIMIT: usize = 32 * 1024;
 const PATH: &[u8] = b"/flagd.sync.v1.FlagSyncService/SyncFlags";

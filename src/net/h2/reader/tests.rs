@@ -3,7 +3,7 @@
 use bytes::{BufMut, BytesMut};
 
 use super::*;
-use crate::net::h2::{HEADERS, PADDED};
+use crate::net::h2::frame::{HEADERS, PADDED};
 
 const DATA: u8 = 0x0;
 const SETTINGS: u8 = 0x4;
