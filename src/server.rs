@@ -1,35 +1,35 @@
-//! The gRPC sync server: accepts connections (plain or TLS), serves both sync protocols and
-//! gRPC health, and drains: it stops accepting and sends GOAWAY, then the service ends every
-//! stream with `UNAVAILABLE`.
+//! The gRPC sync server: accepts connections (plain, TLS or on the unix socket), serves both
+//! sync protocols and gRPC health, and drains: it stops accepting, then the service ends every
+//! stream with `UNAVAILABLE` as every connection is sent GOAWAY.
 //!
-//! Limits that protect the proxy from hostile or broken clients, built from the transport
-//! (`crate::net`): connections per client address and in total (`net::limits`, counted at
-//! accept, released when the connection is dropped), deadlines for a connection's first bytes,
-//! a request's message and stalled writers (`net::deadlines`), the request header and message
-//! sizes (`net::request_limits`), the HTTP/2 streams per connection, and the HTTP/2 layer's own
-//! reset limits.
-use std::io;
+//! Limits that protect the proxy from hostile or broken clients: connections per client
+//! address and in total, a connection's memory and its first bytes' deadline (`admission`, on
+//! the transport's `crate::net`), the request header and message sizes, a request message's
+//! deadline and the memory of a stream (`layers`, the gRPC-aware tower layers in front of the
+//! services), the HTTP/2 streams per connection and the HTTP/2 layer's own reset limits
+//! (here). The transport knows nothing of gRPC; what tonic needs of a connection is
+//! `connected`.
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::net::TcpListener;
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::budget::{self, Charge, Kind, MemoryBudget};
+use self::accept::accept_all;
+use self::layers::{Layer, RequestDeadline, RequestLimits};
+use crate::budget::MemoryBudget;
 use crate::metrics::Metrics;
-use crate::net::authority::{self, AuthorityFilter};
-use crate::net::connection::{Connection, Stream};
-use crate::net::deadlines::{PrefaceDeadline, RequestDeadline};
-use crate::net::limits::{AddressLimit, AddressSlot, TotalLimit, TotalSlot};
-use crate::net::listener::{SyncListener, UnixSocket, next_accepted};
-use crate::net::request_limits::RequestLimits;
-use crate::net::room::Room;
+use crate::net::h2::MAX_FRAME_SIZE;
+use crate::net::limits::AddressLimit;
+use crate::net::listener::SyncListener;
 use crate::net::tls::ReloadingTls;
 use crate::wire::{FlagdSyncV1, LegacySyncV1, SyncRoutes, SyncService};
+
+mod accept;
+mod admission;
+mod connected;
+mod layers;
 
 pub use crate::net::{
     DEFAULT_HANDSHAKE_TIMEOUT, DEFAULT_KEEPALIVE_INTERVAL, DEFAULT_KEEPALIVE_TIMEOUT,
@@ -170,81 +170,23 @@ pub async fn run(
     );
     let max_request = options.max_request_bytes;
     http2_server(&options)
-        .layer(RequestDeadline {
+        .layer(Layer(RequestDeadline {
             limit: options.request_timeout,
             pending: AddressLimit::new(options.max_pending_requests_per_address, metrics.clone())
                 .with_reason("max_pending_requests_per_address"),
-        })
-        .layer(RequestLimits {
+        }))
+        .layer(Layer(RequestLimits {
             max_header_bytes: options.max_header_list_size as usize,
             max_request_bytes: max_request,
             budget,
             metrics,
-        })
+        }))
         .add_service(SyncRoutes::<FlagdSyncV1>::new(service.clone(), max_request))
         .add_service(SyncRoutes::<LegacySyncV1>::new(service, max_request))
         .add_service(health.max_decoding_message_size(max_request))
         .serve_with_incoming_shutdown(incoming, shutdown.cancelled_owned())
         .await?;
     Ok(())
-}
-
-/// Starts accepting on every listener; the accepted connections, admitted and with their TLS
-/// handshakes done, come out of the returned stream.
-#[allow(clippy::too_many_arguments)]
-fn accept_all(
-    listeners: Vec<SyncListener>,
-    tls: Option<Arc<ReloadingTls>>,
-    options: &ServerOptions,
-    budget: &Arc<MemoryBudget>,
-    metrics: &Arc<Metrics>,
-    shutdown: &CancellationToken,
-    closed: CancellationToken,
-    tasks: &TaskTracker,
-) -> ReceiverStream<io::Result<Connection>> {
-    let (tx, rx) = mpsc::channel(128);
-    let admission = Arc::new(Admission {
-        per_address: AddressLimit::new(options.max_connections_per_address, metrics.clone()),
-        total: TotalLimit::new(
-            options.max_connections,
-            "sync",
-            "max_connections",
-            metrics.clone(),
-        ),
-        room: Room::new(),
-        budget: budget.clone(),
-        handshake_timeout: options.handshake_timeout,
-        idle_timeout: options.connection_idle_timeout,
-        write_stall: options.keepalive_interval + options.keepalive_timeout,
-        http2_max_header_list_size: http2_max_header_list_size(options) as usize,
-        closed,
-    });
-    tasks.spawn(
-        admission
-            .room
-            .clone()
-            .close_idle_when_refused(budget.clone(), shutdown.clone()),
-    );
-    for listener in listeners {
-        let (tx, admission) = (tx.clone(), admission.clone());
-        match listener {
-            SyncListener::Tcp(listener) => {
-                let tls = tls.clone();
-                tasks.spawn(accept(
-                    listener,
-                    tls,
-                    tx,
-                    admission,
-                    shutdown.clone(),
-                    tasks.clone(),
-                ));
-            }
-            SyncListener::Unix(socket) => {
-                tasks.spawn(accept_unix(socket, tx, admission, shutdown.clone()));
-            }
-        }
-    }
-    ReceiverStream::new(rx)
 }
 
 /// The HTTP/2 server with the sync port's transport settings.
@@ -260,7 +202,7 @@ fn http2_server(options: &ServerOptions) -> tonic::transport::Server {
         .http2_max_header_list_size(http2_max_header_list_size(options))
         // Stated rather than left to the default: the unix socket's filter writes header
         // blocks in frames no larger.
-        .max_frame_size(authority::MAX_FRAME_SIZE)
+        .max_frame_size(MAX_FRAME_SIZE)
         .tcp_nodelay(true);
     match options.max_connection_age {
         Some((age, grace)) => builder
@@ -272,198 +214,6 @@ fn http2_server(options: &ServerOptions) -> tonic::transport::Server {
 
 /// The header list size the HTTP/2 layer accepts (SETTINGS_MAX_HEADER_LIST_SIZE): between
 /// the limit and twice it, `RequestLimits` answers with a gRPC status and counts.
-fn http2_max_header_list_size(options: &ServerOptions) -> u32 {
+pub(super) fn http2_max_header_list_size(options: &ServerOptions) -> u32 {
     options.max_header_list_size.saturating_mul(2)
-}
-
-/// Accepts TCP connections and completes TLS handshakes off the accept path (on `tasks`).
-async fn accept(
-    listener: TcpListener,
-    tls: Option<Arc<ReloadingTls>>,
-    tx: mpsc::Sender<io::Result<Connection>>,
-    admission: Arc<Admission>,
-    shutdown: CancellationToken,
-    tasks: TaskTracker,
-) {
-    let per_address = &admission.per_address;
-    while let Some((tcp, peer)) = next_accepted(&shutdown, "sync", || listener.accept()).await {
-        let Some(slot) = per_address.admit(peer.ip()) else {
-            tracing::debug!(%peer, "connection closed: too many connections from this address");
-            drop(tcp);
-            continue;
-        };
-        let bytes = match tls {
-            None => budget::CONNECTION_BYTES,
-            Some(_) => TLS_CONNECTION_BYTES,
-        };
-        let Some(total) = admission.place(bytes) else {
-            tracing::debug!(%peer, "connection closed: --max-connections or --memory-budget reached");
-            continue;
-        };
-        let _ = tcp.set_nodelay(true);
-        let deadline = admission.handshake_timeout;
-        match &tls {
-            None => {
-                let (tx, admission) = (tx.clone(), admission.clone());
-                tasks.spawn(async move {
-                    // The preface is checked as it is read, under the deadline: a peer that
-                    // closes early frees its place at once, and nothing polls for it.
-                    let connection = admission.connection(
-                        Stream::Plain(tcp),
-                        PrefaceDeadline::new(deadline),
-                        slot,
-                        total,
-                    );
-                    let _ = tx.send(Ok(connection)).await;
-                });
-            }
-            Some(tls) => {
-                let acceptor = tls.acceptor();
-                let (tx, admission) = (tx.clone(), admission.clone());
-                // One deadline for the handshake and the preface together.
-                let deadline = tokio::time::Instant::now() + deadline;
-                tasks.spawn(async move {
-                    match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
-                            let connection = admission.connection(
-                                Stream::Tls(Box::new(stream)),
-                                PrefaceDeadline::until(deadline),
-                                slot,
-                                total,
-                            );
-                            let _ = tx.send(Ok(connection)).await;
-                        }
-                        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
-                    }
-                });
-            }
-        }
-    }
-}
-
-/// Accepts unix socket connections (plain: the socket file's mode is the gate, and there is no
-/// client address to count per address, so only the total limit applies; the preface deadline is
-/// read-based). Its bytes are read through [`AuthorityFilter`]: any `:authority` a client
-/// sends names nothing here. The socket file is removed when this ends.
-async fn accept_unix(
-    socket: UnixSocket,
-    tx: mpsc::Sender<io::Result<Connection>>,
-    admission: Arc<Admission>,
-    shutdown: CancellationToken,
-) {
-    let path = socket.path().display().to_string();
-    while let Some((stream, _)) =
-        next_accepted(&shutdown, &path, || socket.listener().accept()).await
-    {
-        let Some(total) = admission.place(UNIX_CONNECTION_BYTES) else {
-            tracing::debug!(
-                "unix socket connection closed: --max-connections or --memory-budget reached"
-            );
-            continue;
-        };
-        let stream = Box::new(AuthorityFilter::new(
-            stream,
-            admission.http2_max_header_list_size,
-        ));
-        let connection = admission.connection(
-            Stream::Unix(stream),
-            PrefaceDeadline::new(admission.handshake_timeout),
-            AddressSlot::none(),
-            total,
-        );
-        if tx.send(Ok(connection)).await.is_err() {
-            return;
-        }
-    }
-}
-
-/// What a unix socket connection holds: an HTTP/2 connection's, and its [`AuthorityFilter`]'s.
-const UNIX_CONNECTION_BYTES: usize = budget::CONNECTION_BYTES + authority::FILTER_BYTES;
-/// What a TLS connection holds: a plaintext one's, and the TLS session's buffers and state
-/// (8.0 KiB more per subscriber measured: 33.9 against 25.9 KiB, `measure_subscribers` in
-/// `tests/tls.rs`).
-const TLS_CONNECTION_BYTES: usize = budget::CONNECTION_BYTES + 8 * 1024;
-
-/// What a new connection must pass before it is served.
-struct Admission {
-    per_address: AddressLimit,
-    total: TotalLimit,
-    /// The open connections, so that at the total limit an idle one makes room.
-    room: Arc<Room>,
-    /// Each connection is charged to it while it is open.
-    budget: Arc<MemoryBudget>,
-    handshake_timeout: Duration,
-    idle_timeout: Option<Duration>,
-    /// How long writes may make no progress before the connection is closed.
-    write_stall: Duration,
-    /// What the HTTP/2 layer accepts of a header list (the unix socket's filter keeps to it).
-    http2_max_header_list_size: usize,
-    /// Cancelled at the end of the drain: every connection still open is closed.
-    closed: CancellationToken,
-}
-
-impl Admission {
-    /// A place among all connections for one that holds `bytes`: a free one, or else the one of
-    /// the connection idle the longest (no stream open), which is closed. `None` when every
-    /// connection has a stream, or when `bytes` do not fit in the memory budget.
-    fn place(&self, bytes: usize) -> Option<(TotalSlot, Charge)> {
-        let memory = self.budget.try_charge(bytes, Kind::Connections)?;
-        let place = self.total.admit().or_else(|| self.room.make_room())?;
-        Some((place, memory))
-    }
-
-    /// An admitted connection, entered in the room.
-    fn connection(
-        &self,
-        stream: Stream,
-        preface: PrefaceDeadline,
-        slot: AddressSlot,
-        (total, memory): (TotalSlot, Charge),
-    ) -> Connection {
-        Connection::new(stream, self.write_stall, slot)
-            .with_preface(preface)
-            .in_room(self.room.enter(total), self.idle_timeout)
-            .closed_by(&self.closed)
-            .charged(memory)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn admission(budget: &Arc<MemoryBudget>, metrics: &Arc<Metrics>) -> Admission {
-        Admission {
-            per_address: AddressLimit::new(0, metrics.clone()),
-            total: TotalLimit::new(0, "sync", "max_connections", metrics.clone()),
-            room: Room::new(),
-            budget: budget.clone(),
-            handshake_timeout: Duration::from_secs(10),
-            idle_timeout: None,
-            write_stall: Duration::from_secs(30),
-            http2_max_header_list_size: 16 * 1024,
-            closed: CancellationToken::new(),
-        }
-    }
-
-    /// A unix socket connection is charged its authority filter (HPACK table and read buffer)
-    /// besides what any connection holds: where one more TCP connection fits in the budget, one
-    /// more unix socket connection does not.
-    #[test]
-    fn unix_socket_connections_are_charged_their_filter() {
-        let metrics = Arc::new(Metrics::new());
-        let budget = MemoryBudget::new(
-            UNIX_CONNECTION_BYTES + budget::CONNECTION_BYTES,
-            metrics.clone(),
-        );
-        let admission = admission(&budget, &metrics);
-        let unix = admission.place(UNIX_CONNECTION_BYTES).expect("room");
-        assert_eq!(budget.used(), 18 * 1024 + 4 * 1024 + 8 * 1024);
-        assert!(admission.place(UNIX_CONNECTION_BYTES).is_none());
-        let tcp = admission.place(budget::CONNECTION_BYTES).expect("room");
-        assert_eq!(budget.used(), budget.limit());
-        drop((unix, tcp));
-        assert_eq!(budget.used(), 0);
-    }
 }

@@ -1,5 +1,6 @@
-//! The crate's shape, checked: the hub is a core that knows no adapter, and no two top-level
-//! modules import each other, directly or around a circle.
+//! The crate's shape, checked: the hub is a core that knows no adapter, the transport knows no
+//! protocol above it, and no two top-level modules import each other, directly or around a
+//! circle.
 //!
 //! Read from the sources: every `crate::<module>` path in code (comments left out) is an edge
 //! from the file's top-level module to `<module>`. `testing` (unit-test support) is left out.
@@ -66,9 +67,56 @@ fn the_command_line_builds_settings_and_never_runs_the_app() {
     assert!(!settings.contains("app"), "settings imports {settings:?}");
 }
 
+/// The transport (`net`) holds sockets and the bytes on them: it knows neither the gRPC server
+/// above it (no `tonic` crate, no `wire`) nor the core (`hub`).
+#[test]
+fn the_transport_knows_no_protocol_above_it() {
+    let graph = module_graph();
+    let net = graph.get("net").expect("a net module");
+    let above: Vec<_> = ["wire", "hub"]
+        .into_iter()
+        .filter(|m| net.contains(*m))
+        .collect();
+    assert!(above.is_empty(), "net imports {above:?}");
+    for file in module_files("net") {
+        let text = std::fs::read_to_string(&file).expect("read a source file");
+        let tonic: Vec<_> = path_roots(&text)
+            .into_iter()
+            .filter(|root| root.starts_with("tonic"))
+            .collect();
+        assert!(tonic.is_empty(), "{} names {tonic:?}", file.display());
+    }
+}
+
+/// The Kubernetes client fetches resources for the sources: it neither serves clients (`wire`)
+/// nor builds on the transport of the ports (`net`).
+#[test]
+fn kubernetes_knows_neither_the_wire_nor_the_transport() {
+    let graph = module_graph();
+    let kubernetes = graph.get("kubernetes").expect("a kubernetes module");
+    assert!(
+        !kubernetes.contains("wire") && !kubernetes.contains("net"),
+        "kubernetes imports {kubernetes:?}"
+    );
+}
+
 #[test]
 fn no_import_circle_among_modules() {
     let graph = module_graph();
+    for start in graph.keys() {
+        if let Some(circle) = circle_from(&graph, start) {
+            panic!("import circle: {}", circle.join(" -> "));
+        }
+    }
+}
+
+/// The transport is built in layers down to its files: the sockets on the HTTP/2 reader, its
+/// users on the reader and the frame format; no file of `net` imports one that imports it back,
+/// directly or around a circle. (Elsewhere a module and its children may use each other's items.)
+#[test]
+fn no_import_circle_among_the_transports_files() {
+    let graph = file_graph("net");
+    assert!(graph.len() > 5, "found the files: {graph:?}");
     for start in graph.keys() {
         if let Some(circle) = circle_from(&graph, start) {
             panic!("import circle: {}", circle.join(" -> "));
@@ -89,6 +137,28 @@ fn the_check_finds_a_circle() {
         Some(vec!["a".into(), "b".into(), "c".into(), "a".into()])
     );
     assert_eq!(circle_from(&graph, "d"), None, "d is on no circle");
+    let named = named_paths(
+        "net::h2::reader",
+        "use super::frame::{A, B};\nuse crate::{net::room::X, hub}; // self::gone\nPin::new(x);",
+    );
+    let named: Vec<String> = named.iter().map(|path| path.join("::")).collect();
+    assert_eq!(
+        named,
+        [
+            "net::h2::frame",
+            "net::room::X",
+            "hub",
+            "net::h2::reader::Pin::new"
+        ]
+    );
+    assert_eq!(
+        path_roots("use tonic::Status; // other::X\nlet a = crate::tonic::b(tonic_health::c);"),
+        BTreeSet::from([
+            "crate".to_owned(),
+            "tonic".to_owned(),
+            "tonic_health".to_owned()
+        ])
+    );
     assert_eq!(
         imports("use crate::hub::{Hub, Snapshot}; // crate::wire\nuse crate::{metrics::M, tls};"),
         BTreeSet::from(["hub".to_owned(), "metrics".to_owned(), "tls".to_owned()])
@@ -146,27 +216,147 @@ fn module_graph() -> Graph {
 /// The top-level modules named by `crate::<module>` paths outside comments.
 fn imports(text: &str) -> BTreeSet<String> {
     let mut found = BTreeSet::new();
-    for line in text.lines() {
-        let code = line.split("//").next().unwrap_or_default();
-        for (at, _) in code.match_indices("crate::") {
-            let rest = &code[at + "crate::".len()..];
-            // `crate::{a::X, b}` names several; nested groups name no further top-level module.
-            let names = match rest.strip_prefix('{') {
-                Some(group) => group.split(',').map(str::trim).collect(),
-                None => vec![rest],
-            };
-            for name in names {
-                let name: String = name
-                    .chars()
-                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
-                    .collect();
-                if name.starts_with(|c: char| c.is_ascii_lowercase()) {
-                    found.insert(name);
-                }
+    for (root, rest) in path_starts(text) {
+        if root != "crate" {
+            continue;
+        }
+        // `crate::{a::X, b}` names several; nested groups name no further top-level module.
+        for member in members(rest) {
+            let name: String = member.chars().take_while(|c| ident(*c)).collect();
+            if name.starts_with(|c: char| c.is_ascii_lowercase()) {
+                found.insert(name);
             }
         }
     }
     found
+}
+
+/// Where each path in `text`'s code (outside comments) starts: the name before its first `::`,
+/// and what follows that `::`. A later part of a path is no start, nor is a member of a group
+/// (it is read with the group's start, see [`members`]).
+fn path_starts(text: &str) -> Vec<(&str, &str)> {
+    let mut found = Vec::new();
+    for line in text.lines() {
+        let code = line.split("//").next().unwrap_or_default();
+        for (at, _) in code.match_indices("::") {
+            let before = &code[..at];
+            let root = before.rsplit(|c| !ident(c)).next().unwrap_or_default();
+            let start = before[..before.len() - root.len()].trim_end();
+            let in_group = start.contains("::{") && (start.ends_with('{') || start.ends_with(','));
+            if !root.is_empty() && !start.ends_with("::") && !in_group {
+                found.push((root, &code[at + "::".len()..]));
+            }
+        }
+    }
+    found
+}
+
+/// What follows a path's start: one path, or each member of a group on its line (`{a::X, b}`).
+fn members(rest: &str) -> Vec<&str> {
+    match rest.strip_prefix('{') {
+        Some(group) => group.split(',').map(str::trim).collect(),
+        None => vec![rest],
+    }
+}
+
+fn ident(c: char) -> bool {
+    c.is_ascii_alphanumeric() || c == '_'
+}
+
+/// The files of top-level `module`, by module (`net`, `net::h2`, `net::h2::reader`) -> those of
+/// them that its paths name, read outside comments and before an inline test module.
+fn file_graph(module: &str) -> Graph {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let files: BTreeMap<String, PathBuf> = module_files(module)
+        .into_iter()
+        .map(|file| (module_path(&src, &file), file))
+        .collect();
+    let mut graph = Graph::new();
+    for (name, file) in &files {
+        let text = std::fs::read_to_string(file).expect("read a source file");
+        let code = text.split("\nmod tests {").next().unwrap_or_default();
+        let edges = graph.entry(name.clone()).or_default();
+        for mut path in named_paths(name, code) {
+            // The file is the longest start of the path that names one.
+            while !path.is_empty() && !files.contains_key(&path.join("::")) {
+                path.pop();
+            }
+            let target = path.join("::");
+            if !path.is_empty() && target != *name {
+                edges.insert(target);
+            }
+        }
+    }
+    graph
+}
+
+/// `net::h2::reader` for `src/net/h2/reader.rs` (and for `src/net/h2/reader/mod.rs`).
+fn module_path(src: &Path, file: &Path) -> String {
+    let relative = file
+        .strip_prefix(src)
+        .expect("under src")
+        .with_extension("");
+    let mut parts: Vec<String> = relative
+        .components()
+        .map(|part| part.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if parts.last().is_some_and(|last| last == "mod") {
+        parts.pop();
+    }
+    parts.join("::")
+}
+
+/// The paths in `code`, a file of module `name`, from the crate's root: `crate::a::b`,
+/// `super::x`, `self::x`, and any other (a child's `x::y`, also `Pin::new`) as if under `name`;
+/// each member of a group on one line (`crate::{a::X, b}`).
+fn named_paths(name: &str, code: &str) -> Vec<Vec<String>> {
+    let here: Vec<String> = name.split("::").map(str::to_owned).collect();
+    let mut found = Vec::new();
+    for (root, rest) in path_starts(code) {
+        let base = match root {
+            "crate" => Vec::new(),
+            "self" => here.clone(),
+            "super" => here[..here.len().saturating_sub(1)].to_vec(),
+            other => [here.clone(), vec![other.to_owned()]].concat(),
+        };
+        for member in members(rest) {
+            let mut path = base.clone();
+            for part in member.split("::") {
+                let part: String = part.chars().take_while(|c| ident(*c)).collect();
+                match part.as_str() {
+                    "" => break,
+                    "super" => drop(path.pop()),
+                    _ => path.push(part),
+                }
+            }
+            found.push(path);
+        }
+    }
+    found
+}
+
+/// The first names of the paths in code outside comments (`tonic` of `tonic::Status`, `crate`
+/// of `crate::net::X`): the crates and modules a file names.
+fn path_roots(text: &str) -> BTreeSet<String> {
+    path_starts(text)
+        .into_iter()
+        .map(|(root, _)| root.to_owned())
+        .collect()
+}
+
+/// The files of a top-level module: `src/<module>.rs` and those under `src/<module>/`.
+fn module_files(module: &str) -> Vec<PathBuf> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let folder = src.join(module);
+    let mut files = if folder.is_dir() {
+        rust_files(&folder)
+    } else {
+        Vec::new()
+    };
+    files.push(src.join(format!("{module}.rs")));
+    files.retain(|file| file.exists());
+    assert!(!files.is_empty(), "no files of {module}");
+    files
 }
 
 fn rust_files(dir: &Path) -> Vec<PathBuf> {

@@ -12,12 +12,11 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 use tokio_rustls::server::TlsStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
-use tonic::transport::server::Connected;
 
 use crate::budget::Charge;
-use crate::net::arrivals::StreamArrivals;
-use crate::net::authority::AuthorityFilter;
 use crate::net::deadlines::{PrefaceDeadline, WriteStall};
+use crate::net::h2::AuthorityFilter;
+use crate::net::h2::arrivals::StreamArrivals;
 use crate::net::info::{Activity, ConnectionInfo};
 use crate::net::limits::AddressSlot;
 use crate::net::room::{IdleClose, Ticket};
@@ -175,10 +174,9 @@ impl Closed {
     }
 }
 
-impl Connected for Connection {
-    type ConnectInfo = ConnectionInfo;
-
-    fn connect_info(&self) -> ConnectionInfo {
+impl Connection {
+    /// What the services may learn about this connection.
+    pub(crate) fn info(&self) -> ConnectionInfo {
         let activity = Some(self.activity.clone());
         match &self.stream {
             Stream::Plain(tcp) => ConnectionInfo {
@@ -212,11 +210,10 @@ impl AsyncRead for Connection {
         let this = self.get_mut();
         let before = buf.filled().len();
         let result = this.stream.io().poll_read(cx, buf);
-        let read = buf.filled().len() - before;
         this.count_arrivals(&buf.filled()[before..], result.is_pending());
-        let result = match &mut this.preface {
-            Some(preface) => preface.check(cx, read, result),
-            None => result,
+        let result = match (&mut this.preface, &this.arrivals) {
+            (Some(preface), Some(arrivals)) => preface.check(cx, arrivals.preface_passed(), result),
+            _ => result,
         };
         let result = this.check_closed(cx, result);
         match &mut this.idle {

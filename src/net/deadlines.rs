@@ -1,19 +1,13 @@
-//! Deadlines and stalls: a new connection's first bytes (the HTTP/2 preface on the sync port,
-//! any request on the management port), writes that make no progress, and a request message
-//! that does not arrive.
+//! Deadlines and stalls of a connection: its first bytes (the HTTP/2 preface on the sync port,
+//! any request on the management port) and writes that make no progress. (A request message
+//! that does not arrive is the sync server's: `server::layers`.)
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bytes::Bytes;
-use http_body::{Body as _, Frame};
 use tokio::net::TcpStream;
 
-use crate::net::info::ConnectionInfo;
-use crate::net::limits::{AddressLimit, AddressSlot};
-
-/// The HTTP/2 connection preface every client sends first.
-pub(crate) const PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+use crate::net::h2::{FrameReader, PREFACE};
 
 /// Waits until `tcp` has sent what a client sends first without waiting for an answer: the
 /// whole HTTP/2 preface, or (with `http1`) any bytes that cannot begin it, which an HTTP/1
@@ -30,13 +24,18 @@ pub(crate) async fn request_starts_within(
     let wait = async {
         let mut buf = [0u8; PREFACE.len()];
         loop {
-            match tcp.peek(&mut buf).await {
+            let n = match tcp.peek(&mut buf).await {
                 Ok(0) | Err(_) => return false,
-                Ok(n) if n == PREFACE.len() => return true,
-                Ok(n) if http1 && buf[..n] != PREFACE[..n] => return true,
-                // Part of the preface: the rest is still on its way (or never comes).
-                Ok(_) => tokio::time::sleep(RECHECK).await,
+                Ok(n) => n,
+            };
+            let mut frames = FrameReader::default();
+            let mut peeked = &buf[..n];
+            while frames.next(&mut peeked).is_some() {}
+            if frames.preface_passed() || (http1 && !frames.is_http2()) {
+                return true;
             }
+            // Part of the preface: the rest is still on its way (or never comes).
+            tokio::time::sleep(RECHECK).await;
         }
     };
     tokio::time::timeout(deadline, wait).await.unwrap_or(false)
@@ -83,8 +82,7 @@ impl WriteStall {
 /// connections of every kind: checked as the server reads, so a peer that closes early ends its
 /// connection at once and nothing polls for bytes still to come).
 pub(crate) struct PrefaceDeadline {
-    /// Preface bytes still to come; 0 once they have.
-    remaining: usize,
+    /// `None` once the preface has arrived.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
@@ -97,24 +95,22 @@ impl PrefaceDeadline {
     /// accepted plus `--handshake-timeout`, which covers the handshake and the preface together).
     pub(crate) fn until(deadline: tokio::time::Instant) -> Self {
         Self {
-            remaining: PREFACE.len(),
             deadline: Some(Box::pin(tokio::time::sleep_until(deadline))),
         }
     }
 
-    /// Passes a read's `result` on (`read` bytes arrived), failing a pending read once the
-    /// deadline has passed without the whole preface.
+    /// Passes a read's `result` on (after it, the whole preface has arrived when
+    /// `preface_passed`), failing a pending read once the deadline has passed without it.
     pub(crate) fn check(
         &mut self,
         cx: &mut Context<'_>,
-        read: usize,
+        preface_passed: bool,
         result: Poll<std::io::Result<()>>,
     ) -> Poll<std::io::Result<()>> {
         let Some(deadline) = self.deadline.as_mut() else {
             return result;
         };
-        self.remaining = self.remaining.saturating_sub(read);
-        if self.remaining == 0 {
+        if preface_passed {
             self.deadline = None;
             return result;
         }
@@ -139,138 +135,6 @@ pub(crate) fn unless_timed_out(
         return Poll::Ready(Err(std::io::Error::new(std::io::ErrorKind::TimedOut, why)));
     }
     result
-}
-
-/// A request body that fails with `DEADLINE_EXCEEDED` unless it ends within its deadline, so a
-/// stream whose request never completes cannot hold its memory for longer. Reading may stop
-/// before the end (the sync streams read one message); the deadline then no longer matters.
-/// While it is unfinished it holds a place among its client address's pending requests.
-pub(crate) struct DeadlineBody<B> {
-    inner: B,
-    deadline: Pin<Box<tokio::time::Sleep>>,
-    limit: Duration,
-    place: Option<AddressSlot>,
-}
-
-impl<B> DeadlineBody<B> {
-    pub(crate) fn new(inner: B, limit: Duration, place: Option<AddressSlot>) -> Self {
-        Self {
-            inner,
-            deadline: Box::pin(tokio::time::sleep(limit)),
-            limit,
-            place,
-        }
-    }
-}
-
-impl<B> http_body::Body for DeadlineBody<B>
-where
-    B: http_body::Body<Data = Bytes, Error = tonic::Status> + Unpin,
-{
-    type Data = Bytes;
-    type Error = tonic::Status;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, tonic::Status>>> {
-        if let Poll::Ready(frame) = Pin::new(&mut self.inner).poll_frame(cx) {
-            if !matches!(frame, Some(Ok(_))) || self.inner.is_end_stream() {
-                self.place = None;
-            }
-            return Poll::Ready(frame);
-        }
-        if self.deadline.as_mut().poll(cx).is_ready() {
-            self.place = None;
-            let limit = self.limit;
-            return Poll::Ready(Some(Err(tonic::Status::deadline_exceeded(format!(
-                "the request message did not arrive within {} (--request-timeout)",
-                humantime::format_duration(limit)
-            )))));
-        }
-        Poll::Pending
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
-    }
-
-    fn size_hint(&self) -> http_body::SizeHint {
-        self.inner.size_hint()
-    }
-}
-
-/// Gives every request body a deadline (see [`DeadlineBody`]), and refuses a request with
-/// `RESOURCE_EXHAUSTED` while its client address has the most unfinished requests already.
-#[derive(Clone)]
-pub(crate) struct RequestDeadline {
-    pub(crate) limit: Duration,
-    pub(crate) pending: AddressLimit,
-}
-
-impl<S> tower::Layer<S> for RequestDeadline {
-    type Service = RequestDeadlineService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RequestDeadlineService {
-            inner,
-            limits: self.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub(crate) struct RequestDeadlineService<S> {
-    inner: S,
-    limits: RequestDeadline,
-}
-
-impl<S> tower::Service<http::Request<tonic::body::Body>> for RequestDeadlineService<S>
-where
-    S: tower::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tonic::body::Body>,
-        >,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = futures::future::Either<
-        futures::future::Ready<Result<Self::Response, Self::Error>>,
-        S::Future,
-    >;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-        if request.body().is_end_stream() {
-            return futures::future::Either::Right(self.inner.call(request));
-        }
-        let ip = request
-            .extensions()
-            .get::<ConnectionInfo>()
-            .and_then(|c| c.remote_addr)
-            .map(|a| a.ip());
-        let place = match ip {
-            Some(ip) => match self.limits.pending.admit(ip) {
-                Some(place) => Some(place),
-                None => {
-                    let status = tonic::Status::resource_exhausted(
-                        "this address has too many requests whose message has not arrived (--max-pending-requests-per-address)",
-                    );
-                    return futures::future::Either::Left(futures::future::ready(Ok(
-                        status.into_http()
-                    )));
-                }
-            },
-            None => None,
-        };
-        let limit = self.limits.limit;
-        futures::future::Either::Right(self.inner.call(
-            request.map(|body| tonic::body::Body::new(DeadlineBody::new(body, limit, place))),
-        ))
-    }
 }
 
 #[cfg(test)]

@@ -7,8 +7,9 @@ use proptest::collection::vec;
 use proptest::prelude::*;
 use tokio::io::AsyncReadExt;
 
-use super::frames::{PADDED, PRIORITY, write_integer};
+use super::hpack::write_integer;
 use super::*;
+use crate::net::h2::frame::{PADDED, PREFACE, PRIORITY};
 
 const LIMIT: usize = 32 * 1024;
 const PATH: &[u8] = b"/flagd.sync.v1.FlagSyncService/SyncFlags";
@@ -156,7 +157,7 @@ fn read_out(bytes: &[u8]) -> Vec<Out> {
     let mut out = Vec::new();
     let mut block: Option<(Vec<u8>, u32, Vec<u8>)> = None;
     while !rest.is_empty() {
-        let head = Head::parse(rest).expect("a frame header");
+        let head = Head::from_bytes(rest.first_chunk().expect("a frame header"));
         let payload = rest[HEAD_LEN..HEAD_LEN + head.len].to_vec();
         rest = &rest[HEAD_LEN + head.len..];
         if head.kind == HEADERS || head.kind == CONTINUATION {

@@ -3,10 +3,11 @@
 //! requests a service refused for a message over `--max-request-bytes` are counted, and every
 //! stream is charged to the memory budget while its response lives, and for its request message
 //! (as large as `--max-request-bytes` allows) until it has been read. (The deadlines of a
-//! request are in `deadlines`.)
+//! request are in `request_deadline`.)
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
+use super::{GrpcService, Layered};
 use crate::budget::{self, Kind, MemoryBudget};
 use crate::metrics::Metrics;
 use crate::net::info::ConnectionInfo;
@@ -24,29 +25,9 @@ pub(crate) struct RequestLimits {
     pub(crate) metrics: Arc<Metrics>,
 }
 
-impl<S> tower::Layer<S> for RequestLimits {
-    type Service = RequestLimitsService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        RequestLimitsService {
-            inner,
-            limits: self.clone(),
-        }
-    }
-}
-
-#[derive(Clone)]
-pub(crate) struct RequestLimitsService<S> {
-    inner: S,
-    limits: RequestLimits,
-}
-
-impl<S> tower::Service<http::Request<tonic::body::Body>> for RequestLimitsService<S>
+impl<S> tower::Service<http::Request<tonic::body::Body>> for Layered<RequestLimits, S>
 where
-    S: tower::Service<
-            http::Request<tonic::body::Body>,
-            Response = http::Response<tonic::body::Body>,
-        >,
+    S: GrpcService,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
 {

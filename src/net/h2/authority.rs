@@ -20,9 +20,10 @@
 //! resolves names the entry the client meant and any other index is a decoding error: it can
 //! never read a header the client did not send.
 //!
-//! Only reads are filtered; what the server writes passes straight through. Frames other than
-//! header blocks are not copied on their way (their payload is read into the server's buffer
-//! directly); only their 9-byte headers are looked at.
+//! Only reads are filtered; what the server writes passes straight through. The client's bytes
+//! are walked with the transport's [`FrameReader`]. Frames other than header blocks are not
+//! copied on their way (their payload is read into the server's buffer directly); only their
+//! 9-byte headers are looked at.
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -31,13 +32,11 @@ use bytes::{Buf, BytesMut};
 use loona_hpack::Decoder;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use self::frames::{
-    CONTINUATION, END_HEADERS, END_STREAM, HEAD_LEN, HEADERS, Head, PUSH_PROMISE, fragment,
-    write_literal,
-};
-use crate::net::deadlines::PREFACE;
+use self::hpack::{fragment, write_literal};
+use super::frame::{CONTINUATION, END_HEADERS, END_STREAM, HEAD_LEN, HEADERS, Head, PUSH_PROMISE};
+use super::reader::{Event, FrameReader};
 
-mod frames;
+mod hpack;
 
 /// The largest frame the server accepts (SETTINGS_MAX_FRAME_SIZE, the sync server's setting);
 /// header blocks are written again in frames no larger.
@@ -65,7 +64,16 @@ pub(crate) struct AuthorityFilter<S> {
     input: BytesMut,
     /// Ready for the server.
     output: BytesMut,
-    state: State,
+    /// Walks the input: preface, frame headers, payloads.
+    frames: FrameReader,
+    /// How many bytes at the start of `input` the reader has passed that wait there: a frame
+    /// header cut short, or a frame that may be part of a header block until it is whole.
+    held: usize,
+    /// The header of the frame whose payload is held until it is whole (a HEADERS or
+    /// CONTINUATION frame); `None`: the payload the reader passes goes on unchanged.
+    collecting: Option<Head>,
+    /// Everything passes unchanged from here on.
+    raw: bool,
     /// A header block whose END_HEADERS has not arrived yet.
     block: Option<Block>,
     /// Mirrors the client's HPACK encoder.
@@ -74,18 +82,6 @@ pub(crate) struct AuthorityFilter<S> {
     max_header_list_size: usize,
     /// `inner` has ended.
     eof: bool,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    /// The 24-byte preface has not passed yet.
-    Preface,
-    /// The next bytes are a frame's header.
-    FrameHead,
-    /// This many bytes of a frame's payload pass unchanged.
-    Forward(usize),
-    /// Everything passes unchanged from here on.
-    Raw,
 }
 
 /// A header block being collected: HEADERS and the CONTINUATION frames after it.
@@ -98,14 +94,6 @@ struct Block {
     raw: BytesMut,
 }
 
-/// What became of the frame at the head of the input.
-enum Step {
-    /// Handled; look at the next one.
-    Next,
-    /// More bytes are needed.
-    NeedMore,
-}
-
 impl<S> AuthorityFilter<S> {
     /// Reads `inner` for a server whose SETTINGS_MAX_HEADER_LIST_SIZE is
     /// `max_header_list_size`.
@@ -116,7 +104,10 @@ impl<S> AuthorityFilter<S> {
             inner,
             input: BytesMut::new(),
             output: BytesMut::new(),
-            state: State::Preface,
+            frames: FrameReader::default(),
+            held: 0,
+            collecting: None,
+            raw: false,
             block: None,
             decoder,
             max_header_list_size,
@@ -127,46 +118,42 @@ impl<S> AuthorityFilter<S> {
     /// Moves what can be decided from `input` to `output`.
     fn process(&mut self) {
         loop {
-            match self.state {
-                State::Raw => {
-                    let input = self.input.split();
-                    self.output.unsplit(input);
-                    return;
+            if self.raw {
+                let input = self.input.split();
+                self.output.unsplit(input);
+                self.held = 0;
+                return;
+            }
+            let mut rest = &self.input[self.held..];
+            let before = rest.len();
+            let event = self.frames.next(&mut rest);
+            self.held += before - rest.len();
+            match event {
+                // A header cut short stays held.
+                None => return,
+                Some(Event::Preface(_) | Event::Other(_)) => {
+                    self.raw = !self.frames.is_http2();
+                    self.pass_held();
                 }
-                State::Preface => {
-                    if self.input.len() < PREFACE.len() {
-                        return;
-                    }
-                    let preface = self.input.split_to(PREFACE.len());
-                    self.state = if preface[..] == *PREFACE {
-                        State::FrameHead
-                    } else {
-                        State::Raw
-                    };
-                    self.output.unsplit(preface);
-                }
-                State::Forward(left) => {
-                    let take = left.min(self.input.len());
-                    if take == 0 {
-                        return;
-                    }
-                    let payload = self.input.split_to(take);
-                    self.output.unsplit(payload);
-                    self.state = forward(left - take);
-                }
-                State::FrameHead => match self.frame() {
-                    Step::Next => {}
-                    Step::NeedMore => return,
+                Some(Event::Head(head)) => self.frame(head),
+                Some(Event::Payload(_)) => match self.collecting {
+                    None => self.pass_held(),
+                    Some(head) if self.frames.payload_left() == 0 => self.collected(head),
+                    Some(_) => {}
                 },
             }
         }
     }
 
-    /// Handles the frame at the head of the input.
-    fn frame(&mut self) -> Step {
-        let Some(head) = Head::parse(&self.input) else {
-            return Step::NeedMore;
-        };
+    /// What the reader has passed of `input` goes on to the server.
+    fn pass_held(&mut self) {
+        let bytes = self.input.split_to(std::mem::take(&mut self.held));
+        self.output.unsplit(bytes);
+    }
+
+    /// Handles a frame whose header the reader has just passed: one that is no part of a
+    /// header block goes on as it comes, a part of one is held until it is whole.
+    fn frame(&mut self, head: Head) {
         let in_block = self.block.is_some();
         let header_frame = match head.kind {
             HEADERS => !in_block,
@@ -176,23 +163,27 @@ impl<S> AuthorityFilter<S> {
             // Between a block's frames only its CONTINUATION may come.
             _ if in_block => false,
             _ => {
-                let bytes = self.input.split_to(HEAD_LEN);
-                self.output.unsplit(bytes);
-                self.state = forward(head.len);
-                return Step::Next;
+                self.pass_held();
+                return;
             }
         };
         if !header_frame || head.len > MAX_FRAME_SIZE as usize {
             self.give_up("a frame out of place or too large");
-            return Step::Next;
+            return;
         }
-        let total = HEAD_LEN + head.len;
-        let Some(payload) = self.input.get(HEAD_LEN..total) else {
-            return Step::NeedMore;
-        };
-        let Some(fragment) = fragment(head, payload) else {
+        self.collecting = Some(head);
+        if head.len == 0 {
+            self.collected(head);
+        }
+    }
+
+    /// Adds the frame held whole at the start of the input to its header block.
+    fn collected(&mut self, head: Head) {
+        self.collecting = None;
+        let total = std::mem::take(&mut self.held);
+        let Some(fragment) = fragment(head, &self.input[HEAD_LEN..total]) else {
             self.give_up("padding or priority the server refuses");
-            return Step::Next;
+            return;
         };
         let block = self.block.get_or_insert_with(|| Block {
             stream: head.stream,
@@ -210,7 +201,6 @@ impl<S> AuthorityFilter<S> {
         } else if head.flags & END_HEADERS != 0 {
             self.rewrite();
         }
-        Step::Next
     }
 
     /// Passes the block collected so far, and everything after it, on unchanged.
@@ -226,7 +216,7 @@ impl<S> AuthorityFilter<S> {
         if let Some(block) = self.block.take() {
             self.output.unsplit(block.raw);
         }
-        self.state = State::Raw;
+        self.raw = true;
     }
 
     /// Decodes the complete block and writes it again, or passes it on unchanged when it does
@@ -300,15 +290,6 @@ impl<S> AuthorityFilter<S> {
     }
 }
 
-/// The state after a frame header whose payload has `left` bytes.
-fn forward(left: usize) -> State {
-    if left == 0 {
-        State::FrameHead
-    } else {
-        State::Forward(left)
-    }
-}
-
 impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFilter<S> {
     fn poll_read(
         self: Pin<&mut Self>,
@@ -330,10 +311,11 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFilter<S> {
                 return Poll::Ready(Ok(()));
             }
             if this.input.is_empty() {
-                match this.state {
-                    State::Raw => return Pin::new(&mut this.inner).poll_read(cx, buf),
-                    State::Forward(left) => return this.poll_forward(cx, buf, left),
-                    State::Preface | State::FrameHead => {}
+                if this.raw {
+                    return Pin::new(&mut this.inner).poll_read(cx, buf);
+                }
+                if this.collecting.is_none() && this.frames.payload_left() > 0 {
+                    return this.poll_forward(cx, buf);
                 }
             }
             this.input.reserve(READ_CHUNK);
@@ -348,26 +330,28 @@ impl<S: AsyncRead + Unpin> AsyncRead for AuthorityFilter<S> {
 }
 
 impl<S: AsyncRead + Unpin> AuthorityFilter<S> {
-    /// Reads a frame's payload (`left` bytes of it) straight into the server's buffer; bytes
-    /// read past it are kept for the next frame.
+    /// Reads the rest of a frame's payload straight into the server's buffer; bytes read past
+    /// it are kept for the next frame.
     fn poll_forward(
         &mut self,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
-        left: usize,
     ) -> Poll<io::Result<()>> {
         let before = buf.filled().len();
         std::task::ready!(Pin::new(&mut self.inner).poll_read(cx, buf))?;
-        let read = buf.filled().len() - before;
-        if read == 0 {
+        let read = &buf.filled()[before..];
+        if read.is_empty() {
             self.eof = true;
-        } else if read > left {
-            self.input.extend_from_slice(&buf.filled()[before + left..]);
-            buf.set_filled(before + left);
-            self.state = State::FrameHead;
+            return Poll::Ready(Ok(()));
+        }
+        let payload = read.len().min(self.frames.payload_left());
+        let (mut passed, past) = read.split_at(payload);
+        // One piece: all of it payload.
+        let _ = self.frames.next(&mut passed);
+        if !past.is_empty() {
+            self.input.extend_from_slice(past);
+            buf.set_filled(before + payload);
             self.process();
-        } else {
-            self.state = forward(left - read);
         }
         Poll::Ready(Ok(()))
     }

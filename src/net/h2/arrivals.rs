@@ -3,21 +3,14 @@
 //! fills the connection's stream store at once, however quickly each is answered (and that store
 //! does not shrink again). Reading only frame headers as the bytes pass, this counts the new
 //! streams between two moments when the client had nothing more to read.
-use crate::net::deadlines::PREFACE;
+use super::frame::HEADERS;
+use super::reader::{Event, FrameReader};
 
-/// An HTTP/2 frame header: length (3 bytes), type, flags, stream identifier (4 bytes).
-const FRAME_HEADER: usize = 9;
-const HEADERS: u8 = 0x1;
-
-/// Counts the streams a client opens, batch by batch of reads.
-#[derive(Debug)]
+/// Counts the streams a client opens, batch by batch of reads. Its reader is the connection's
+/// one reader of frames: the preface deadline asks it whether the preface has passed.
+#[derive(Debug, Default)]
 pub(crate) struct StreamArrivals {
-    /// Bytes of the connection preface still to pass.
-    preface_left: usize,
-    header: [u8; FRAME_HEADER],
-    header_len: usize,
-    /// Bytes of the current frame's payload still to pass.
-    payload_left: usize,
+    frames: FrameReader,
     /// The highest stream a client opened so far (a new stream's identifier is higher than
     /// every earlier one).
     last_stream: u32,
@@ -25,66 +18,40 @@ pub(crate) struct StreamArrivals {
     batch: usize,
 }
 
-impl Default for StreamArrivals {
-    fn default() -> Self {
-        Self {
-            preface_left: PREFACE.len(),
-            header: [0; FRAME_HEADER],
-            header_len: 0,
-            payload_left: 0,
-            last_stream: 0,
-            batch: 0,
-        }
-    }
-}
-
 impl StreamArrivals {
     /// Passes `bytes` read from the client, counting the streams their HEADERS frames open;
     /// returns how many they open.
     pub(crate) fn feed(&mut self, mut bytes: &[u8]) -> usize {
         let before = self.batch;
-        let preface = self.preface_left.min(bytes.len());
-        self.preface_left -= preface;
-        bytes = &bytes[preface..];
-        while !bytes.is_empty() {
-            if self.payload_left > 0 {
-                let skip = self.payload_left.min(bytes.len());
-                self.payload_left -= skip;
-                bytes = &bytes[skip..];
+        while let Some(event) = self.frames.next(&mut bytes) {
+            let Event::Head(head) = event else {
                 continue;
-            }
-            let take = (FRAME_HEADER - self.header_len).min(bytes.len());
-            self.header[self.header_len..self.header_len + take].copy_from_slice(&bytes[..take]);
-            self.header_len += take;
-            bytes = &bytes[take..];
-            if self.header_len == FRAME_HEADER {
-                self.header_len = 0;
-                self.frame();
+            };
+            // A client opens odd-numbered streams; HEADERS on a stream already open are
+            // trailers.
+            if head.kind == HEADERS && head.stream % 2 == 1 && head.stream > self.last_stream {
+                self.last_stream = head.stream;
+                self.batch += 1;
             }
         }
         self.batch - before
-    }
-
-    fn frame(&mut self) {
-        let h = self.header;
-        self.payload_left = usize::from(h[0]) << 16 | usize::from(h[1]) << 8 | usize::from(h[2]);
-        let stream = u32::from_be_bytes([h[5] & 0x7f, h[6], h[7], h[8]]);
-        // A client opens odd-numbered streams; HEADERS on a stream already open are trailers.
-        if h[3] == HEADERS && stream % 2 == 1 && stream > self.last_stream {
-            self.last_stream = stream;
-            self.batch += 1;
-        }
     }
 
     /// The streams opened since the last call.
     pub(crate) fn take_batch(&mut self) -> usize {
         std::mem::take(&mut self.batch)
     }
+
+    /// The client's whole preface has passed (see [`FrameReader::preface_passed`]).
+    pub(crate) fn preface_passed(&self) -> bool {
+        self.frames.preface_passed()
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::net::h2::frame::PREFACE;
 
     fn frame(kind: u8, stream: u32, payload: &[u8]) -> Vec<u8> {
         let len = u32::try_from(payload.len()).expect("small");

@@ -1,45 +1,8 @@
-//! HTTP/2 framing and HPACK encoding as the authority filter needs them: frame headers, the
-//! header-block fragment of a HEADERS or CONTINUATION frame, and literal fields (RFC 9113,
-//! RFC 7541).
+//! HPACK as the authority filter needs it (RFC 7541): the header-block fragment of a HEADERS or
+//! CONTINUATION frame (RFC 9113), and literal fields.
 use bytes::{BufMut, BytesMut};
 
-pub(super) const HEAD_LEN: usize = 9;
-pub(super) const HEADERS: u8 = 0x1;
-pub(super) const PUSH_PROMISE: u8 = 0x5;
-pub(super) const CONTINUATION: u8 = 0x9;
-pub(super) const END_STREAM: u8 = 0x1;
-pub(super) const END_HEADERS: u8 = 0x4;
-pub(super) const PADDED: u8 = 0x8;
-pub(super) const PRIORITY: u8 = 0x20;
-
-/// A frame's 9-byte header.
-#[derive(Clone, Copy)]
-pub(super) struct Head {
-    pub(super) len: usize,
-    pub(super) kind: u8,
-    pub(super) flags: u8,
-    pub(super) stream: u32,
-}
-
-impl Head {
-    pub(super) fn parse(bytes: &[u8]) -> Option<Self> {
-        let bytes: &[u8; HEAD_LEN] = bytes.get(..HEAD_LEN)?.try_into().ok()?;
-        Some(Self {
-            len: usize::from(bytes[0]) << 16 | usize::from(bytes[1]) << 8 | usize::from(bytes[2]),
-            kind: bytes[3],
-            flags: bytes[4],
-            stream: u32::from_be_bytes([bytes[5], bytes[6], bytes[7], bytes[8]]) & 0x7fff_ffff,
-        })
-    }
-
-    pub(super) fn write(len: usize, kind: u8, flags: u8, stream: u32, out: &mut BytesMut) {
-        // `len` is at most MAX_FRAME_SIZE.
-        out.put_slice(&(len as u32).to_be_bytes()[1..]);
-        out.put_u8(kind);
-        out.put_u8(flags);
-        out.put_u32(stream);
-    }
-}
+use crate::net::h2::frame::{HEADERS, Head, PADDED, PRIORITY};
 
 /// The HPACK bytes of a HEADERS or CONTINUATION frame's `payload`: padding and priority taken
 /// off. Both are safe to drop: padding carries nothing, and the server does not act on
