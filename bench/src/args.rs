@@ -145,6 +145,26 @@ pub(crate) struct Args {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub(crate) storm_timeout: Duration,
 
+    /// Steady reconnects after the burst (see docs/benchmarks.md, "Churn"): two windows of
+    /// `--churn-seconds` with an update every `--churn-update-every`, the first without
+    /// reconnects, the second with the subscribers' streams reaching their deadline one by one in
+    /// a random order, at `--churn-per-second` (N / 600 by default: a 600 s stream deadline),
+    /// each reopened on its connection. Fan-out and `--tiers` only; not on the floor.
+    #[arg(long)]
+    pub(crate) churn: bool,
+
+    /// Churn: streams reopened a second (implies `--churn`).
+    #[arg(long, value_name = "RATE")]
+    pub(crate) churn_per_second: Option<f64>,
+
+    /// Churn: how long each of the two windows lasts.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub(crate) churn_seconds: Duration,
+
+    /// Churn: an update is written this often in both windows.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub(crate) churn_update_every: Duration,
+
     /// Kubernetes: FeatureFlag resources created but watched by nobody, each asked for once
     /// while the subscribers are connected (time to first snapshot of a new resource).
     #[arg(long, default_value_t = 50)]
@@ -370,6 +390,12 @@ impl Args {
         self.connect_timeout = Duration::from_secs(60);
         self.cold_resources = self.cold_resources.min(5);
         self.storm_timeout = Duration::from_secs(30);
+        if self.churn || self.churn_per_second.is_some() {
+            // Every subscriber's stream reaches its deadline once in the window.
+            self.churn_seconds = Duration::from_secs(2);
+            self.churn_update_every = Duration::from_millis(500);
+            self.churn_per_second = self.churn_per_second.or(Some(30.0));
+        }
         if self.go_proxy_bin.is_none() {
             self.no_go = true;
         }
