@@ -358,13 +358,10 @@ impl Live<'_> {
     /// row did not reach everyone); the updates left count as not delivered.
     fn stop_updates(&mut self, seq: u64, incomplete_in_a_row: u64) -> bool {
         let left = self.args.updates - seq + 1;
-        if let Some(status) = self.proxy.exited() {
+        if let Some(note) = self.proxy.exit_note() {
             self.result.updates_incomplete += left;
-            let tail = self.proxy.log_tail();
-            let tail: Vec<&str> = tail.lines().rev().take(4).collect();
             self.result.gave_up.push(format!(
-                "paced updates: the process exited ({status}); the other {left} were not written. Its log ended: `{}`",
-                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+                "paced updates: the other {left} were not written: {note}"
             ));
             return true;
         }
@@ -435,6 +432,9 @@ impl Live<'_> {
         };
         let (result, last) = phase.run(last + 1).await?;
         self.result.churn = Some(result);
+        if let Some(note) = self.proxy.exit_note() {
+            self.result.gave_up.push(format!("churn: {note}"));
+        }
         Ok(last)
     }
 
