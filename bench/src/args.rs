@@ -153,7 +153,8 @@ pub(crate) struct Args {
     #[arg(long)]
     pub(crate) churn: bool,
 
-    /// Churn: streams reopened a second (implies `--churn`).
+    /// Churn: streams reopened a second (implies `--churn`). A subscriber reopens at most once
+    /// per window: beyond N / `--churn-seconds` a second, the window's reopens stop at N.
     #[arg(long, value_name = "RATE")]
     pub(crate) churn_per_second: Option<f64>,
 
@@ -352,7 +353,8 @@ pub(crate) struct Args {
     /// (2,000 updates, 200 connects, 24 lifecycles, 40 steady subscribers on 8 resources). With
     /// `--tiers`: 2 node proxies × 10 subscribers over 2 resources, with the faults. With
     /// `--costs`: every probe at a few hundred subscribers. With `--authz-storm`: 2 identities ×
-    /// 20 clients. With `--attacks`: every attack at a tiny size, 1 s of quiet.
+    /// 20 clients. With `--attacks`: every attack at a tiny size, 1 s of quiet. With `--churn`:
+    /// two windows of 2 s, every subscriber's stream reopened once.
     #[arg(long)]
     pub(crate) smoke: bool,
 }

@@ -407,8 +407,21 @@ type Row = (String, Option<f64>, usize);
 
 /// The figures of one run, in the table's order.
 fn rows(c: &ChurnResult) -> Vec<Row> {
+    let named = |rows: Vec<(&str, Option<f64>, usize)>| {
+        rows.into_iter()
+            .map(|(name, value, digits)| (name.to_owned(), value, digits))
+            .collect::<Vec<Row>>()
+    };
+    let mut rows = named(served(c));
+    rows.extend(cpu_rows(c));
+    rows.extend(named(around(c)));
+    rows
+}
+
+/// The reopens and how they were served.
+fn served(c: &ChurnResult) -> Vec<(&'static str, Option<f64>, usize)> {
     let n = |v: u64| Some(v as f64);
-    let mut rows: Vec<(&str, Option<f64>, usize)> = vec![
+    vec![
         ("reconnects a second", Some(c.per_second), 1),
         ("window (s)", Some(c.window_seconds), 1),
         ("updates written in each window", n(c.updates_per_window), 0),
@@ -424,14 +437,15 @@ fn rows(c: &ChurnResult) -> Vec<Row> {
             0,
         ),
         ("subscribers stale at the end", n(c.stale_at_end as u64), 0),
-    ];
-    let mut out: Vec<Row> = rows
-        .drain(..)
-        .map(|(a, b, d)| (a.to_owned(), b, d))
-        .collect();
+    ]
+}
+
+/// Each process's CPU in both windows, and per reconnect.
+fn cpu_rows(c: &ChurnResult) -> Vec<Row> {
+    let mut rows = Vec::new();
     for (i, process) in PROCESSES.iter().enumerate() {
         let cpu = c.cpu.get(i);
-        out.extend([
+        rows.extend([
             (
                 format!("{process}: CPU without reconnects (s/s)"),
                 cpu.map(|p| p.baseline_per_second),
@@ -449,8 +463,14 @@ fn rows(c: &ChurnResult) -> Vec<Row> {
             ),
         ]);
     }
-    let watches = |w: Option<u64>| w.map(|w| w as f64);
-    rows.extend([
+    rows
+}
+
+/// The load generator, the updates and the API server in both windows.
+fn around(c: &ChurnResult) -> Vec<(&'static str, Option<f64>, usize)> {
+    let n = |v: Option<u64>| v.map(|v| v as f64);
+    let (base, churn) = (&c.propagation_baseline, &c.propagation_churn);
+    vec![
         (
             "load generator: CPU without reconnects (s/s)",
             Some(c.load_generator_baseline_per_second),
@@ -461,39 +481,29 @@ fn rows(c: &ChurnResult) -> Vec<Row> {
             Some(c.load_generator_churn_per_second),
             3,
         ),
-        (
-            "propagation p99 without reconnects (ms)",
-            c.propagation_baseline.p99_ms,
-            1,
-        ),
-        (
-            "propagation p99 with reconnects (ms)",
-            c.propagation_churn.p99_ms,
-            1,
-        ),
+        ("propagation p99 without reconnects (ms)", base.p99_ms, 1),
+        ("propagation p99 with reconnects (ms)", churn.p99_ms, 1),
         (
             "API requests on FeatureFlags without reconnects",
-            watches(c.apiserver_requests_baseline),
+            n(c.apiserver_requests_baseline),
             0,
         ),
         (
             "API requests on FeatureFlags with reconnects",
-            watches(c.apiserver_requests_churn),
+            n(c.apiserver_requests_churn),
             0,
         ),
         (
             "API watches open after the window without reconnects",
-            watches(c.apiserver_watches_baseline),
+            n(c.apiserver_watches_baseline),
             0,
         ),
         (
             "API watches open after the window with reconnects",
-            watches(c.apiserver_watches_churn),
+            n(c.apiserver_watches_churn),
             0,
         ),
-    ]);
-    out.extend(rows.into_iter().map(|(a, b, d)| (a.to_owned(), b, d)));
-    out
+    ]
 }
 
 /// The churn table: a row per figure, a column per run; rows no column has a value for are left
