@@ -145,6 +145,27 @@ pub(crate) struct Args {
     #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
     pub(crate) storm_timeout: Duration,
 
+    /// Steady reconnects after the burst (see docs/benchmarks.md, "Churn"): two windows of
+    /// `--churn-seconds` with an update every `--churn-update-every`, the first without
+    /// reconnects, the second with the subscribers' streams reaching their deadline one by one in
+    /// a random order, at `--churn-per-second` (N / 600 by default: a 600 s stream deadline),
+    /// each reopened on its connection. Fan-out and `--tiers` only; not on the floor.
+    #[arg(long)]
+    pub(crate) churn: bool,
+
+    /// Churn: streams reopened a second (implies `--churn`). A subscriber reopens at most once
+    /// per window: beyond N / `--churn-seconds` a second, the window's reopens stop at N.
+    #[arg(long, value_name = "RATE")]
+    pub(crate) churn_per_second: Option<f64>,
+
+    /// Churn: how long each of the two windows lasts.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub(crate) churn_seconds: Duration,
+
+    /// Churn: an update is written this often in both windows.
+    #[arg(long, default_value = "3s", value_parser = humantime::parse_duration)]
+    pub(crate) churn_update_every: Duration,
+
     /// Kubernetes: FeatureFlag resources created but watched by nobody, each asked for once
     /// while the subscribers are connected (time to first snapshot of a new resource).
     #[arg(long, default_value_t = 50)]
@@ -332,7 +353,8 @@ pub(crate) struct Args {
     /// (2,000 updates, 200 connects, 24 lifecycles, 40 steady subscribers on 8 resources). With
     /// `--tiers`: 2 node proxies × 10 subscribers over 2 resources, with the faults. With
     /// `--costs`: every probe at a few hundred subscribers. With `--authz-storm`: 2 identities ×
-    /// 20 clients. With `--attacks`: every attack at a tiny size, 1 s of quiet.
+    /// 20 clients. With `--attacks`: every attack at a tiny size, 1 s of quiet. With `--churn`:
+    /// two windows of 2 s, every subscriber's stream reopened once.
     #[arg(long)]
     pub(crate) smoke: bool,
 }
@@ -370,6 +392,12 @@ impl Args {
         self.connect_timeout = Duration::from_secs(60);
         self.cold_resources = self.cold_resources.min(5);
         self.storm_timeout = Duration::from_secs(30);
+        if self.churn || self.churn_per_second.is_some() {
+            // Every subscriber's stream reaches its deadline once in the window.
+            self.churn_seconds = Duration::from_secs(2);
+            self.churn_update_every = Duration::from_millis(500);
+            self.churn_per_second = self.churn_per_second.or(Some(30.0));
+        }
         if self.go_proxy_bin.is_none() {
             self.no_go = true;
         }

@@ -193,6 +193,9 @@ pub(crate) struct Tracker {
     pub(crate) unparsed: AtomicU64,
     pub(crate) errors: AtomicU64,
     pub(crate) last_error: std::sync::Mutex<Option<String>>,
+    /// Streams reopened after their deadline whose first snapshot was older than the version the
+    /// subscriber already had (see `churn.rs`).
+    pub(crate) behind: AtomicU64,
 }
 
 impl Tracker {
@@ -211,6 +214,7 @@ impl Tracker {
             unparsed: AtomicU64::new(0),
             errors: AtomicU64::new(0),
             last_error: std::sync::Mutex::new(None),
+            behind: AtomicU64::new(0),
         }
     }
 
@@ -248,6 +252,21 @@ impl Tracker {
                 self.all_at[v].store(self.now(), Ordering::Release);
             }
         }
+    }
+
+    /// [`Tracker::record`] for a message of subscriber `slot`'s stream; `reopened`: the first
+    /// of a stream reopened after its deadline, whose snapshot may be the version the subscriber
+    /// already has (not a duplicate), and must not be an older one.
+    pub(crate) fn record_from(&self, slot: usize, seq: u64, reopened: bool) {
+        let previous = self.latest[slot].load(Ordering::Relaxed);
+        if reopened && seq != NO_SEQ && previous != NO_SEQ && seq <= previous {
+            if seq < previous {
+                self.behind.fetch_add(1, Ordering::Relaxed);
+            }
+            self.messages.fetch_add(1, Ordering::Relaxed);
+            return;
+        }
+        self.record(slot, seq);
     }
 
     pub(crate) fn failed(&self, error: &Status) {
@@ -294,13 +313,16 @@ impl Tracker {
     }
 }
 
+/// A subscriber; with `churn`, its stream reopens when its deadline passes (see `churn.rs`).
 pub(crate) async fn subscriber(
     channel: Channel,
     selector: Arc<str>,
     slot: usize,
     tracker: Arc<Tracker>,
+    churn: Option<Arc<crate::churn::Churn>>,
 ) {
-    let error = follow(channel, &selector, |seq| tracker.record(slot, seq)).await;
+    let record = |seq, reopened| tracker.record_from(slot, seq, reopened);
+    let error = crate::churn::follow(channel, &selector, slot, churn.as_deref(), record).await;
     tracker.failed(&error);
 }
 

@@ -54,6 +54,7 @@ mod args;
 mod attacks;
 mod authz_storm;
 mod capacity;
+mod churn;
 mod costs;
 mod floor;
 mod load;

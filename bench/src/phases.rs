@@ -23,6 +23,8 @@ struct Subscribers {
     /// Versions the tracker keeps.
     versions: usize,
     connect_errors: usize,
+    /// The streams' deadlines, with `--churn`.
+    churn: Option<Arc<churn::Churn>>,
 }
 
 /// The source address of connection `i` (`--source-addrs`), when there is a choice.
@@ -70,7 +72,10 @@ impl<'a> Live<'a> {
         self.first_snapshots().await;
         self.cold_snapshots(cold).await;
         self.paced_updates(&subscribers.tracker).await?;
-        let final_seq = self.burst(&subscribers).await?;
+        let mut final_seq = self.burst(&subscribers).await?;
+        if let Some(churn) = subscribers.churn.clone() {
+            final_seq = self.churn(cluster, &subscribers, &churn, final_seq).await?;
+        }
         if self.args.storm && self.kind != Kind::Floor && self.proxy.exited().is_none() {
             self.storm(&mut subscribers, fds_before, final_seq).await;
         }
@@ -119,9 +124,12 @@ impl Live<'_> {
     /// Connects every subscriber and waits for their first snapshots.
     async fn connect(&mut self) -> Subscribers {
         let (args, pid, dial) = (self.args, self.pid, &self.dial);
-        let versions = (2 + args.updates + args.burst) as usize;
+        let versions = (2 + args.updates + args.burst + churn::versions(args)) as usize;
         let n = self.scenario.subscribers;
         let tracker = Arc::new(Tracker::new(n, versions));
+        // The floor answers one stream per connection: no reopening there.
+        let churn = (self.kind != Kind::Floor && churn::rate(args, n).is_some())
+            .then(|| churn::Churn::new(n));
         let mut tasks = tokio::task::JoinSet::new();
         let connect_cpu = proc_sample(pid).cpu_seconds;
         let connect_own_cpu = proc_sample(std::process::id()).cpu_seconds;
@@ -146,7 +154,14 @@ impl Live<'_> {
             let first = c * args.streams_per_connection;
             for slot in first..(first + args.streams_per_connection).min(n) {
                 let selector = self.sources.selectors[slot % self.scenario.resources].clone();
-                tasks.spawn(subscriber(channel.clone(), selector, slot, tracker.clone()));
+                let churn = churn.clone();
+                tasks.spawn(subscriber(
+                    channel.clone(),
+                    selector,
+                    slot,
+                    tracker.clone(),
+                    churn,
+                ));
                 spawned += 1;
             }
         }
@@ -182,6 +197,7 @@ impl Live<'_> {
             tasks,
             versions,
             connect_errors,
+            churn,
         }
     }
 
@@ -342,13 +358,10 @@ impl Live<'_> {
     /// row did not reach everyone); the updates left count as not delivered.
     fn stop_updates(&mut self, seq: u64, incomplete_in_a_row: u64) -> bool {
         let left = self.args.updates - seq + 1;
-        if let Some(status) = self.proxy.exited() {
+        if let Some(note) = self.proxy.exit_note() {
             self.result.updates_incomplete += left;
-            let tail = self.proxy.log_tail();
-            let tail: Vec<&str> = tail.lines().rev().take(4).collect();
             self.result.gave_up.push(format!(
-                "paced updates: the process exited ({status}); the other {left} were not written. Its log ended: `{}`",
-                tail.into_iter().rev().collect::<Vec<_>>().join(" / ")
+                "paced updates: the other {left} were not written: {note}"
             ));
             return true;
         }
@@ -393,6 +406,36 @@ impl Live<'_> {
         result.unparsed_messages = tracker.unparsed.load(Ordering::Relaxed);
         result.last_error = tracker.last_error.lock().ok().and_then(|e| e.clone());
         Ok(final_seq)
+    }
+
+    /// Steady reconnects (`--churn`) from version `last` + 1; the last version written.
+    async fn churn(
+        &mut self,
+        cluster: Option<&ControlPlane>,
+        subscribers: &Subscribers,
+        churn: &churn::Churn,
+        last: u64,
+    ) -> anyhow::Result<u64> {
+        let n = self.scenario.subscribers;
+        let pid = self.pid;
+        let cpu = move || vec![proc_sample(pid).cpu_seconds];
+        let phase = churn::Phase {
+            args: self.args,
+            sources: &self.sources,
+            tracker: &subscribers.tracker,
+            churn,
+            subscribers: n,
+            per_second: churn::rate(self.args, n).unwrap_or_default(),
+            processes: &["proxy"],
+            cpu: &cpu,
+            cluster,
+        };
+        let (result, last) = phase.run(last + 1).await?;
+        self.result.churn = Some(result);
+        if let Some(note) = self.proxy.exit_note() {
+            self.result.gave_up.push(format!("churn: {note}"));
+        }
+        Ok(last)
     }
 
     /// The reconnect storm (`--storm`): every subscriber dropped and reconnected at once.

@@ -184,6 +184,24 @@ impl ProxyProcess {
             .and_then(|c| c.try_wait().ok().flatten())
     }
 
+    /// When the process has exited: how, and the end of its log (from its first `panic:` or
+    /// `fatal error:` line when it has one, as a Go program that crashes writes, else its last
+    /// four lines), on one line.
+    pub(crate) fn exit_note(&mut self) -> Option<String> {
+        let status = self.exited()?;
+        let tail = self.log_tail();
+        let lines: Vec<&str> = tail.lines().collect();
+        let from = lines
+            .iter()
+            .position(|l| l.starts_with("panic:") || l.starts_with("fatal error:"))
+            .unwrap_or(lines.len().saturating_sub(4));
+        let end: Vec<&str> = lines[from..].iter().take(4).copied().collect();
+        Some(format!(
+            "the process exited ({status}). Its log ended: `{}`",
+            end.join(" / ")
+        ))
+    }
+
     pub(crate) fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();

@@ -384,6 +384,14 @@ pub(crate) fn markdown_table(
         out.push_str(&line);
         out.push('\n');
     }
+    let churned: Vec<(&str, &churn::ChurnResult)> = results
+        .values()
+        .filter_map(|r| Some((r.proxy.as_str(), r.churn.as_ref()?)))
+        .collect();
+    if !churned.is_empty() {
+        out.push('\n');
+        out.push_str(&churn::table(&churned));
+    }
     for (key, run) in results {
         if let Some(error) = &run.last_error {
             out.push_str(&format!("\n{key}: last stream error: {error}\n"));

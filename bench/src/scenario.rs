@@ -110,6 +110,8 @@ pub(crate) struct RunResult {
     /// (RSS idle − RSS with no subscribers) / resources, when there is more than one.
     pub(crate) kib_per_resource: Option<f64>,
     pub(crate) storm: Option<storm::StormResult>,
+    /// Steady reconnects (`--churn`).
+    pub(crate) churn: Option<churn::ChurnResult>,
     /// The proxy was killed for going over `--max-rss-mib`.
     pub(crate) killed_for_rss: bool,
 }
@@ -182,6 +184,9 @@ impl RunResult {
                     storm.witness_stream_errors
                 ),
             );
+        }
+        if let Some(churn) = &self.churn {
+            problems.extend(churn.problems());
         }
         if self.killed_for_rss {
             problems.push("killed for going over --max-rss-mib".to_owned());

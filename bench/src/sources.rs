@@ -303,3 +303,13 @@ pub(crate) fn staging_dir(dir: &Path) -> anyhow::Result<PathBuf> {
     std::fs::create_dir_all(&staging)?;
     Ok(staging)
 }
+
+/// LIST, WATCH and GET requests on FeatureFlags the API server has answered.
+pub(crate) async fn api_requests(cluster: Option<&ControlPlane>) -> Option<u64> {
+    let cluster = cluster?;
+    let mut total = 0;
+    for verb in ["LIST", "WATCH", "GET"] {
+        total += cluster.requests(verb, "featureflags").await;
+    }
+    Some(total)
+}

@@ -149,6 +149,7 @@ async fn witnesses(
             selector,
             slot,
             witness_tracker.clone(),
+            None,
         ));
     }
     let deadline = Instant::now() + Duration::from_secs(30);

@@ -168,6 +168,20 @@ fn outputs(output: &std::process::Output) -> (String, String) {
     (stdout, context)
 }
 
+/// Runs `flagd-proxy-bench ARGS --proxy-bin <this proxy>` and requires it to succeed; its
+/// standard output and, for failure messages, all it printed.
+fn bench_run(args: &[&str]) -> (String, String) {
+    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
+        .args(args)
+        .arg("--proxy-bin")
+        .arg(proxy_bin())
+        .output()
+        .expect("run flagd-proxy-bench");
+    let (stdout, context) = outputs(&output);
+    assert!(output.status.success(), "{args:?}: {context}");
+    (stdout, context)
+}
+
 /// Runs `flagd-proxy-bench --soak --smoke` against `proxy`, writing its report to `markdown`.
 fn soak_smoke(proxy: &Path, markdown: &Path) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
@@ -252,13 +266,7 @@ fn soak_smoke_run_fails_when_watches_are_left_behind() {
 /// and no other does), a rollout of the central. The flat runs beside it pass too.
 #[test]
 fn tiers_smoke_run_delivers_every_version_through_both_tiers() {
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
-        .args(["--tiers", "--smoke", "--no-go", "--proxy-bin"])
-        .arg(proxy_bin())
-        .output()
-        .expect("run flagd-proxy-bench");
-    let (stdout, context) = outputs(&output);
-    assert!(output.status.success(), "{context}");
+    let (stdout, context) = bench_run(&["--tiers", "--smoke", "--no-go"]);
     for needle in [
         "### 20 subscribers: 2 node proxies × 10, 2 resource(s), 1024 B payload, files source",
         "| subscribers connected | 20 | 20 | 10 | 10 |",
@@ -273,6 +281,36 @@ fn tiers_smoke_run_delivers_every_version_through_both_tiers() {
         assert!(
             stdout.contains(needle),
             "{needle:?} not in the report:\n{context}"
+        );
+    }
+}
+
+/// Steady reconnects at tiny scale (`--smoke --churn`: two windows of 2 s, the first without
+/// reconnects, the second with every subscriber's stream ending once and reopened on its
+/// connection): every reopened stream gets a first snapshot and every subscriber ends on the
+/// version written after the reconnects, flat and through both tiers. Reports the figures,
+/// asserts no timing.
+#[test]
+fn churn_smoke_runs_reopen_every_stream_and_leave_none_stale() {
+    for args in [&["--churn"][..], &["--tiers", "--no-flat", "--churn"]] {
+        let args = [&["--smoke", "--no-go", "--no-floor"][..], args].concat();
+        let (stdout, context) = bench_run(&args);
+        for needle in [
+            "Steady reconnects (`--churn`):",
+            "| reopened streams never served | 0 |",
+            "| snapshots older than the subscriber had | 0 |",
+            "| subscribers stale at the end | 0 |",
+            "| first snapshot p99 (ms) |",
+            "CPU per reconnect (ms) |",
+        ] {
+            assert!(
+                stdout.contains(needle),
+                "{args:?}: {needle:?} not in the report:\n{context}"
+            );
+        }
+        assert!(
+            !stdout.contains("| streams reopened | 0 |"),
+            "{args:?}: no stream reopened:\n{context}"
         );
     }
 }

@@ -14,7 +14,7 @@ impl Topology<'_> {
     }
 
     /// CPU seconds of the central, of every node proxy together, and of this program.
-    fn cpu(&self) -> (f64, f64, f64) {
+    pub(crate) fn cpu(&self) -> (f64, f64, f64) {
         let central = self
             .central
             .pid()
@@ -100,6 +100,34 @@ impl Topology<'_> {
             result.load_generator_cpu_per_update = per(after.2, before.2);
         }
         Ok(())
+    }
+
+    /// Steady reconnects (`--churn`) from version `last` + 1; the last version written.
+    pub(crate) async fn churn(
+        &mut self,
+        crowd: &Crowd,
+        churn: &crate::churn::Churn,
+        last: u64,
+    ) -> anyhow::Result<u64> {
+        let n = self.shape.subscribers();
+        let cpu = || {
+            let (central, nodes, _) = self.cpu();
+            vec![central, nodes]
+        };
+        let phase = crate::churn::Phase {
+            args: self.args,
+            sources: &self.sources,
+            tracker: &crowd.tracker,
+            churn,
+            subscribers: n,
+            per_second: crate::churn::rate(self.args, n).unwrap_or_default(),
+            processes: &["central", "node proxies"],
+            cpu: &cpu,
+            cluster: self.cluster.as_ref(),
+        };
+        let (result, last) = phase.run(last + 1).await?;
+        self.result.churn = Some(result);
+        Ok(last)
     }
 
     /// Burst: updates back to back, then every subscriber must end on the final one; which

@@ -203,6 +203,11 @@ impl Summary<'_> {
                 out += &format!("{name}: failed or cut short: {error}\n\n");
             }
         }
+        let churned: Vec<(&str, &crate::churn::ChurnResult)> = present
+            .iter()
+            .filter_map(|(name, r)| Some((*name, r.churn.as_ref()?)))
+            .collect();
+        out += &crate::churn::table(&churned);
         if let Some(faults) = s.tiers.as_ref().and_then(|t| t.faults.as_ref()) {
             out += &faults_table(faults);
         }

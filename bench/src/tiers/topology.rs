@@ -41,6 +41,8 @@ pub(crate) struct TierResult {
     /// burst.
     pub(crate) apiserver_requests: Option<u64>,
     pub(crate) faults: Option<faults::FaultResult>,
+    /// Steady reconnects (`--churn`), after the burst.
+    pub(crate) churn: Option<crate::churn::ChurnResult>,
     /// The run failed: why.
     pub(crate) failed: Option<String>,
     /// The proxy under test is the Go flagd-proxy (a peer: its problems fail nothing).
@@ -63,6 +65,7 @@ impl TierResult {
             load_generator_cpu_per_update: r.load_generator_cpu_seconds_per_update,
             central_rss_mib: r.rss_idle_mib,
             apiserver_watches: r.apiserver_watches,
+            churn: r.churn.clone(),
             peer: kind != Kind::Rust,
             failed: (!r.gave_up.is_empty() || r.killed_for_rss).then(|| {
                 let mut why = r.gave_up.clone();
@@ -111,6 +114,9 @@ impl TierResult {
                 problems.push(format!("{n} {what}"));
             }
         }
+        if let Some(churn) = &self.churn {
+            problems.extend(churn.problems());
+        }
         if let Some(faults) = &self.faults {
             problems.extend(faults.problems.iter().cloned());
         }
@@ -124,6 +130,8 @@ pub(crate) struct Crowd {
     /// Per subscriber: its stream ended (the task is gone).
     pub(crate) ended: Arc<Vec<AtomicBool>>,
     pub(crate) tasks: tokio::task::JoinSet<()>,
+    /// The streams' deadlines, with `--churn`.
+    pub(crate) churn: Option<Arc<crate::churn::Churn>>,
 }
 
 impl Crowd {
@@ -136,9 +144,10 @@ impl Crowd {
     }
 }
 
-/// Versions the tracker keeps: the first, the paced updates, the burst and four for the faults.
+/// Versions the tracker keeps: the first, the paced updates, the burst, the churn's and four for
+/// the faults.
 fn versions(args: &Args) -> usize {
-    (1 + args.updates + args.burst + 4 + 1) as usize
+    (1 + args.updates + args.burst + crate::churn::versions(args) + 4 + 1) as usize
 }
 
 /// A running topology: the source, the central (and its second replica for the rollout) behind
@@ -243,7 +252,10 @@ impl<'a> Topology<'a> {
         let mut crowd = self.connect().await;
         self.idle().await;
         self.paced(&crowd.tracker).await?;
-        let last = self.burst(&crowd).await?;
+        let mut last = self.burst(&crowd).await?;
+        if let Some(churn) = crowd.churn.clone() {
+            last = self.churn(&crowd, &churn, last).await?;
+        }
         if let (Some(before), Some(after)) = (
             self.requests_before,
             api_requests(self.cluster.as_ref()).await,
@@ -295,16 +307,6 @@ fn start_balancer(dir: &Path, port: u16, backends: &[u16]) -> anyhow::Result<Pro
     })
 }
 
-/// LIST, WATCH and GET requests on FeatureFlags the API server has answered.
-async fn api_requests(cluster: Option<&ControlPlane>) -> Option<u64> {
-    let cluster = cluster?;
-    let mut total = 0;
-    for verb in ["LIST", "WATCH", "GET"] {
-        total += cluster.requests(verb, "featureflags").await;
-    }
-    Some(total)
-}
-
 /// Waits until a probe stream on `tier` for `selector` gets a version; which one.
 pub(crate) async fn wait_serving(tier: &Tier, selector: &str) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(60);
@@ -332,26 +334,34 @@ pub(crate) async fn wait_serving(tier: &Tier, selector: &str) -> anyhow::Result<
     }
 }
 
+/// The subscribers' shared state, as each subscriber task holds it.
+pub(crate) type Shared = (
+    Arc<Tracker>,
+    Arc<Vec<AtomicBool>>,
+    Option<Arc<crate::churn::Churn>>,
+);
+
 /// One subscriber on `channel`: records what it sees; marks its slot ended when its stream
-/// ends. `served` counts the subscribers that got their first message.
+/// ends (a stream that reaches its deadline, with `--churn`, is reopened instead). `served`
+/// counts the subscribers that got their first message.
 pub(crate) async fn subscribe(
     channel: Channel,
     selector: Arc<str>,
     slot: usize,
-    crowd: (Arc<Tracker>, Arc<Vec<AtomicBool>>),
+    crowd: Shared,
     served: Option<Arc<AtomicUsize>>,
 ) {
-    let (tracker, ended) = crowd;
+    let (tracker, ended, churn) = crowd;
     let mut first = true;
-    let error = follow(channel, &selector, |seq| {
+    let record = |seq, reopened| {
         if std::mem::take(&mut first)
             && let Some(served) = &served
         {
             served.fetch_add(1, Ordering::Relaxed);
         }
-        tracker.record(slot, seq);
-    })
-    .await;
+        tracker.record_from(slot, seq, reopened);
+    };
+    let error = crate::churn::follow(channel, &selector, slot, churn.as_deref(), record).await;
     ended[slot].store(true, Ordering::Relaxed);
     tracker.failed(&error);
 }
@@ -388,7 +398,11 @@ impl Topology<'_> {
             let first = k * per_node + c * spc;
             for slot in first..(first + spc).min((k + 1) * per_node) {
                 let selector = self.sources.selectors[slot % self.shape.resources].clone();
-                let shared = (crowd.tracker.clone(), crowd.ended.clone());
+                let shared = (
+                    crowd.tracker.clone(),
+                    crowd.ended.clone(),
+                    crowd.churn.clone(),
+                );
                 let task = subscribe(channel.clone(), selector, slot, shared, served.clone());
                 crowd.tasks.spawn(task);
             }
@@ -403,6 +417,7 @@ impl Topology<'_> {
             tracker: Arc::new(Tracker::new(n, versions(self.args))),
             ended: Arc::new((0..n).map(|_| AtomicBool::new(false)).collect()),
             tasks: tokio::task::JoinSet::new(),
+            churn: crate::churn::rate(self.args, n).map(|_| crate::churn::Churn::new(n)),
         };
         let started = Instant::now();
         let failed = self.open(&mut crowd, 0..self.shape.nodes, None).await;
