@@ -12,7 +12,15 @@
 //! 11), files (7, 8) and start-up (9, 12, 13). Row 14 (memory given back) is read from the
 //! others.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::args::Args;
+use crate::report::loadavg;
+use crate::sitting::rust_bin;
 
 mod connections;
 mod files;

@@ -20,10 +20,14 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use flagd_proxy_testkit::control_plane::RequestCounts;
 
-use super::{
-    Args, Dial, Kind, ProxyProcess, RssGuard, loadavg, machine, mib, proc_sample, publish,
-    rust_bin, storm,
-};
+use crate::args::Args;
+use crate::load::Dial;
+use crate::proxy::{Kind, ProxyProcess};
+use crate::report::{loadavg, machine};
+use crate::sampling::{RssGuard, mib, proc_sample};
+use crate::sitting::rust_bin;
+use crate::storm;
+use crate::verdict::publish;
 
 mod clients;
 mod cluster;

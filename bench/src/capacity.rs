@@ -7,7 +7,6 @@
 //! Every quantity is a sum of unit costs times counts; the counts come from the cluster's shape
 //! and the [`Assumptions`], which docs/capacity.md states.
 
-use super::*;
 use crate::costs::UnitCosts;
 
 pub(crate) mod report;

@@ -8,7 +8,19 @@
 //! Every cost is a difference or a slope between two runs, so what the runs share (the
 //! process's base memory, the source's work per version) cancels out.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::args::Args;
+use crate::load;
+use crate::proxy::{Kind, SourceKind};
+use crate::report::{loadavg, machine};
+use crate::scenario::{RunResult, Scenario, run_one};
+use crate::sitting::rust_bin;
+use crate::sources::Documents;
 
 mod report;
 

@@ -1,7 +1,10 @@
 //! Process sampling: CPU time and memory from /proc, the open-file limit, and a guard that
 //! kills a process whose memory runs away.
 
-use super::*;
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use flagd_proxy::introspection::Process;
 

@@ -1,7 +1,16 @@
 //! One invocation: which proxies run, which scenarios, and each scenario against each proxy
 //! that applies to it.
 
-use super::*;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+
+use crate::args::Args;
+use crate::proxy::Kind;
+use crate::report::ScenarioRuns;
+use crate::scenario::{RunResult, Scenario, run_one};
 
 /// The Go flagd-proxy when none is given: `FLAGD_PROXY_GO_BIN`, else `../shared/bin/flagd-proxy-go`
 /// beside this repository, else the one scripts/install-go-proxy.sh installs in the cache.

@@ -19,10 +19,22 @@
 //! A run that finds a quantity beyond its tolerance, or a subscriber wrong, prints and writes
 //! its report, names each problem on standard error and exits with status 1.
 
-use std::sync::Mutex;
-use std::sync::atomic::AtomicBool;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
 
-use super::*;
+use anyhow::{Context, bail};
+use serde_json::Value;
+
+use crate::args::Args;
+use crate::load::{Dial, open_channel, open_stream};
+use crate::proxy::{Kind, ProxyProcess};
+use crate::report::{loadavg, machine, machine_line};
+use crate::sampling::RssGuard;
+use crate::sitting::rust_bin;
+use crate::sources::document;
+use crate::verdict::EXIT_INCORRECT;
 
 mod clients;
 mod files;
@@ -30,7 +42,7 @@ mod judge;
 pub(crate) mod probe;
 
 use clients::{Churn, ChurnCounts, LIFECYCLE_LOOPS, Pace, SteadyTracker, connect_steady};
-use files::{Dirs, Steady, Template, Written};
+use files::{Dirs, Steady, Written};
 use judge::{Correctness, Judged};
 use probe::{Phase, Sample, Sampler};
 

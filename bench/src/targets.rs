@@ -1,6 +1,8 @@
 //! The targets, checked against the scenarios of this run.
 
-use super::*;
+use crate::report::{ScenarioRuns, fmt_opt, rows};
+use crate::scenario::RunResult;
+use crate::storm;
 
 /// Targets of one scenario: what, the measured value, and whether it is met.
 type Checks = Vec<(String, String, bool)>;

@@ -9,7 +9,38 @@
 //! extra hop on its own: one node proxy's share of subscribers on a proxy reading the source
 //! itself against the same share on one node proxy chained to the central.
 
-use super::*;
+use std::net::Ipv4Addr;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+
+use crate::args::Args;
+use crate::proxy::{Kind, ProxyProcess, SourceKind};
+use crate::report::loadavg;
+use crate::scenario::{Scenario, run_one};
+use crate::sitting::{proxies, rust_bin};
+use crate::soak;
+use crate::verdict::publish;
+
+// Used only by `measure.rs`, `report.rs` and `topology.rs`, which reach them through their
+// `use super::*`; to go once those import what they use themselves.
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
+
+use flagd_proxy_testkit::control_plane::ControlPlane;
+use futures::StreamExt;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::GIVE_UP_AFTER;
+use crate::load::{Dial, Tracker, follow, open_channel, open_stream};
+use crate::report::{fmt_opt, machine};
+use crate::sampling::{mib, ms, proc_sample};
+use crate::scenario::{RunResult, Stats, start_cluster};
+use crate::sources::Sources;
 
 pub(crate) mod balancer;
 pub(crate) mod faults;

@@ -10,7 +10,14 @@
 //! findings about someone else's program, not a regression here (the Go proxy is known to crash
 //! in some scenarios, see docs/benchmarks.md), so they leave the exit status alone.
 
-use super::*;
+use std::path::Path;
+
+use anyhow::Context;
+use serde_json::Value;
+
+use crate::args::Args;
+use crate::proxy::Kind;
+use crate::report::ScenarioRuns;
 
 /// The exit status of a run that found the proxy under test incorrect.
 pub(crate) const EXIT_INCORRECT: u8 = 1;
@@ -181,7 +188,13 @@ impl Verdict {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use clap::Parser;
+
     use super::*;
+    use crate::proxy::SourceKind;
+    use crate::scenario::{RunResult, Scenario};
 
     const SUBSCRIBERS: usize = 50;
 

@@ -3,15 +3,19 @@
 //! the handshake deadline twice (11).
 
 use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use super::scene::{Scene, next_within, subscribe};
-use super::*;
-
+use anyhow::Context;
 use flagd_proxy_testkit::client::v1;
 use flagd_proxy_testkit::raw_h2::{
     self, ACK, DATA, END_STREAM, GOAWAY, PING, RST_STREAM, SETTINGS,
 };
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+
+use super::scene::{self, Ctx, Measured, Scene, next_within, subscribe};
+use crate::SYNC_PATH;
 
 /// Health probes sent while the management port is full.
 const PROBES: usize = 20;

@@ -1,11 +1,14 @@
 //! Attacks through the manifests folder: YAML aliases that expand out of proportion (7), and
 //! brackets in quoted scalars that hid nesting from the pre-check (8).
 
-use super::scene::{Scene, color, next_within, subscribe};
-use super::*;
+use std::time::{Duration, Instant};
 
+use anyhow::Context;
 use flagd_proxy::introspection::StatusPage;
 use flagd_proxy_testkit::write_atomically;
+
+use super::scene::{self, Ctx, Measured, Scene, color, next_within, subscribe};
+use crate::sampling::proc_sample;
 
 /// How long a hostile file may take to be reported.
 const REPORTED_WITHIN: Duration = Duration::from_secs(90);

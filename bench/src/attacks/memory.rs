@@ -2,13 +2,21 @@
 //! cannot be written to (2), a burst of requests on idle connections (3), and streams whose
 //! request never comes, from many addresses (4).
 
-use super::scene::{Scene, color, next_within, subscribe, thousands};
-use super::*;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
 
+use anyhow::{Context, bail};
 use flagd_proxy_testkit::client::v1;
 use flagd_proxy_testkit::raw_h2::{self, DATA, END_STREAM, GOAWAY, HEADERS, RST_STREAM};
+use serde_json::json;
 use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedReadHalf;
+
+use super::scene::{Ctx, Measured, Scene, color, next_within, subscribe, thousands};
+use crate::SYNC_PATH;
+use crate::sampling::proc_sample;
 
 /// How long a client waits for a version or a status that must come.
 const WAIT: Duration = Duration::from_secs(30);

@@ -1,9 +1,18 @@
 //! A fresh proxy for one attack, what is measured of it, and the clients every attack uses.
 
-use super::*;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
 
+use anyhow::bail;
 use flagd_proxy_testkit::client::{Client, v1, with_selector};
 use flagd_proxy_testkit::{string_flag, write_manifest};
+use serde_json::Value;
+use tonic::Status;
+use tonic::transport::Endpoint;
+
+use super::{Sizes, table};
+use crate::proxy::ProxyProcess;
+use crate::sampling::{RssGuard, proc_sample};
 
 /// The resource every scene serves.
 pub(crate) const SELECTOR: &str = "core.openfeature.dev/default/demo";

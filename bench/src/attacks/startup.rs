@@ -2,15 +2,19 @@
 //! handlers were installed (12), and `--context-value` entries that were taken without a
 //! word (13). Each starts the proxy many times; none has memory figures.
 
+use std::collections::BTreeMap;
 use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
-use super::scene::wait_ready;
+use super::scene::{Ctx, Measured, wait_ready};
+use crate::proxy::ProxyProcess;
 
 /// The attack's manifests folder, as an argument.
 fn demo_manifests(ctx: &Ctx) -> anyhow::Result<String> {
     Ok(super::scene::demo_manifests(ctx)?.display().to_string())
 }
-use super::*;
 
 /// Row 9: the proxy started under umask 000 with `--sync-socket-mode 0600`; the socket file's
 /// mode at the first moment it exists at its path, watched by a thread that looks for it

@@ -1,8 +1,15 @@
 //! The attacks' table: one row per attack, for each build the RSS during and after and what
 //! the attack achieved; and row 14, the memory given back, read from the others.
 
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
 use super::scene::Measured;
-use super::*;
+use super::{ATTACKS, Build};
+use crate::report::machine;
+use crate::sampling::mib;
 
 /// The proxy's RSS from ready to its peak during the attack.
 pub(crate) fn during(m: &Measured) -> String {

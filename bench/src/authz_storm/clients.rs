@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Semaphore;
 use tonic::metadata::AsciiMetadataValue;
 
-use crate::{Dial, open_channel, open_stream_as};
+use crate::load::{Dial, open_channel, open_stream_as};
 
 /// How long one attempt (connect, stream, snapshot) may take.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(10);

@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 
 use super::{Args, Mode};
-use crate::{fmt_opt, machine_line};
+use crate::report::{fmt_opt, machine_line};
 
 /// The requests authorization makes, as the API server counts them (verb, resource).
 const AUTHZ_REQUESTS: [&str; 5] = [

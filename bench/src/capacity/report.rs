@@ -1,7 +1,16 @@
 //! `--capacity FILE`: the capacity model's tables from measured unit costs, the headline, and
 //! the check of the model against the measured two-tier run (docs/benchmarks.md, "Two tiers").
 
-use super::*;
+use std::path::Path;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use serde_json::Value;
+
+use super::{Assumptions, Cluster, plan, version_ms};
+use crate::costs::UnitCosts;
+use crate::proxy::SourceKind;
+use crate::report::fmt_opt;
 
 /// The rows of the cluster table: nodes × sidecars × document size.
 pub(crate) const NODES: [usize; 3] = [100, 1_000, 5_000];

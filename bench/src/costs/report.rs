@@ -1,7 +1,8 @@
 //! The report of `--costs`: every unit cost with its name and unit, and the probes it comes
 //! from.
 
-use super::*;
+use super::{Runs, SHARED, UnitCosts};
+use crate::report::{fmt_opt, loadavg, machine};
 
 impl UnitCosts {
     /// Every cost with its name and unit, in the order of the report.

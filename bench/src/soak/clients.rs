@@ -1,7 +1,20 @@
 //! The soak's clients: the steady subscribers, the short-lived connections, and the subscribers
 //! of the resources that come and go.
 
-use super::*;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tonic::Status;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+use super::files::{Steady, Template};
+use super::{files, probe};
+use crate::NO_SEQ;
+use crate::load::{Dial, open_channel, open_stream};
 
 /// A connection to the sync port. One opened for an abrupt end keeps a duplicate of its socket,
 /// with zero linger, so it can be cut from under the HTTP/2 client.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::{NAMESPACE, flags};
+use crate::sources::{NAMESPACE, flags};
 
 /// Stands for the sequence number in a rendered manifest; found once and replaced.
 const SEQ_PLACEHOLDER: u64 = 9_876_543_210_123;

@@ -12,7 +12,7 @@
 //! updates and about 117,500 connections that bound is crossed by a leak of about 34 bytes per
 //! update or 290 bytes per connection.
 
-use super::*;
+use super::probe::Sample;
 
 /// RSS: allowed growth in MiB (or [`RSS_FRACTION`] of the baseline, if more).
 pub(crate) const RSS_PLUS_MIB: f64 = 32.0;
@@ -271,6 +271,7 @@ impl Correctness {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::soak::probe::Phase;
 
     fn sample(phase: Phase) -> Sample {
         Sample {

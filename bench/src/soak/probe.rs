@@ -95,8 +95,8 @@ pub(crate) fn take(pid: u32, management_port: u16, began: Instant, phase: Phase)
         series: metrics.as_ref().map(|m| m.len() as f64),
         published: metric("flagd_proxy_versions_published_total"),
         updates_sent: sum("flagd_proxy_updates_sent_total"),
-        cpu_seconds: crate::proc_sample(pid).cpu_seconds,
-        load_generator_cpu_seconds: crate::proc_sample(std::process::id()).cpu_seconds,
+        cpu_seconds: crate::sampling::proc_sample(pid).cpu_seconds,
+        load_generator_cpu_seconds: crate::sampling::proc_sample(std::process::id()).cpu_seconds,
     }
 }
 

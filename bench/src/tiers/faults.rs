@@ -12,9 +12,16 @@
 //!    the first is stopped (SIGTERM), a version is written; the first starts again, the second
 //!    is stopped, a version is written. Each must reach every subscriber, and no stream ends.
 
-use super::*;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use super::topology::{Crowd, wait_serving};
+use anyhow::Context;
+
+use super::topology::{Crowd, Topology, wait_serving};
+use super::{FAULT_TIMEOUT, Tier};
+use crate::load::{Dial, open_channel, open_stream};
+use crate::sampling::ms;
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub(crate) struct FaultResult {
