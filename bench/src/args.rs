@@ -1,6 +1,13 @@
 //! The command line.
 
-use super::*;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+
+use crate::authz_storm;
+use crate::proxy::SourceKind;
+use crate::sources::Documents;
 
 #[derive(Clone, Debug, Parser)]
 #[command(

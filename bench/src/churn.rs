@@ -10,18 +10,21 @@
 //! snapshot, the reopen attempts that failed, the CPU each process spent per second in both
 //! windows (the difference, per reconnect), what the API server answered in each window, and,
 //! once the reconnects stop and one more version is written, the subscribers not on it.
-use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use flagd_proxy_testkit::control_plane::ControlPlane;
 use tokio::sync::Notify;
 use tonic::Status;
 use tonic::transport::Channel;
 
-use flagd_proxy_testkit::control_plane::ControlPlane;
-
-use super::{Args, Sources, Stats, Tracker, api_requests, fmt_opt, ms, open_stream, proc_sample};
+use crate::args::Args;
+use crate::load::{Tracker, open_stream};
+use crate::report::fmt_opt;
+use crate::sampling::{ms, proc_sample};
+use crate::scenario::Stats;
+use crate::sources::{Sources, api_requests};
 
 /// How long a client waits before trying a failed reopen again.
 const RETRY_AFTER: Duration = Duration::from_millis(100);

@@ -1,7 +1,20 @@
 //! The load generator: a codec that finds the sequence number without decoding, the
 //! connections and streams, and what the subscribers saw.
 
-use super::*;
+use std::io;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{Buf, BufMut};
+use flagd_proxy::protocol::client::flagd_sync_v1::SyncFlagsRequest;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::transport::{Channel, Endpoint, Uri};
+use tonic::{Request, Status};
+
+use crate::{NO_SEQ, SEQ_MARKER, SYNC_PATH};
 
 #[derive(Clone, Copy, Default)]
 pub(crate) struct SeqCodec;

@@ -28,27 +28,18 @@
 //! is found by searching the raw message bytes.
 
 use std::collections::BTreeMap;
-use std::io;
-use std::net::{Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitCode, Stdio};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::process::ExitCode;
+use std::time::Instant;
 
 use anyhow::{Context, bail};
-use bytes::{Buf, BufMut};
 use clap::Parser;
-use futures::StreamExt;
-use serde_json::{Value, json};
-use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
-use tonic::transport::{Channel, Endpoint, Uri};
-use tonic::{Request, Status};
 
-use flagd_proxy::protocol::client::flagd_sync_v1::SyncFlagsRequest;
-
-// The same control plane the integration tests use: etcd and kube-apiserver on loopback.
-use flagd_proxy_testkit::control_plane::{self, ControlPlane, free_port};
+use crate::args::Args;
+use crate::report::{Summary, loadavg, machine};
+use crate::sampling::raise_fd_limit;
+use crate::scenario::RunResult;
+use crate::sitting::{Sitting, proxies, scenarios};
+use crate::verdict::Verdict;
 
 mod args;
 mod attacks;
@@ -71,18 +62,6 @@ mod storm;
 mod targets;
 mod tiers;
 mod verdict;
-
-use args::*;
-use load::*;
-use phases::*;
-use proxy::*;
-use report::*;
-use sampling::*;
-use scenario::*;
-use sitting::*;
-use sources::*;
-use targets::*;
-use verdict::*;
 
 const SYNC_PATH: &str = "/flagd.sync.v1.FlagSyncService/SyncFlags";
 /// Every version carries its sequence number as `"benchSeq":<n>` in a flag's metadata.
@@ -201,7 +180,11 @@ async fn run(args: Args) -> anyhow::Result<Verdict> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use serde_json::json;
+
+    use crate::load::find_seq;
+    use crate::scenario::Stats;
+    use crate::sources::flags;
 
     #[test]
     fn finds_the_sequence_number() {

@@ -2,7 +2,24 @@
 //! every subscriber, idle, first snapshots (and of new resources), paced updates, the burst,
 //! and the reconnect storm.
 
-use super::*;
+use std::net::Ipv4Addr;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use flagd_proxy_testkit::control_plane;
+use flagd_proxy_testkit::control_plane::ControlPlane;
+use futures::StreamExt;
+
+use crate::args::Args;
+use crate::load::{Dial, Tracker, open_channel, open_stream, subscriber};
+use crate::proxy::{Kind, ProxyProcess};
+use crate::report::fmt_opt;
+use crate::sampling::{RssGuard, mib, ms, proc_sample, written_bytes};
+use crate::scenario::{RunResult, Scenario, Stats};
+use crate::sources::Sources;
+use crate::{GIVE_UP_AFTER, churn, storm};
 
 /// A scenario running against one started proxy, and what it has measured so far.
 pub(crate) struct Live<'a> {

@@ -1,7 +1,16 @@
 //! The proxies under test: this one, the Go flagd-proxy (or its model), and the floor, each a
 //! process started for one scenario.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use flagd_proxy_testkit::control_plane::{ControlPlane, free_port};
+
+use crate::args::Args;
+use crate::floor;
+use crate::load::BenchTls;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

@@ -1,6 +1,15 @@
 //! The report: the machine, the rows of the table, and the Markdown.
 
-use super::*;
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use crate::args::Args;
+use crate::churn;
+use crate::proxy::Kind;
+use crate::scenario::{RunResult, Scenario};
+use crate::targets::targets;
+use crate::verdict::Verdict;
 
 pub(crate) fn machine() -> Value {
     let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();

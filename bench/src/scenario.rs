@@ -1,7 +1,17 @@
 //! One scenario against one proxy: connect the subscribers, time first snapshots, paced
 //! updates and the burst, and sample the process.
 
-use super::*;
+use std::path::Path;
+
+use flagd_proxy_testkit::control_plane::ControlPlane;
+
+use crate::args::Args;
+use crate::load::{BenchTls, Dial};
+use crate::phases::Live;
+use crate::proxy::{Kind, ProxyProcess, SourceKind};
+use crate::sampling::RssGuard;
+use crate::sources::{NAMESPACE, Sources};
+use crate::{churn, storm};
 
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Scenario {

@@ -1,7 +1,19 @@
 //! The flag documents and where they live: files beside the proxy, or FeatureFlag resources on
 //! the control plane, rewritten once per version.
 
-use super::*;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use flagd_proxy_testkit::control_plane;
+use flagd_proxy_testkit::control_plane::ControlPlane;
+use futures::StreamExt;
+use serde_json::{Value, json};
+
+use crate::SEQ_FLAG;
+use crate::load::Tracker;
+use crate::proxy::Kind;
 
 /// What the documents hold besides the flag that carries the version.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use flagd_proxy::introspection::Process;
 
-use super::{Dial, Sources, Stats, Tracker, mib, ms, open_channel, open_stream, proc_sample};
+use crate::load::{Dial, Tracker, open_channel, open_stream, subscriber};
+use crate::sampling::{mib, ms, proc_sample};
+use crate::scenario::Stats;
+use crate::sources::Sources;
 
 /// What the storm did to one proxy.
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -144,7 +147,7 @@ async fn witnesses(
     for slot in 0..witnesses {
         let channel = open_channel(setup.dial, None).await?;
         let selector = setup.sources.selectors[slot % resources].clone();
-        witness_tasks.spawn(super::subscriber(
+        witness_tasks.spawn(subscriber(
             channel,
             selector,
             slot,

@@ -25,23 +25,6 @@ use crate::sitting::{proxies, rust_bin};
 use crate::soak;
 use crate::verdict::publish;
 
-// Used only by `measure.rs`, `report.rs` and `topology.rs`, which reach them through their
-// `use super::*`; to go once those import what they use themselves.
-use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
-
-use flagd_proxy_testkit::control_plane::ControlPlane;
-use futures::StreamExt;
-use serde_json::{Value, json};
-use tonic::transport::Channel;
-
-use crate::GIVE_UP_AFTER;
-use crate::load::{Dial, Tracker, follow, open_channel, open_stream};
-use crate::report::{fmt_opt, machine};
-use crate::sampling::{mib, ms, proc_sample};
-use crate::scenario::{RunResult, Stats, start_cluster};
-use crate::sources::Sources;
-
 pub(crate) mod balancer;
 pub(crate) mod faults;
 pub(crate) mod measure;

@@ -2,10 +2,14 @@
 //! connections at the central, API-server watches), paced updates (propagation through both
 //! tiers, CPU of each tier) and the burst.
 
-use super::*;
-
-use super::topology::Crowd;
 use std::sync::atomic::Ordering;
+
+use super::Tier;
+use super::topology::{Crowd, Topology};
+use crate::GIVE_UP_AFTER;
+use crate::load::Tracker;
+use crate::sampling::{mib, ms, proc_sample};
+use crate::scenario::Stats;
 
 impl Topology<'_> {
     /// The process ids of the node proxies that run.

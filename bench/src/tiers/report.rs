@@ -1,8 +1,12 @@
 //! The report of `--tiers`: per source, the table of every run, the faults and the targets.
 
-use super::*;
-
 use faults::FaultResult;
+use serde_json::{Value, json};
+
+use super::topology::TierResult;
+use super::{Shape, SourceRuns, faults};
+use crate::args::Args;
+use crate::report::{fmt_opt, machine};
 
 /// What the whole invocation shares.
 pub(crate) struct Summary<'a> {

@@ -2,9 +2,23 @@
 //! it, their subscribers, and the phases (connect, idle, paced updates, burst; the faults are in
 //! `faults.rs`).
 
-use super::*;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
-use std::sync::atomic::AtomicBool;
+use anyhow::{Context, bail};
+use flagd_proxy_testkit::control_plane::ControlPlane;
+use futures::StreamExt;
+use tonic::transport::Channel;
+
+use super::{BALANCER_COMMAND, Shape, Tier, faults, stable_port};
+use crate::args::Args;
+use crate::load::{Dial, Tracker, open_channel, open_stream};
+use crate::proxy::{Kind, ProxyProcess};
+use crate::scenario::{RunResult, Stats, start_cluster};
+use crate::sources::{Sources, api_requests};
 
 /// What one column of the table measured: a run of the two tiers, or a flat run on one proxy.
 #[derive(Debug, Default, Clone, serde::Serialize)]
