@@ -14,7 +14,8 @@ use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::transport::{Channel, Endpoint, Uri};
 use tonic::{Request, Status};
 
-use crate::{NO_SEQ, SEQ_MARKER, SYNC_PATH};
+use crate::messages::find_seq;
+use crate::{NO_SEQ, SYNC_PATH};
 
 #[derive(Clone, Copy, Default)]
 pub(crate) struct SeqCodec;
@@ -60,17 +61,6 @@ impl Decoder for SeqDecoder {
         src.advance(len);
         Ok(Some(seq))
     }
-}
-
-pub(crate) fn find_seq(bytes: &[u8]) -> Option<u64> {
-    // A 1 MiB document is searched for every subscriber: memchr's vectorised search.
-    let at = memchr::memmem::find(bytes, SEQ_MARKER)?;
-    let digits = &bytes[at + SEQ_MARKER.len()..];
-    let end = digits
-        .iter()
-        .position(|b| !b.is_ascii_digit())
-        .unwrap_or(digits.len());
-    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
 }
 
 /// A certificate authority and a server certificate for 127.0.0.1, for `--tls`.

@@ -182,7 +182,7 @@ async fn run(args: Args) -> anyhow::Result<Verdict> {
 mod tests {
     use serde_json::json;
 
-    use crate::load::find_seq;
+    use crate::messages::find_seq;
     use crate::scenario::Stats;
     use crate::sources::flags;
 

@@ -28,6 +28,8 @@ use http_body::Frame;
 use tonic::Status;
 use tonic::body::Body;
 
+use crate::SEQ_MARKER;
+
 /// Whether every message is decoded, large and equal ones too (`--decode-each`).
 pub(crate) static DECODE_EACH: AtomicBool = AtomicBool::new(false);
 
@@ -193,7 +195,7 @@ fn marker(compressed: bool, payload: Bytes) -> Result<Bytes, Status> {
     } else {
         payload.clone()
     };
-    let marker = match crate::load::find_seq(&plain) {
+    let marker = match find_seq(&plain) {
         Some(seq) => Bytes::from(format!(
             "{}{seq}",
             String::from_utf8_lossy(crate::SEQ_MARKER)
@@ -211,6 +213,18 @@ fn gunzip(compressed: &[u8]) -> Result<Bytes, Status> {
         .read_to_end(&mut plain)
         .map_err(|e| Status::internal(format!("a gzip message does not decompress: {e}")))?;
     Ok(Bytes::from(plain))
+}
+
+/// The sequence number a version carries (`"benchSeq":<n>`), found in its raw bytes.
+pub(crate) fn find_seq(bytes: &[u8]) -> Option<u64> {
+    // A 1 MiB document is searched for every subscriber: memchr's vectorised search.
+    let at = memchr::memmem::find(bytes, SEQ_MARKER)?;
+    let digits = &bytes[at + SEQ_MARKER.len()..];
+    let end = digits
+        .iter()
+        .position(|b| !b.is_ascii_digit())
+        .unwrap_or(digits.len());
+    std::str::from_utf8(&digits[..end]).ok()?.parse().ok()
 }
 
 #[cfg(test)]
