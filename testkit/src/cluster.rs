@@ -29,16 +29,14 @@ use super::control_plane::{bin_dir, cache_dir, test_data};
 
 mod config;
 pub mod layout;
+mod names;
 pub mod node;
 mod teardown;
 
+pub use self::names::{NETNS, REGISTRY};
 pub use self::teardown::remove_all;
 use layout::Layout;
 
-/// The network namespace the cluster lives in.
-pub const NETNS: &str = "flagd-proxy-cluster";
-/// The in-cluster image registry: pods pull `REGISTRY/<name>:<tag>`.
-pub const REGISTRY: &str = "10.99.0.1:5000";
 /// Bound for one cluster event (a rollout, a pull, a sync), guarding only against hangs.
 pub const CLUSTER_TIMEOUT: Duration = Duration::from_secs(240);
 /// How long a kubectl call waits for an API server that cannot be reached.

@@ -2,8 +2,7 @@
 
 use std::path::Path;
 
-use super::REGISTRY;
-use super::node::{CGROUP_ROOT, DNS_IP, NODE, NODE_IP, POD_CIDR};
+use super::names::{CGROUP_ROOT, DNS_IP, NODE, NODE_IP, POD_CIDR, REGISTRY};
 
 /// The bridge CNI network: pods get addresses of [`POD_CIDR`], nothing is masqueraded.
 pub(super) fn cni(state: &Path) -> String {

@@ -11,8 +11,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use anyhow::{Context, bail};
 
-use super::REGISTRY;
-use super::teardown::netns_path;
+use super::names::{REGISTRY, netns_path};
 use crate::control_plane::bin_dir;
 
 /// The machine-wide lock: one cluster per machine.

@@ -11,28 +11,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 
+use super::config;
 use super::layout::{Layout, in_netns, log, output};
-use super::teardown::{self, make_cgroup_roots, netns_path, remove_all, save_sysctls};
-use super::{NETNS, REGISTRY, config};
+use super::names::{API_SERVICE_IP, NETNS, NODE, NODE_IP, REGISTRY, SVC_CIDR, netns_path};
+use super::teardown::{self, make_cgroup_roots, remove_all, save_sysctls};
 use crate::control_plane::credentials::{ClusterIdentity, write_cluster_pki};
 use crate::control_plane::processes::Supervised;
 
-/// The node's name.
-pub const NODE: &str = "node1";
-/// The node's address, on a veth inside the namespace: API server, kubelet, registry.
-pub const NODE_IP: &str = "10.99.0.1";
-/// Pod addresses (the bridge CNI's range).
-pub const POD_CIDR: &str = "10.88.0.0/16";
-/// Service addresses.
-pub const SVC_CIDR: &str = "10.96.0.0/16";
-/// The `kubernetes` Service's address.
-const API_SERVICE_IP: &str = "10.96.0.1";
-/// The cluster DNS Service's address.
-pub const DNS_IP: &str = "10.96.0.10";
-/// kubelet's cgroup root: every pod and container of the cluster lives under it, in every
-/// cgroup hierarchy, and nothing else does (the machine's own pods, if it is a node, are
-/// elsewhere).
-pub const CGROUP_ROOT: &str = "flagd-proxy-cluster";
 /// How long the daemons get to stop after SIGTERM before they are killed.
 const STOP_GRACE: Duration = Duration::from_secs(10);
 /// Bound for one step of the start (a daemon ready, the node Ready, CoreDNS rolled out).

@@ -15,9 +15,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::NETNS;
 use super::layout::{Layout, log};
-use super::node::CGROUP_ROOT;
+use super::names::{CGROUP_ROOT, NETNS, netns_path};
 
 /// Kernel settings kubelet changes machine-wide; put back by [`remove_all`].
 const KUBELET_SYSCTLS: [&str; 3] = [
@@ -64,10 +63,6 @@ pub fn remove_all(layout: &Layout) {
             log(format_args!("removing {}: {error}", dir.display()));
         }
     }
-}
-
-pub(crate) fn netns_path() -> PathBuf {
-    Path::new("/run/netns").join(NETNS)
 }
 
 /// The processes whose network namespace is the one mounted at `netns`.
