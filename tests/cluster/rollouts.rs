@@ -81,6 +81,8 @@ struct Row {
     /// Whether each step's window ended before any of the client's streams could reach the
     /// providers' 600 s stream deadline (which ends a stream whatever the server does).
     before_deadline: Vec<bool>,
+    /// Per step: its events, each in ms from the step's start.
+    timelines: Vec<String>,
 }
 
 impl Table {
@@ -101,7 +103,13 @@ impl Table {
                         .clone()
                         .map(|w| Counts::of(&observed.events, w[0], w[1]))
                         .collect(),
-                    before_deadline: windows.map(|w| w[1] < first + STREAM_DEADLINE_MS).collect(),
+                    before_deadline: windows
+                        .clone()
+                        .map(|w| w[1] < first + STREAM_DEADLINE_MS)
+                        .collect(),
+                    timelines: windows
+                        .map(|w| timeline(&observed.events, w[0], w[1]))
+                        .collect(),
                 }
             })
             .collect();
@@ -122,6 +130,13 @@ impl Table {
             }
         }
         out.push_str("\n(cells: STALE events / longest STALE in ms / ERROR events)");
+        for row in &self.rows {
+            for (step, timeline) in Step::ALL.iter().zip(&row.timelines) {
+                if !timeline.is_empty() {
+                    out.push_str(&format!("\n{} in {}: {timeline}", row.client, step.name()));
+                }
+            }
+        }
         out
     }
 
@@ -159,6 +174,15 @@ impl Table {
             }
         }
     }
+}
+
+/// The events in `from..to`, each with its time from `from` (`STALE +1200ms, READY +6210ms`).
+fn timeline(events: &[(EventKind, u64)], from: u64, to: u64) -> String {
+    let in_window = events.iter().filter(|(_, at)| (from..to).contains(at));
+    let parts: Vec<String> = in_window
+        .map(|(kind, at)| format!("{kind:?} +{}ms", at - from))
+        .collect();
+    parts.join(", ")
 }
 
 /// A client's events in one step's window.
@@ -665,7 +689,13 @@ fn wait_until_all_have(cluster: &Cluster, clients: &[Client], color: &str) {
         let mut behind = Vec::new();
         for client in clients {
             let observed = client.observe(cluster)?;
-            if observed.value.as_deref() != Some(color) || !observed.connected() {
+            if observed.value.is_some() && observed.events.is_empty() {
+                behind.push(format!(
+                    "{}: evaluates but prints no EVENT line (built before INTEROP_EVENTS? \
+                     scripts/install-compat.sh builds it again)",
+                    client.name
+                ));
+            } else if observed.value.as_deref() != Some(color) || !observed.connected() {
                 behind.push(format!("{}: {observed:?}", client.name));
             }
         }
