@@ -267,7 +267,9 @@ impl Step {
     }
 
     /// Disrupts, sets the default variant to `color` meanwhile, and returns once the disruption
-    /// is over (every proxy pod it replaces gone, their replacements Ready).
+    /// is over (every proxy pod it replaces gone, their replacements Ready, the Service routing to
+    /// them: a client that reconnects later, silently as the Python provider does, is not
+    /// refused and does not report STALE in the next step's window).
     fn run(self, exclusive: &ExclusiveCluster, tiers: &Tiers, color: &str) {
         let cluster: &Cluster = exclusive;
         match self {
@@ -276,12 +278,14 @@ impl Step {
                 tiers.central.restart(cluster);
                 set_default_color(cluster, NS, FLAG, color);
                 tiers.central.wait_replaced(cluster, &before);
+                wait_for_proxy_service(cluster, PROXY_NS, tiers.service(Tier::Central));
             }
             Step::NodeRollout => {
                 let before = tiers.node.pod_names(cluster);
                 tiers.node.restart(cluster);
                 set_default_color(cluster, NS, FLAG, color);
                 tiers.node.wait_replaced(cluster, &before);
+                wait_for_proxy_service(cluster, PROXY_NS, tiers.service(Tier::Node));
             }
             Step::NodePodDeleted => {
                 let before = tiers.node.pod_names(cluster);
@@ -291,6 +295,7 @@ impl Step {
                     .unwrap_or_else(|e| panic!("delete pod {victim}: {e}"));
                 set_default_color(cluster, NS, FLAG, color);
                 tiers.node.wait_replaced(cluster, &before);
+                wait_for_proxy_service(cluster, PROXY_NS, tiers.service(Tier::Node));
             }
             Step::ApiServerRestart => {
                 exclusive.restart_apiserver();
