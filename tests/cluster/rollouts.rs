@@ -272,36 +272,27 @@ impl Step {
     /// refused and does not report STALE in the next step's window).
     fn run(self, exclusive: &ExclusiveCluster, tiers: &Tiers, color: &str) {
         let cluster: &Cluster = exclusive;
-        match self {
-            Step::CentralRollout => {
-                let before = tiers.central.pod_names(cluster);
-                tiers.central.restart(cluster);
-                set_default_color(cluster, NS, FLAG, color);
-                tiers.central.wait_replaced(cluster, &before);
-                wait_for_proxy_service(cluster, PROXY_NS, tiers.service(Tier::Central));
-            }
-            Step::NodeRollout => {
-                let before = tiers.node.pod_names(cluster);
-                tiers.node.restart(cluster);
-                set_default_color(cluster, NS, FLAG, color);
-                tiers.node.wait_replaced(cluster, &before);
-                wait_for_proxy_service(cluster, PROXY_NS, tiers.service(Tier::Node));
-            }
-            Step::NodePodDeleted => {
-                let before = tiers.node.pod_names(cluster);
-                let victim = before.first().expect("a node proxy pod");
-                cluster
-                    .kubectl(&["-n", PROXY_NS, "delete", "pod", victim, "--wait=false"])
-                    .unwrap_or_else(|e| panic!("delete pod {victim}: {e}"));
-                set_default_color(cluster, NS, FLAG, color);
-                tiers.node.wait_replaced(cluster, &before);
-                wait_for_proxy_service(cluster, PROXY_NS, tiers.service(Tier::Node));
-            }
+        let (tier, workload) = match self {
             Step::ApiServerRestart => {
                 exclusive.restart_apiserver();
                 set_default_color(cluster, NS, FLAG, color);
+                return;
             }
+            Step::CentralRollout => (Tier::Central, &tiers.central),
+            Step::NodeRollout | Step::NodePodDeleted => (Tier::Node, &tiers.node),
+        };
+        let before = workload.pod_names(cluster);
+        if self == Step::NodePodDeleted {
+            let victim = before.first().expect("a node proxy pod");
+            cluster
+                .kubectl(&["-n", PROXY_NS, "delete", "pod", victim, "--wait=false"])
+                .unwrap_or_else(|e| panic!("delete pod {victim}: {e}"));
+        } else {
+            workload.restart(cluster);
         }
+        set_default_color(cluster, NS, FLAG, color);
+        workload.wait_replaced(cluster, &before);
+        wait_for_proxy_service(cluster, PROXY_NS, tiers.service(tier));
     }
 }
 
@@ -680,11 +671,28 @@ fn start_clients(
     clients
 }
 
-/// A Go client Deployment `name` with `env` and its events printed, rolled out.
+/// A Go client Deployment `name` with `env` and its events printed, rolled out, once it has
+/// reported READY.
 fn start_go_pod(cluster: &Cluster, name: &str, image: &str, mut env: Vec<Value>) {
     env.push(json!({"name": "INTEROP_EVENTS", "value": "1"}));
     cluster.apply(&go_client(NS, name, image, "default", env, None));
     cluster.wait_rollout(NS, name);
+    wait_for(&format!("{name} to report READY"), CLUSTER_TIMEOUT, || {
+        let observed = Observed::parse(&client_log(cluster, NS, name)?);
+        let reported = |kind| observed.events.iter().any(|&(k, _)| k == kind);
+        if reported(EventKind::Ready) {
+            return Ok(());
+        }
+        if reported(EventKind::Error) {
+            // The Go provider never reports READY once its first connection has failed (its
+            // initialisation deadline passed on a busy machine): start it again.
+            eprintln!("{name}: the first connection failed, starting the pod again");
+            let selector = format!("app={name}");
+            cluster.kubectl(&["-n", NS, "delete", "pods", "-l", &selector, "--wait=true"])?;
+        }
+        Err(format!("{observed:?}"))
+    })
+    .unwrap_or_else(|e| panic!("{e}"));
 }
 
 /// Waits until every client evaluates `color` and is connected (its last event READY or
