@@ -425,7 +425,8 @@ enum EventKind {
     Changed,
 }
 
-/// What a client has printed so far: its events (with unix millis) and the value it evaluates.
+/// What a client has printed so far: its events (with unix millis, in time order) and the value
+/// it evaluates.
 #[derive(Default, Clone, Debug)]
 struct Observed {
     events: Vec<(EventKind, u64)>,
@@ -453,8 +454,11 @@ impl Observed {
                 "CHANGED" => EventKind::Changed,
                 _ => return,
             };
-            if let Ok(at) = at.parse() {
-                self.events.push((kind, at));
+            if let Ok(at) = at.parse::<u64>() {
+                // In the order of their times: a provider that emits from several threads (Java)
+                // may print a later event first.
+                let position = self.events.partition_point(|&(_, t)| t <= at);
+                self.events.insert(position, (kind, at));
             }
         }
     }
