@@ -694,10 +694,18 @@ fn start_go_pod(cluster: &Cluster, name: &str, image: &str, mut env: Vec<Value>)
             let selector = format!("app={name}");
             cluster.kubectl(&["-n", NS, "delete", "pods", "-l", &selector, "--wait=true"])?;
         }
+        if observed.value.is_some() && observed.events.is_empty() {
+            return Err(NO_EVENTS.to_owned());
+        }
         Err(format!("{observed:?}"))
     })
     .unwrap_or_else(|e| panic!("{e}"));
 }
+
+/// What a client that evaluates and has printed no EVENT line most likely is (it prints its first
+/// event before it evaluates, but that can take a moment: the waits go on).
+const NO_EVENTS: &str = "evaluates but prints no EVENT line: built before INTEROP_EVENTS? \
+                         (scripts/install-compat.sh builds the Go and Java clients again)";
 
 /// Waits until every client evaluates `color` and is connected (its last event READY or
 /// CHANGED).
@@ -707,11 +715,7 @@ fn wait_until_all_have(cluster: &Cluster, clients: &[Client], color: &str) {
         for client in clients {
             let observed = client.observe(cluster)?;
             if observed.value.is_some() && observed.events.is_empty() {
-                behind.push(format!(
-                    "{}: evaluates but prints no EVENT line (built before INTEROP_EVENTS? \
-                     scripts/install-compat.sh builds it again)",
-                    client.name
-                ));
+                behind.push(format!("{}: {NO_EVENTS}", client.name));
             } else if observed.value.as_deref() != Some(color) || !observed.connected() {
                 behind.push(format!("{}: {observed:?}", client.name));
             }
