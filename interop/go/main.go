@@ -14,12 +14,16 @@
 //	INTEROP_SOCKET_PATH (in-process only: a unix socket to sync from instead of
 //	FLAGD_HOST:FLAGD_PORT. The provider's WithSocketPath serves its RPC resolver only, and
 //	WithTargetUri takes envoy, dns, uds and xds targets only; the in-process sync reaches a
-//	socket through WithGrpcDialOptionsOverride with a dialer that connects to it).
+//	socket through WithGrpcDialOptionsOverride with a dialer that connects to it),
+//	INTEROP_EVENTS (`1`: also print every provider event on stdout, see below, and set the
+//	retry grace period (10 s) and the retry backoff's maximum (5,000 ms) explicitly: this
+//	provider version defaults to 5 s and 12,000 ms, and has no stream deadline option).
 //
 // Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each time
-// the evaluated value differs from the last printed one. Provider events are logged on
-// stderr as `interop-go: event <type>: <message>`. The process exits when stdin
-// reaches EOF.
+// the evaluated value differs from the last printed one; with INTEROP_EVENTS=1, also
+// `EVENT <READY|STALE|ERROR|CHANGED> <unix millis>` for every provider event as it is
+// emitted. Provider events are logged on stderr as `interop-go: event <type>: <message>`.
+// The process exits when stdin reaches EOF.
 package main
 
 import (
@@ -47,6 +51,14 @@ const (
 	defaultValue = "<default>"
 	pollInterval = 100 * time.Millisecond
 )
+
+// The names of provider events in `EVENT` lines.
+var eventNames = map[openfeature.EventType]string{
+	openfeature.ProviderReady:        "READY",
+	openfeature.ProviderStale:        "STALE",
+	openfeature.ProviderError:        "ERROR",
+	openfeature.ProviderConfigChange: "CHANGED",
+}
 
 var stdout = bufio.NewWriter(os.Stdout)
 var stdoutMu sync.Mutex
@@ -150,6 +162,10 @@ func main() {
 	} else {
 		options = append(options, flagd.WithInProcessResolver(), flagd.WithSelector(selector))
 	}
+	events := os.Getenv("INTEROP_EVENTS") == "1"
+	if events {
+		options = append(options, flagd.WithRetryGracePeriod(10), flagd.WithRetryBackoffMaxMs(5000))
+	}
 	if tls {
 		options = append(options, flagd.WithTLS(certPath))
 	}
@@ -189,6 +205,9 @@ func main() {
 	handler := func(eventType openfeature.EventType) openfeature.EventCallback {
 		callback := func(details openfeature.EventDetails) {
 			fmt.Fprintf(os.Stderr, "interop-go: event %s: %s\n", eventType, details.Message)
+			if events {
+				emit(fmt.Sprintf("EVENT %s %d", eventNames[eventType], time.Now().UnixMilli()))
+			}
 			if eventType == openfeature.ProviderReady {
 				markReady()
 			}

@@ -5,11 +5,13 @@
 //   FLAGD_HOST, FLAGD_PORT, FLAGD_SOURCE_SELECTOR, FLAGD_TLS (true/false),
 //   FLAGD_SERVER_CERT_PATH (CA file, TLS only), INTEROP_FLAG_KEY (a string flag),
 //   INTEROP_SOCKET_PATH (a unix socket to sync from instead of FLAGD_HOST:FLAGD_PORT),
-//   INTEROP_DEBUG (any value: provider debug logging on stderr).
+//   INTEROP_DEBUG (any value: provider debug logging on stderr),
+//   INTEROP_EVENTS (`1`: also print every provider event, see below).
 //
 // Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each
-// time the evaluated value differs from the last printed one. Everything else
-// goes to stderr. The process exits when stdin reaches EOF.
+// time the evaluated value differs from the last printed one. With INTEROP_EVENTS=1,
+// also `EVENT <READY|STALE|ERROR|CHANGED> <unix millis>` for every provider event as
+// it is emitted. Everything else goes to stderr. The process exits when stdin reaches EOF.
 
 import { existsSync } from 'node:fs';
 import { OpenFeature, ProviderEvents } from '@openfeature/server-sdk';
@@ -58,6 +60,7 @@ const tls = (process.env.FLAGD_TLS || 'false').toLowerCase() === 'true';
 const certPath = process.env.FLAGD_SERVER_CERT_PATH || undefined;
 const flagKey = required('INTEROP_FLAG_KEY');
 const socketPath = process.env.INTEROP_SOCKET_PATH || undefined;
+const events = process.env.INTEROP_EVENTS === '1';
 
 // The provider silently falls back to the system roots when certPath does not exist;
 // refuse that here so a wrong path is not mistaken for a server problem.
@@ -126,6 +129,13 @@ function onReady() {
 client.addHandler(ProviderEvents.Ready, onReady);
 client.addHandler(ProviderEvents.Error, (details) => logger.warn('provider error event:', details?.message ?? ''));
 client.addHandler(ProviderEvents.Stale, (details) => logger.warn('provider stale event:', details?.message ?? ''));
+if (events) {
+  const record = (name) => () => process.stdout.write(`EVENT ${name} ${Date.now()}\n`);
+  client.addHandler(ProviderEvents.Ready, record('READY'));
+  client.addHandler(ProviderEvents.Stale, record('STALE'));
+  client.addHandler(ProviderEvents.Error, record('ERROR'));
+  client.addHandler(ProviderEvents.ConfigurationChanged, record('CHANGED'));
+}
 
 OpenFeature.setProviderAndWait(provider).then(
   () => onReady(),

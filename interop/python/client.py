@@ -4,11 +4,13 @@ syncing from flagd-proxy over gRPC.
 Environment:
   FLAGD_HOST, FLAGD_PORT, FLAGD_SOURCE_SELECTOR, FLAGD_TLS (true/false),
   FLAGD_SERVER_CERT_PATH (CA file, TLS only), INTEROP_FLAG_KEY (a string flag),
-  INTEROP_DEBUG (any value: provider debug logging on stderr).
+  INTEROP_DEBUG (any value: provider debug logging on stderr),
+  INTEROP_EVENTS (`1`: also print every provider event, see below).
 
 Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each
-time the evaluated value differs from the last printed one. Everything else goes
-to stderr. The process exits when stdin reaches EOF.
+time the evaluated value differs from the last printed one. With INTEROP_EVENTS=1,
+also `EVENT <READY|STALE|ERROR|CHANGED> <unix millis>` for every provider event as
+it is emitted. Everything else goes to stderr. The process exits when stdin reaches EOF.
 """
 
 import logging
@@ -20,6 +22,7 @@ import time
 from openfeature import api
 from openfeature.contrib.provider.flagd import FlagdProvider
 from openfeature.contrib.provider.flagd.config import ResolverType
+from openfeature.event import EventDetails, ProviderEvent
 from openfeature.provider import ProviderStatus
 from stdio_protocol import emit, exit_on_stdin_eof, fail, required
 
@@ -28,6 +31,23 @@ DEFAULT_VALUE = "<default>"
 POLL_SECONDS = 0.1
 
 log = logging.getLogger(NAME)
+
+EVENT_NAMES = {
+    ProviderEvent.PROVIDER_READY: "READY",
+    ProviderEvent.PROVIDER_STALE: "STALE",
+    ProviderEvent.PROVIDER_ERROR: "ERROR",
+    ProviderEvent.PROVIDER_CONFIGURATION_CHANGED: "CHANGED",
+}
+
+
+def record_events() -> None:
+    """Prints `EVENT <name> <unix millis>` for every provider event."""
+    for event, name in EVENT_NAMES.items():
+
+        def handler(_details: EventDetails, name: str = name) -> None:
+            emit(f"EVENT {name} {time.time_ns() // 1_000_000}")
+
+        api.add_handler(event, handler)
 
 
 def main() -> None:
@@ -52,6 +72,8 @@ def main() -> None:
         fail(NAME, f"FLAGD_SERVER_CERT_PATH does not exist: {cert_path}")
 
     threading.Thread(target=exit_on_stdin_eof, name="stdin-eof", daemon=True).start()
+    if os.environ.get("INTEROP_EVENTS") == "1":
+        record_events()
 
     provider = FlagdProvider(
         resolver_type=ResolverType.IN_PROCESS,

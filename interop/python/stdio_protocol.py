@@ -3,6 +3,9 @@ failing with a message on stderr, and exiting when stdin reaches EOF."""
 
 import os
 import sys
+import threading
+
+_emit_lock = threading.Lock()
 
 
 def fail(client: str, message: str) -> None:
@@ -19,9 +22,11 @@ def required(client: str, name: str) -> str:
 
 
 def emit(line: str) -> None:
+    """Writes one whole line, also when several threads emit at once."""
     try:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
+        with _emit_lock:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
     except (BrokenPipeError, OSError):
         os._exit(0)
 

@@ -14,15 +14,7 @@ fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service
     // internalTrafficPolicy: Local) chained to them.
     let proxy_ns = "flagd-proxy-helm";
     install_chart(cluster, &helm, proxy_ns, &["mode=both".to_owned()]);
-    let services = cluster
-        .kubectl(&["-n", proxy_ns, "get", "services", "-o", "name"])
-        .expect("services");
-    let node_service = services
-        .lines()
-        .filter_map(|l| l.strip_prefix("service/"))
-        .find(|name| name.ends_with("-node"))
-        .unwrap_or_else(|| panic!("no node Service in {services}"))
-        .to_owned();
+    let node_service = node_service(cluster, proxy_ns);
 
     let ns = "cluster-helm";
     cluster.restricted_namespace(ns);
@@ -170,26 +162,6 @@ fn service_monitor_scrapes_every_proxy_pod(cluster: &Cluster, ns: &str, sets: &[
             "{target}{path} is not a ready proxy's metrics:\n{metrics}"
         );
     }
-}
-
-/// A map of labels as a `kubectl -l` selector.
-fn label_selector(labels: &Value) -> String {
-    let labels = labels.as_object().expect("a map of labels");
-    let pairs: Vec<String> = labels
-        .iter()
-        .map(|(k, v)| format!("{k}={}", v.as_str().expect("a label value")))
-        .collect();
-    pairs.join(",")
-}
-
-/// `kubectl ARGS -o json`, parsed.
-fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Value {
-    let mut args = args.to_vec();
-    args.extend(["-o", "json"]);
-    let out = cluster
-        .kubectl(&args)
-        .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
-    serde_json::from_str(&out).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}: {out}"))
 }
 
 #[test]

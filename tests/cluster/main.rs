@@ -3,12 +3,12 @@
 //! or by the real OpenFeature Operator, reading FeatureFlags with its in-cluster service-account
 //! token, probed by the kubelet and reached by flagd through its Service name.
 //!
-//! One cluster serves every test of this binary (`deploy`, `operator`, `helm`, `authz`, `image`;
-//! what they deploy is in `workloads`); each test works in its own namespaces, and a test that
-//! disrupts the cluster itself (an API-server restart) has it alone (`exclusive_cluster_or_skip`):
-//! the others wait for it or it for them. Without the cluster's dependencies (root, Debian
-//! packages, the Go binaries) the tests are skipped and listed by `scripts/test` (a failure when
-//! `CI` is set).
+//! One cluster serves every test of this binary (`deploy`, `operator`, `helm`, `authz`, `image`,
+//! `rollouts`; what they deploy is in `workloads`); each test works in its own namespaces, and a
+//! test that disrupts the cluster itself (an API-server restart) has it alone
+//! (`exclusive_cluster_or_skip`): the others wait for it or it for them. Without the cluster's
+//! dependencies (root, Debian packages, the Go binaries) the tests are skipped and listed by
+//! `scripts/test` (a failure when `CI` is set).
 use flagd_proxy_testkit as support;
 
 mod authz;
@@ -16,6 +16,7 @@ mod deploy;
 mod helm;
 mod image;
 mod operator;
+mod rollouts;
 mod steps;
 mod workloads;
 
@@ -34,13 +35,21 @@ use support::control_plane::test_data;
 
 /// A FeatureFlag `ns/name` with one string flag `color` whose default variant is `default`.
 fn feature_flag(ns: &str, name: &str, default: &str) -> String {
+    colors_flag(ns, name, &["red", "blue"], default)
+}
+
+/// A FeatureFlag `ns/name` with one string flag `color`, a variant for each of `colors` (its
+/// value the name), whose default variant is `default`.
+fn colors_flag(ns: &str, name: &str, colors: &[&str], default: &str) -> String {
+    let variants: serde_json::Map<String, Value> =
+        colors.iter().map(|c| (c.to_string(), json!(c))).collect();
     json!({
         "apiVersion": "core.openfeature.dev/v1beta1",
         "kind": "FeatureFlag",
         "metadata": {"name": name, "namespace": ns},
         "spec": {"flagSpec": {"flags": {"color": {
             "state": "ENABLED",
-            "variants": {"red": "red", "blue": "blue"},
+            "variants": variants,
             "defaultVariant": default
         }}}}
     })

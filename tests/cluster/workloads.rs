@@ -388,6 +388,20 @@ pub(crate) fn cluster_ip(cluster: &Cluster, ns: &str, name: &str) -> String {
         .unwrap_or_else(|e| panic!("address of Service {ns}/{name}: {e}"))
 }
 
+/// The name of the node tier's Service of the chart's release in `ns` (installed with
+/// `mode=both`).
+pub(crate) fn node_service(cluster: &Cluster, ns: &str) -> String {
+    let services = cluster
+        .kubectl(&["-n", ns, "get", "services", "-o", "name"])
+        .expect("services");
+    services
+        .lines()
+        .filter_map(|l| l.strip_prefix("service/"))
+        .find(|name| name.ends_with("-node"))
+        .unwrap_or_else(|| panic!("no node Service in {services}"))
+        .to_owned()
+}
+
 /// helm (the test kit's one rule), or the calling test is skipped (a failure under `CI`).
 pub(crate) fn helm_binary() -> Option<PathBuf> {
     support::skip::require(support::helm::find())
@@ -424,4 +438,24 @@ pub(crate) fn wait_for_proxy_service(cluster: &Cluster, ns: &str, name: &str) {
         ])
     })
     .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// A map of labels as a `kubectl -l` selector.
+pub(crate) fn label_selector(labels: &Value) -> String {
+    let labels = labels.as_object().expect("a map of labels");
+    let pairs: Vec<String> = labels
+        .iter()
+        .map(|(k, v)| format!("{k}={}", v.as_str().expect("a label value")))
+        .collect();
+    pairs.join(",")
+}
+
+/// `kubectl ARGS -o json`, parsed.
+pub(crate) fn kubectl_json(cluster: &Cluster, args: &[&str]) -> Value {
+    let mut args = args.to_vec();
+    args.extend(["-o", "json"]);
+    let out = cluster
+        .kubectl(&args)
+        .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"));
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("kubectl {args:?}: {e}: {out}"))
 }

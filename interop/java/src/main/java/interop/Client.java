@@ -5,11 +5,16 @@
 //   FLAGD_HOST, FLAGD_PORT, FLAGD_SOURCE_SELECTOR, FLAGD_TLS (true/false),
 //   FLAGD_SERVER_CERT_PATH (CA file, TLS only), INTEROP_FLAG_KEY (a string flag),
 //   INTEROP_SOCKET_PATH (a unix socket to sync from instead of FLAGD_HOST:FLAGD_PORT: the
-//   provider's `socketPath`), INTEROP_DEBUG (any value: provider debug logging on stderr).
+//   provider's `socketPath`), INTEROP_DEBUG (any value: provider debug logging on stderr),
+//   INTEROP_EVENTS (`1`: also print every provider event on stdout, see below, and set the
+//   retry grace period (10 s) and the stream deadline (600,000 ms) explicitly: this provider
+//   version has a 5 s grace period by default and no option for the retry backoff's maximum).
 //
 // Stdout protocol: `READY` once the provider is ready, then `VALUE <value>` each time the
-// evaluated value differs from the last printed one. Provider events are logged on stderr as
-// `interop-java: event <type>: <message>`. The process exits when stdin reaches EOF.
+// evaluated value differs from the last printed one; with INTEROP_EVENTS=1, also
+// `EVENT <READY|STALE|ERROR|CHANGED> <unix millis>` for every provider event as it is emitted.
+// Provider events are logged on stderr as `interop-java: event <type>: <message>`. The process
+// exits when stdin reaches EOF.
 package interop;
 
 import dev.openfeature.contrib.providers.flagd.Config;
@@ -55,9 +60,15 @@ public final class Client {
         }
     }
 
+    private static final boolean EVENTS = "1".equals(System.getenv("INTEROP_EVENTS"));
+
     private static void event(String type, EventDetails details) {
         String message = details == null ? "" : Objects.toString(details.getMessage(), "");
         System.err.println("interop-java: event " + type + ": " + message);
+        if (EVENTS) {
+            emit("EVENT " + type.replace("PROVIDER_", "").replace("CONFIGURATION_CHANGED", "CHANGED")
+                    + " " + System.currentTimeMillis());
+        }
     }
 
     public static void main(String[] args) throws InterruptedException {
@@ -112,6 +123,9 @@ public final class Client {
         }
         if (!socketPath.isEmpty()) {
             builder.socketPath(socketPath);
+        }
+        if (EVENTS) {
+            builder.retryGracePeriod(10).streamDeadlineMs(600_000);
         }
         FlagdProvider provider = new FlagdProvider(builder.build());
 
