@@ -154,7 +154,7 @@ impl Table {
                 let count = &row.counts[i];
                 if step.disrupts(row.tier) {
                     if row.before_deadline[i] {
-                        self.assert_one_short_stale(row, *step, count);
+                        self.assert_one_stale(row, *step, count);
                     }
                     continue;
                 }
@@ -183,33 +183,23 @@ impl Table {
 }
 
 impl Table {
-    /// Through a step that restarts what the client is connected to: no ERROR, at most one
-    /// STALE, and that one no longer than the client's reconnect pause (a flat 5 s) and a
-    /// second. The Java provider reconnects on its gRPC channel's own backoff, which it has no
-    /// option to cap: its STALE is held only to ending before the ERROR (its grace period).
-    fn assert_one_short_stale(&self, row: &Row, step: Step, count: &Counts) {
-        let bound_ms = if row.client.starts_with("java") {
-            u64::MAX
-        } else {
-            RECONNECT_PAUSE_MS + 1_000
-        };
+    /// Through a step that restarts what the client is connected to: no ERROR and at most one
+    /// STALE. How long a STALE lasts is the table's to report (and the benchmark's to judge):
+    /// a test does not time it.
+    fn assert_one_stale(&self, row: &Row, step: Step, count: &Counts) {
         assert!(
-            count.error == 0 && count.stale <= 1 && count.longest_stale_ms <= bound_ms,
-            "{} ({:?}) through {}: {} STALE (the longest {} ms) and {} ERROR; at most one \
-             STALE within the reconnect pause and a second, and no ERROR, were expected:\n{}",
+            count.error == 0 && count.stale <= 1,
+            "{} ({:?}) through {}: {} STALE and {} ERROR; at most one STALE and no ERROR were \
+             expected:\n{}",
             row.client,
             row.tier,
             step.name(),
             count.stale,
-            count.longest_stale_ms,
             count.error,
             self.render()
         );
     }
 }
-
-/// The flat pause before a provider reconnects after any stream end (`retryBackoffMaxMs`).
-const RECONNECT_PAUSE_MS: u64 = 5_000;
 
 /// The events in `from..to`, each with its time from `from` (`STALE +1200ms, READY +6210ms`).
 fn timeline(events: &[(EventKind, u64)], from: u64, to: u64) -> String {
