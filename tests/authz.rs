@@ -190,6 +190,7 @@ async fn start_on(cp: &ControlPlane, extra: &[&str]) -> Proxy {
 const POD_LOOKUPS: &[(&str, &str)] = &[("LIST", "pods"), ("WATCH", "pods"), ("GET", "pods")];
 
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn the_api_server_pays_per_identity_not_per_connection() {
     let Some(cp) = start_or_skip().await else {
         return;
@@ -296,6 +297,7 @@ async fn the_api_server_pays_per_identity_not_per_connection() {
 }
 
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn tokens_pods_and_rbac_against_the_api_server() {
     let Some(cp) = start_or_skip().await else {
         return;
@@ -394,6 +396,7 @@ async fn tokens_pods_and_rbac_against_the_api_server() {
 /// `--authz-pod-node` only pods scheduled on its node identify a client, and it watches only
 /// those, while the central serves it whatever its clients may read.
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn the_node_tier_identifies_only_the_pods_of_its_own_node() {
     let Some(cp) = start_or_skip().await else {
         return;
@@ -518,6 +521,7 @@ async fn kept_versions_are_authorized_like_fresh_ones() {
 /// far less than the token, and the identity of an honest client, kept before the flood,
 /// outlasts it (its next request makes no TokenReview).
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn a_flood_of_invented_tokens_is_kept_small_and_keeps_honest_identities() {
     const TOKENS: usize = 1_000;
     const AUTHORIZATION: &str = "flagd_proxy_memory_charged_bytes{kind=\"authorization\"}";

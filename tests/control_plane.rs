@@ -82,6 +82,7 @@ apiserver_longrunning_requests{component="apiserver",group="",resource="pods",sc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn control_plane_serves_feature_flags_with_rbac_watches_and_restarts() {
     let Some(mut cp) = control_plane::start_or_skip().await else {
         return;

@@ -43,6 +43,7 @@ async fn first_answer(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn watches_share_http2_connections_to_the_api_server() {
     let Some(cp) = control_plane::start_or_skip().await else {
         return;

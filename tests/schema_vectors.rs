@@ -23,6 +23,7 @@ fn vectors(kind: &str) -> Option<Vec<(PathBuf, Value)>> {
 }
 
 #[test]
+#[ignore = "needs flagd's schema test vectors: scripts/test fetches them"]
 fn positive_vectors_are_served() {
     let Some(vectors) = vectors("positive") else {
         return;
@@ -84,6 +85,7 @@ const NEGATIVE: &[(&str, Verdict)] = &[
 ];
 
 #[test]
+#[ignore = "needs flagd's schema test vectors: scripts/test fetches them"]
 fn negative_vectors_get_what_flagd_gives_them() {
     let Some(vectors) = vectors("negative") else {
         return;
@@ -139,6 +141,7 @@ fn operators_in(schema: &Value, found: &mut std::collections::BTreeSet<String>) 
 /// The operators the proxy takes from flagd's schema are the ones the schema flagd v0.16.0
 /// pins defines, no more and no fewer (the rest of its list are the JsonLogic library's).
 #[test]
+#[ignore = "needs flagd's schema test vectors: scripts/test fetches them"]
 fn known_operators_are_those_of_flagds_schema() {
     let Some(path) = test_data_or_skip("flagd-schemas-flagd/json/targeting.json") else {
         return;

@@ -336,10 +336,10 @@ async fn measure_subscribers() {
 /// still alive with its first subscriber served. Run it with the proxy in a memory cgroup at a
 /// tier's limit and that tier's budget (`FLAGD_PROXY_TEST_MEMORY_CGROUP`,
 /// `FLAGD_PROXY_MEMORY_BUDGET`; docs/security.md) and a release build: `cargo test --release
-/// --test tls fill_the_budget_with_subscribers -- --ignored --nocapture`.
+/// --test tls measure_the_budget_filled_with_subscribers -- --ignored --nocapture`.
 #[tokio::test]
 #[ignore = "a measurement: prints figures, asserts none"]
-async fn fill_the_budget_with_subscribers() {
+async fn measure_the_budget_filled_with_subscribers() {
     const MOST: usize = 20_000;
     let ca = TestCa::new();
     let limit = ["--max-connections-per-address", "50000"];

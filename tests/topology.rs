@@ -132,6 +132,7 @@ impl Drop for Balancer {
 }
 
 #[tokio::test]
+#[ignore = "needs etcd, kube-apiserver and the JS provider: scripts/test installs them"]
 async fn topologies_with_a_real_client() {
     let Some(cp) = start_or_skip().await else {
         return;

@@ -1,7 +1,8 @@
 //! What a test does when something it needs is missing (a tool, test data, root): under `CI` it
-//! fails with the reason, elsewhere it is skipped — and skipped visibly. `cargo test` hides the
-//! output of a passing test, so a skip is also written to `target/skipped-tests.log`, which
-//! `scripts/test` prints at the end of the run.
+//! fails with the reason, elsewhere it is skipped — and skipped visibly. Such a test is
+//! `#[ignore = "needs …"]`, so a plain `cargo test` lists it as ignored, and `scripts/test` runs
+//! it (`--include-ignored`). `cargo test` hides the output of a passing test, so a skip is also
+//! written to `target/skipped-tests.log`, which `scripts/test` prints at the end of the run.
 
 use std::fmt::Display;
 use std::io::Write;

@@ -6,6 +6,7 @@ use super::steps::*;
 use super::*;
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn deploy_kustomization_runs_restricted_and_serves_flagd_through_its_service() {
     let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;
@@ -82,6 +83,7 @@ fn deploy_kustomization_runs_restricted_and_serves_flagd_through_its_service() {
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
     // It restarts the API server: no other test may be using the cluster meanwhile.
     let Some((exclusive, flagd_image)) = with_flagd(exclusive_cluster_or_skip()) else {
@@ -210,6 +212,7 @@ fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
 /// keeps evaluating its last flags meanwhile, as flagd's own Kubernetes sync does for a deleted
 /// resource, and gets the resource once it exists again.
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn a_watched_resources_namespace_deleted_and_created_again_serves_it_again() {
     let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;
@@ -254,6 +257,7 @@ fn a_watched_resources_namespace_deleted_and_created_again_serves_it_again() {
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
     let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;
@@ -309,6 +313,7 @@ fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn in_process_go_provider_pod_syncs_through_the_service_name() {
     let Some(cluster) = cluster_or_skip() else {
         return;

@@ -4,6 +4,7 @@ use super::steps::*;
 use super::*;
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service() {
     let Some((cluster, flagd_image, helm)) = with_flagd_and_helm() else {
         return;
@@ -165,6 +166,7 @@ fn service_monitor_scrapes_every_proxy_pod(cluster: &Cluster, ns: &str, sets: &[
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn helm_chart_central_and_node_modes_serve_flagd_shapes_and_rpc_providers() {
     let Some((cluster, flagd_image, helm)) = with_flagd_and_helm() else {
         return;

@@ -131,6 +131,7 @@ fn base64_encode(bytes: &[u8]) -> String {
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn operator_deploys_the_proxy_image_and_injected_flagd_syncs_through_it() {
     let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
         return;

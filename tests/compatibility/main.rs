@@ -156,6 +156,7 @@ fn on_path(program: &str) -> bool {
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "needs flagd and its providers (root for some rows): scripts/test installs them"]
 async fn client_compatibility_matrix() {
     let versions = Versions::read();
 
@@ -323,6 +324,6 @@ async fn client_compatibility_matrix() {
     assert!(
         committed == doc,
         "{DOC} is not what this run produced; regenerate it with \
-         `{UPDATE_ENV}=1 cargo test --test compatibility` and commit it"
+         `{UPDATE_ENV}=1 scripts/test --test compatibility` and commit it"
     );
 }

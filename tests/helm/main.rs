@@ -42,6 +42,7 @@ const FIELD_MANAGER: &str = "flagd-proxy-helm-test";
 // Tests without a cluster
 
 #[test]
+#[ignore = "needs helm: scripts/test installs it"]
 fn chart_lints_and_renders_in_every_mode() {
     let Some(helm) = Helm::find_or_skip() else {
         return;
@@ -56,6 +57,7 @@ fn chart_lints_and_renders_in_every_mode() {
 /// The node tier's unix socket is an opt-in: a hostPath directory mounted at the same path, the
 /// socket flags, and nothing of it by default.
 #[test]
+#[ignore = "needs helm: scripts/test installs it"]
 fn node_socket_is_an_opt_in_hostpath() {
     let Some(helm) = Helm::find_or_skip() else {
         return;
@@ -118,6 +120,7 @@ fn state_volume() -> Value {
 /// Both tiers keep their last versions in an emptyDir by default (flags the proxy's own command
 /// line accepts); `stateDir.enabled=false` leaves out the flags and the volume.
 #[test]
+#[ignore = "needs helm: scripts/test installs it"]
 fn both_tiers_keep_their_versions_in_an_empty_dir_by_default() {
     let Some(helm) = Helm::find_or_skip() else {
         return;
@@ -165,6 +168,7 @@ fn both_tiers_keep_their_versions_in_an_empty_dir_by_default() {
 /// OpenTelemetry export is an opt-in of both tiers: the flags (which the proxy's own command
 /// line accepts), the headers from a Secret, the collector's CA mounted; nothing of it by default.
 #[test]
+#[ignore = "needs helm: scripts/test installs it"]
 fn otlp_export_is_an_opt_in_of_both_tiers() {
     let Some(helm) = Helm::find_or_skip() else {
         return;
@@ -223,6 +227,7 @@ fn otlp_export_is_an_opt_in_of_both_tiers() {
 }
 
 #[test]
+#[ignore = "needs helm: scripts/test installs it"]
 fn invalid_values_are_refused_with_a_message() {
     let Some(helm) = Helm::find_or_skip() else {
         return;
@@ -308,6 +313,7 @@ fn invalid_values_are_refused_with_a_message() {
 }
 
 #[tokio::test]
+#[ignore = "needs helm, etcd and kube-apiserver: scripts/test installs them"]
 async fn rendered_objects_are_accepted_by_a_real_apiserver() {
     let Some(helm) = Helm::find_or_skip() else {
         return;

@@ -31,6 +31,7 @@ async fn reads(cp: &ControlPlane) -> u64 {
 /// changes: once the path is back the watch resumes from the last version it saw, without a
 /// list, and delivers the change.
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn a_cut_connection_resumes_the_watch_without_a_list() {
     let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
@@ -56,6 +57,7 @@ async fn a_cut_connection_resumes_the_watch_without_a_list() {
 /// resumes from is gone (410). The proxy lists again, and subscribers get the newest version
 /// next, neither the one in between nor the one they have again.
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn a_watch_resumed_after_compaction_lists_again() {
     let Some((_turn, mut cp)) = control_plane_or_skip().await else {
         return;
@@ -89,6 +91,7 @@ async fn a_watch_resumed_after_compaction_lists_again() {
 /// their flags, and once the path works again the watch comes back with the change made
 /// meanwhile.
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn a_path_that_drops_packets_is_noticed_and_the_watch_comes_back() {
     let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
@@ -117,6 +120,7 @@ async fn a_path_that_drops_packets_is_noticed_and_the_watch_comes_back() {
 /// The FeatureFlag CRD is deleted (and with it every FeatureFlag) and created again: subscribers
 /// keep their flags meanwhile, and get the resource once it exists again.
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn the_crd_deleted_and_created_again_serves_the_resource_again() {
     let Some((_turn, cp)) = control_plane_or_skip().await else {
         return;
@@ -147,6 +151,7 @@ async fn the_crd_deleted_and_created_again_serves_the_resource_again() {
 /// server is down serves a new client the version it delivered last, marked stale, and the
 /// fresh one once the API server is back (the node tier's is in `tests/chaining.rs`).
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn a_proxy_restarted_while_the_api_server_is_down_serves_its_kept_version() {
     let Some((_turn, mut cp)) = control_plane_or_skip().await else {
         return;

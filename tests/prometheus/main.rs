@@ -227,6 +227,7 @@ fn duration_seconds(text: &str) -> u64 {
 }
 
 #[test]
+#[ignore = "needs promtool: scripts/test installs it"]
 fn promtool_checks_the_rules_and_runs_their_unit_tests() {
     let Some(tools) = Tools::find_or_skip() else {
         return;
@@ -342,6 +343,7 @@ fn assert_flags_of_the_run(what: &str, flags: &BTreeSet<(String, String)>, seen:
 }
 
 #[tokio::test]
+#[ignore = "needs prometheus, promtool and helm: scripts/test installs them"]
 async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
     let Some(tools) = Tools::find_or_skip() else {
         return;
