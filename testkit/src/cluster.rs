@@ -68,31 +68,24 @@ static CLUSTER: OnceLock<Result<Cluster, Unavailable>> = OnceLock::new();
 /// users hold the read side for their whole test, a disruptive one the write side.
 static TURNS: RwLock<()> = RwLock::new(());
 
-/// The cluster, shared with the other tests of the process: nothing disrupts it meanwhile.
-pub struct SharedCluster {
+/// The cluster while a test holds `Turn`, its side of [`TURNS`].
+pub struct HeldCluster<Turn> {
     cluster: &'static Cluster,
-    _turn: RwLockReadGuard<'static, ()>,
+    _turn: Turn,
 }
 
-impl Deref for SharedCluster {
+impl<Turn> Deref for HeldCluster<Turn> {
     type Target = Cluster;
     fn deref(&self) -> &Cluster {
         self.cluster
     }
 }
+
+/// The cluster, shared with the other tests of the process: nothing disrupts it meanwhile.
+pub type SharedCluster = HeldCluster<RwLockReadGuard<'static, ()>>;
 
 /// The cluster with no other test using it: only this may disrupt it.
-pub struct ExclusiveCluster {
-    cluster: &'static Cluster,
-    _turn: RwLockWriteGuard<'static, ()>,
-}
-
-impl Deref for ExclusiveCluster {
-    type Target = Cluster;
-    fn deref(&self) -> &Cluster {
-        self.cluster
-    }
-}
+pub type ExclusiveCluster = HeldCluster<RwLockWriteGuard<'static, ()>>;
 
 impl ExclusiveCluster {
     /// Stops the API server and starts it again (`flagd-proxy-cluster restart-apiserver`);
@@ -195,7 +188,7 @@ pub fn missing_dependencies() -> Vec<String> {
 pub fn cluster_or_skip() -> Option<SharedCluster> {
     let cluster = started_cluster()?;
     let turn = TURNS.read().unwrap_or_else(|e| e.into_inner());
-    Some(SharedCluster {
+    Some(HeldCluster {
         cluster,
         _turn: turn,
     })
@@ -206,7 +199,7 @@ pub fn cluster_or_skip() -> Option<SharedCluster> {
 pub fn exclusive_cluster_or_skip() -> Option<ExclusiveCluster> {
     let cluster = started_cluster()?;
     let turn = TURNS.write().unwrap_or_else(|e| e.into_inner());
-    Some(ExclusiveCluster {
+    Some(HeldCluster {
         cluster,
         _turn: turn,
     })

@@ -32,6 +32,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::control_plane::{cache_dir, java_class_path};
 use support::{Proxy, TestCa};
 use tokio::io::{AsyncBufReadExt, AsyncRead, BufReader, Lines};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
@@ -134,16 +135,6 @@ fn repo_root() -> PathBuf {
 fn read_repo_file(relative: &str) -> String {
     let path = repo_root().join(relative);
     std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
-}
-
-fn cache_dir() -> PathBuf {
-    match std::env::var_os("FLAGD_PROXY_CACHE") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => {
-            let home = std::env::var_os("HOME").expect("HOME or FLAGD_PROXY_CACHE must be set");
-            PathBuf::from(home).join(".cache").join("flagd-proxy")
-        }
-    }
 }
 
 fn on_path(program: &str) -> bool {
