@@ -8,7 +8,7 @@ use flagd_proxy::introspection::ResourceStatus;
 use serde_json::json;
 use support::client::{
     Client, LegacyClient, assert_status, client, default_variant, fetch, legacy, legacy_client,
-    next, open, v1, with_selector,
+    next, open, open_in_body, open_legacy, v1, with_selector,
 };
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_color, write_manifest};
 use tonic::transport::Channel;
@@ -133,15 +133,7 @@ async fn wait_for_demo(proxy: &Proxy, availability: &str) -> ResourceStatus {
 async fn body_selector_works_without_header() {
     let (_dir, proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
-    let request = v1::SyncFlagsRequest {
-        provider_id: String::new(),
-        selector: SELECTOR.into(),
-    };
-    let mut stream = client
-        .sync_flags(request)
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open_in_body(&mut client, SELECTOR).await.expect("stream");
     assert_eq!(next_color(&mut stream).await, "red");
 }
 
@@ -149,15 +141,7 @@ async fn body_selector_works_without_header() {
 async fn legacy_protocol_sends_sync_state_all() {
     let (dir, proxy) = manifests_proxy().await;
     let mut client = legacy_client(&proxy).await;
-    let request = legacy::SyncFlagsRequest {
-        provider_id: String::new(),
-        selector: SELECTOR.into(),
-    };
-    let mut stream = client
-        .sync_flags(request)
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open_legacy(&mut client, SELECTOR).await.expect("stream");
     let first = next(&mut stream).await;
     assert_eq!(first.state, legacy::SyncState::All as i32);
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
@@ -251,11 +235,7 @@ async fn invalid_selectors_get_invalid_argument_with_the_accepted_form() {
         "core.openfeature.dev/only-namespace",
         "",
     ] {
-        let status = client
-            .sync_flags(v1::SyncFlagsRequest {
-                provider_id: String::new(),
-                selector: selector.into(),
-            })
+        let status = open_in_body(&mut client, selector)
             .await
             .expect_err(selector);
         assert_eq!(
@@ -292,14 +272,9 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
         .await
         .expect("source= in the header");
     assert_eq!(next_color(&mut stream).await, "red");
-    let mut stream = client
-        .sync_flags(v1::SyncFlagsRequest {
-            provider_id: String::new(),
-            selector: source.clone(),
-        })
+    let mut stream = open_in_body(&mut client, &source)
         .await
-        .expect("source= in the body")
-        .into_inner();
+        .expect("source= in the body");
     let first = next(&mut stream).await;
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
     let fetched = fetch(&mut client, &source)
@@ -453,14 +428,9 @@ async fn unix_socket_serves_both_protocols_and_health_and_is_removed_on_shutdown
         .expect("flagd.sync.v1 over the socket");
     assert_eq!(next_color(&mut stream).await, "red");
     let mut legacy_client = LegacyClient::new(channel.clone());
-    let mut legacy_stream = legacy_client
-        .sync_flags(legacy::SyncFlagsRequest {
-            provider_id: String::new(),
-            selector: SELECTOR.into(),
-        })
+    let mut legacy_stream = open_legacy(&mut legacy_client, SELECTOR)
         .await
-        .expect("sync.v1 over the socket")
-        .into_inner();
+        .expect("sync.v1 over the socket");
     let first = next(&mut legacy_stream).await;
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
     let mut health = HealthClient::new(channel);

@@ -22,7 +22,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use flagd_proxy_testkit as support;
 use serde_json::{Value, json};
-use support::client::{self, Client, LegacyClient, legacy};
+use support::client::{self, Client, LegacyClient};
 use support::prometheus::{Prometheus, Tools};
 use tonic::transport::{Certificate, ClientTlsConfig};
 
@@ -404,14 +404,10 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
         let mut stream = client::open(&mut v1, &selector).await.expect("a stream");
         client::next(&mut stream).await;
         streams_v1.push(stream);
-        let mut legacy_stream = LegacyClient::new(channel.clone())
-            .sync_flags(legacy::SyncFlagsRequest {
-                provider_id: String::new(),
-                selector,
-            })
-            .await
-            .expect("a sync.v1 stream")
-            .into_inner();
+        let mut legacy_stream =
+            client::open_legacy(&mut LegacyClient::new(channel.clone()), &selector)
+                .await
+                .expect("a sync.v1 stream");
         client::next(&mut legacy_stream).await;
         streams_legacy.push(legacy_stream);
         channels.push(channel);
