@@ -51,10 +51,7 @@ async fn header_selector_stream_gets_snapshot_then_each_real_change() {
     let context = first
         .sync_context
         .expect("sync_context set on every message");
-    assert_eq!(
-        context.fields["selector"].kind,
-        Some(prost_types::value::Kind::StringValue(SELECTOR.into()))
-    );
+    assert_eq!(context.fields["selector"].kind, text(SELECTOR));
 
     // Updating the resource so that its flag configuration stays byte-identical is not a
     // change: no new version, no message; the next message is the real change.
@@ -179,18 +176,7 @@ async fn legacy_protocol_sends_sync_state_all() {
 async fn get_metadata_and_fetch_all_flags() {
     let (_dir, proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
-    let metadata = client
-        .get_metadata(v1::GetMetadataRequest {})
-        .await
-        .expect("metadata")
-        .into_inner();
-    assert!(
-        metadata
-            .metadata
-            .expect("metadata is set")
-            .fields
-            .contains_key("proxy")
-    );
+    assert!(metadata(&mut client).await.fields.contains_key("proxy"));
 
     let fetched = fetch(&mut client, SELECTOR).await.expect("fetch");
     assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
@@ -301,23 +287,47 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
     );
 }
 
-#[tokio::test]
-async fn context_values_are_in_every_sync_context_and_in_get_metadata() {
+/// A proxy on `default/demo` (red) with the flags `extra` and a config file that holds `config`,
+/// and its directory.
+async fn demo_proxy_with_config(config: &str, extra: &[&str]) -> (tempfile::TempDir, Proxy) {
     let dir = tempfile::tempdir().expect("tempdir");
     write_demo(dir.path(), "red");
-    let config = dir.path().join("config.yaml");
-    std::fs::write(&config, "context-value:\n  tier: gold\n").expect("config file");
-    let proxy = Proxy::start(&[
-        "--manifests",
-        dir.path().to_str().expect("utf-8"),
-        "--context-value",
-        "region=eu-west",
-        "--context-value=cluster=prod-1",
-        "--config",
-        config.to_str().expect("utf-8"),
-    ])
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, config).expect("config file");
+    let mut args = vec!["--manifests", dir.path().to_str().expect("utf-8")];
+    args.extend_from_slice(extra);
+    args.extend(["--config", config_file.to_str().expect("utf-8")]);
+    let proxy = Proxy::start(&args).await;
+    (dir, proxy)
+}
+
+/// What `GetMetadata` answers.
+async fn metadata(client: &mut Client) -> prost_types::Struct {
+    client
+        .get_metadata(v1::GetMetadataRequest {})
+        .await
+        .expect("metadata")
+        .into_inner()
+        .metadata
+        .expect("metadata is set")
+}
+
+/// `s` as the kind of a protobuf value: how sync contexts and metadata carry strings.
+fn text(s: &str) -> Option<prost_types::value::Kind> {
+    Some(prost_types::value::Kind::StringValue(s.into()))
+}
+
+#[tokio::test]
+async fn context_values_are_in_every_sync_context_and_in_get_metadata() {
+    let (dir, proxy) = demo_proxy_with_config(
+        "context-value:\n  tier: gold\n",
+        &[
+            "--context-value",
+            "region=eu-west",
+            "--context-value=cluster=prod-1",
+        ],
+    )
     .await;
-    let string = |s: &str| Some(prost_types::value::Kind::StringValue(s.into()));
     let mut client = client(&proxy).await;
     let mut stream = open(&mut client, SELECTOR).await.expect("stream");
     for variant in ["red", "blue"] {
@@ -331,47 +341,24 @@ async fn context_values_are_in_every_sync_context_and_in_get_metadata() {
         );
         let context = message.sync_context.expect("sync_context");
         // The command line's entries; the file's key is overridden by the command line's.
-        assert_eq!(context.fields["region"].kind, string("eu-west"));
-        assert_eq!(context.fields["cluster"].kind, string("prod-1"));
+        assert_eq!(context.fields["region"].kind, text("eu-west"));
+        assert_eq!(context.fields["cluster"].kind, text("prod-1"));
         assert!(!context.fields.contains_key("tier"), "{context:?}");
-        assert_eq!(context.fields["selector"].kind, string(SELECTOR));
-        assert_eq!(context.fields["proxy"].kind, string("flagd-proxy"));
+        assert_eq!(context.fields["selector"].kind, text(SELECTOR));
+        assert_eq!(context.fields["proxy"].kind, text("flagd-proxy"));
     }
-    let metadata = client
-        .get_metadata(v1::GetMetadataRequest {})
-        .await
-        .expect("metadata")
-        .into_inner()
-        .metadata
-        .expect("metadata is set");
-    assert_eq!(metadata.fields["region"].kind, string("eu-west"));
-    assert_eq!(metadata.fields["cluster"].kind, string("prod-1"));
+    let metadata = metadata(&mut client).await;
+    assert_eq!(metadata.fields["region"].kind, text("eu-west"));
+    assert_eq!(metadata.fields["cluster"].kind, text("prod-1"));
 }
 
 #[tokio::test]
 async fn context_values_from_the_config_file() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_demo(dir.path(), "red");
-    let config = dir.path().join("config.yaml");
-    std::fs::write(&config, "context-value:\n  tier: gold\n  zone: a\n").expect("config file");
-    let proxy = Proxy::start(&[
-        "--manifests",
-        dir.path().to_str().expect("utf-8"),
-        "--config",
-        config.to_str().expect("utf-8"),
-    ])
-    .await;
-    let metadata = client(&proxy)
-        .await
-        .get_metadata(v1::GetMetadataRequest {})
-        .await
-        .expect("metadata")
-        .into_inner()
-        .metadata
-        .expect("metadata is set");
-    let string = |s: &str| Some(prost_types::value::Kind::StringValue(s.into()));
-    assert_eq!(metadata.fields["tier"].kind, string("gold"));
-    assert_eq!(metadata.fields["zone"].kind, string("a"));
+    let (_dir, proxy) =
+        demo_proxy_with_config("context-value:\n  tier: gold\n  zone: a\n", &[]).await;
+    let metadata = metadata(&mut client(&proxy).await).await;
+    assert_eq!(metadata.fields["tier"].kind, text("gold"));
+    assert_eq!(metadata.fields["zone"].kind, text("a"));
 }
 
 /// A channel to the proxy's unix socket.
