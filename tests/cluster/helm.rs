@@ -84,12 +84,7 @@ fn service_monitor_scrapes_every_proxy_pod(cluster: &Cluster, ns: &str, sets: &[
     );
     let service = &services[0];
     let name = service["metadata"]["name"].as_str().expect("name");
-    let port = service["spec"]["ports"]
-        .as_array()
-        .expect("ports")
-        .iter()
-        .find(|p| p["name"] == port_name)
-        .unwrap_or_else(|| panic!("Service {name} has no port {port_name:?}: {service}"));
+    let port = support::helm::service_port(service, port_name);
     let service_port = port["port"].as_u64().expect("port");
 
     // The pods the Service selects: both tiers, each with the label the monitor copies.
