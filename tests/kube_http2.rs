@@ -9,6 +9,7 @@ use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
 use support::client::open_in_body;
 use support::control_plane::{self, connections_to, feature_flag_resource};
+use support::or_return;
 use support::{EVENT_TIMEOUT, Proxy, eventually};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -39,9 +40,7 @@ async fn first_answer(
 #[tokio::test(flavor = "multi_thread")]
 #[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn watches_share_http2_connections_to_the_api_server() {
-    let Some(cp) = control_plane::start_or_skip().await else {
-        return;
-    };
+    let cp = or_return!(control_plane::start_or_skip().await);
     cp.create_namespace("many").await;
     cp.grant_proxy_namespace("many").await;
     let api: Api<DynamicObject> =

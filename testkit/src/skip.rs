@@ -60,6 +60,19 @@ fn record(in_ci: bool, log: &Path, test: &str, reason: &str) {
     }
 }
 
+/// The value in `found`, an `Option` from a function that records a skip when it gives `None`
+/// (such as [`require`]), or else a return from the calling test:
+/// `let helm = or_return!(ChartRenderer::find_or_skip());`.
+#[macro_export]
+macro_rules! or_return {
+    ($found:expr) => {
+        match $found {
+            Some(value) => value,
+            None => return,
+        }
+    };
+}
+
 /// `found`, or (with its error as the reason) [`skip`] and `None`.
 pub fn require<T, E: Display>(found: Result<T, E>) -> Option<T> {
     match found {

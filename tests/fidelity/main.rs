@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Value, json};
 use support::Proxy;
 use support::control_plane::{cache_dir, test_data};
+use support::or_return;
 
 mod corpus;
 mod flagd;
@@ -287,9 +288,7 @@ impl Setup {
 #[ignore = "needs root and flagd: scripts/test installs flagd"]
 async fn flagd_fed_by_the_proxy_answers_as_flagd_reading_the_file() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let Some(bin) = flagd_binary() else {
-        return;
-    };
+    let bin = or_return!(flagd_binary());
     let setup = Setup::new().await;
     let (docs, batches, work) = (&setup.docs, &setup.batches, &setup.work);
     let (manifests, socket, proxy) = (&setup.manifests, &setup.socket, &setup.proxy);

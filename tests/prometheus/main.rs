@@ -23,6 +23,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use flagd_proxy_testkit as support;
 use serde_json::{Value, json};
 use support::client::{self, Client, LegacyClient};
+use support::or_return;
 use support::prometheus::{Prometheus, Tools};
 use tonic::transport::{Certificate, ClientTlsConfig};
 
@@ -229,9 +230,7 @@ fn duration_seconds(text: &str) -> u64 {
 #[test]
 #[ignore = "needs promtool: scripts/test installs it"]
 fn promtool_checks_the_rules_and_runs_their_unit_tests() {
-    let Some(tools) = Tools::find_or_skip() else {
-        return;
-    };
+    let tools = or_return!(Tools::find_or_skip());
     let (ok, out) = tools.promtool(&root(), &["check", "rules", ALERTS]);
     assert!(ok, "promtool check rules {ALERTS}:\n{out}");
     assert!(
@@ -345,12 +344,8 @@ fn assert_flags_of_the_run(what: &str, flags: &BTreeSet<(String, String)>, seen:
 #[tokio::test]
 #[ignore = "needs prometheus, promtool and helm: scripts/test installs them"]
 async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
-    let Some(tools) = Tools::find_or_skip() else {
-        return;
-    };
-    let Some(chart) = operator::Chart::render(RELEASE, RELEASE_NAMESPACE, &[]) else {
-        return;
-    };
+    let tools = or_return!(Tools::find_or_skip());
+    let chart = or_return!(operator::Chart::render(RELEASE, RELEASE_NAMESPACE, &[]));
     let manifests = tempfile::tempdir().expect("a manifests folder");
     let dir = manifests.path();
     for (namespace, name) in FLAGS {
