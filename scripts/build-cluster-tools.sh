@@ -12,11 +12,10 @@
 # iptables, conntrack, busybox-static, ca-certificates, curl. FLAGD_PROXY_NO_APT=1 skips that.
 set -euo pipefail
 
+tool=build-cluster-tools
+source "$(dirname "${BASH_SOURCE[0]}")/go-tool.sh"
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 module_dir="$repo_root/tools/cluster"
-cache_dir="${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}"
-bin_dir="$cache_dir/bin"
-log() { printf '[build-cluster-tools] %s\n' "$*" >&2; }
 
 if [[ "${FLAGD_PROXY_NO_APT:-0}" != 1 ]] && command -v dpkg-query >/dev/null; then
   packages=(containerd runc containernetworking-plugins iptables conntrack busybox-static ca-certificates curl)
@@ -38,11 +37,9 @@ if [[ "${FLAGD_PROXY_NO_APT:-0}" != 1 ]] && command -v dpkg-query >/dev/null; th
   fi
 fi
 
-command -v go >/dev/null || { log "error: the 'go' command is not on PATH"; exit 1; }
-export CGO_ENABLED=0 GOFLAGS="-trimpath -mod=readonly"
-mkdir -p "$bin_dir"
-exec 9>"$cache_dir/.build-cluster-tools.lock"
-flock 9
+require_go "install Go (see tools/cluster/go.mod for the minimum version)"
+export GOFLAGS="-trimpath -mod=readonly"
+one_build_at_a_time
 
 cd "$module_dir"
 key="$( { cat go.sum go.mod coredns/main.go; go version; } | sha256sum | cut -c1-12)"
@@ -50,19 +47,7 @@ out="$bin_dir/cluster-tools-$key"
 if [[ -x "$out/crane" && -x "$out/coredns" ]]; then
   log "up to date: $out"
 else
-  tmp="$out.partial.$$"
-  rm -rf "$tmp"
-  mkdir -p "$tmp"
-  log "building coredns and crane -> $out (one go build)"
-  start=$SECONDS
-  if ! nice -n 10 go build -ldflags "-s -w" -o "$tmp/" ./coredns github.com/google/go-containerregistry/cmd/crane; then
-    rm -rf "$tmp"
-    log "error: go build failed"
-    exit 1
-  fi
-  rm -rf "$out"
-  mv "$tmp" "$out"
-  log "built $out in $((SECONDS - start))s"
+  go_build_commands "$out" "-s -w" ./coredns github.com/google/go-containerregistry/cmd/crane
 fi
 for cmd in coredns crane; do
   ln -sfn "$(basename "$out")/$cmd" "$bin_dir/$cmd"

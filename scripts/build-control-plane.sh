@@ -13,32 +13,12 @@
 # Needs Go and the Go module proxy (GOPROXY as configured); nothing else is downloaded.
 set -euo pipefail
 
+tool=build-control-plane
+source "$(dirname "${BASH_SOURCE[0]}")/go-tool.sh"
 repo_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 module_dir="$repo_root/tools/kube"
-cache_dir="${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}"
-bin_dir="$cache_dir/bin"
-
-log() { printf '[build-control-plane] %s\n' "$*" >&2; }
-
-if ! command -v go >/dev/null 2>&1; then
-  log "error: the 'go' command is not on PATH; install Go (see tools/kube/go.mod for the minimum version)"
-  exit 1
-fi
-
-export CGO_ENABLED=0
-export GOFLAGS=-trimpath
-# Leave GOMODCACHE, GOCACHE and GOPROXY at whatever the environment (or Go's defaults) say.
-
-mkdir -p "$bin_dir"
-
-# One build at a time per cache directory.
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$cache_dir/.build-control-plane.lock"
-  if ! flock -n 9; then
-    log "another build holds $cache_dir/.build-control-plane.lock; waiting for it"
-    flock 9
-  fi
-fi
+require_go "install Go (see tools/kube/go.mod for the minimum version)"
+one_build_at_a_time
 
 cd "$module_dir"
 log "resolving versions from $module_dir/go.mod ($(go version))"
@@ -69,44 +49,10 @@ done
 if [[ -x "$kube_dir/kubectl" ]]; then
   log "up to date: $kube_dir"
 else
-  tmp_dir="$kube_dir.partial.$$"
-  rm -rf "$tmp_dir"
-  mkdir -p "$tmp_dir"
-  pkgs=()
-  for cmd in "${kube_cmds[@]}"; do pkgs+=("k8s.io/kubernetes/cmd/$cmd"); done
-  log "building ${kube_cmds[*]} -> $kube_dir (one go build)"
-  start=$SECONDS
-  if ! nice -n 10 go build -ldflags "-s -w$version_ldflags" -o "$tmp_dir/" "${pkgs[@]}"; then
-    rm -rf "$tmp_dir"
-    log "error: go build of the Kubernetes commands failed"
-    exit 1
-  fi
-  rm -rf "$kube_dir"
-  mv "$tmp_dir" "$kube_dir"
-  log "built $kube_dir in $((SECONDS - start))s"
+  go_build_commands "$kube_dir" "-s -w$version_ldflags" "${kube_cmds[@]/#/k8s.io/kubernetes/cmd/}"
 fi
 
-# Builds package $2 into $1 unless $1 already exists. Extra arguments go to `go build`.
-build() {
-  local out="$1" pkg="$2"
-  shift 2
-  if [[ -x "$out" ]]; then
-    log "up to date: $out"
-    return 0
-  fi
-  local tmp="$out.partial.$$"
-  log "building $pkg -> $out"
-  local start=$SECONDS
-  if ! nice -n 10 go build "$@" -o "$tmp" "$pkg"; then
-    rm -f "$tmp"
-    log "error: go build $pkg failed"
-    return 1
-  fi
-  mv -f "$tmp" "$out"
-  log "built $out in $((SECONDS - start))s"
-}
-
-build "$etcd_bin" go.etcd.io/etcd/server/v3 -ldflags "-s -w"
+go_build_binary "$etcd_bin" go.etcd.io/etcd/server/v3 -ldflags "-s -w"
 
 # Stable names: bin/<command> for every Kubernetes command, bin/etcd.
 for cmd in "${kube_cmds[@]}"; do

@@ -67,37 +67,37 @@ go_build() {
     mv -f "$tmp" "$out"
 }
 
-install_flagd() {
+# go_step <name> <output> <package> <ldflags> <module dir> [other input dirs...]: builds the
+# module's package into the output unless its stamp (the inputs' hash and the Go version) is
+# unchanged.
+go_step() {
+    local name="$1" out="$2" pkg="$3" ldflags="$4" dir="$5"
+    shift 4
     require_go
-    local dir="$ROOT/interop/flagd/current"
-    local out="$BIN/flagd-$FLAGD_VERSION/flagd"
     local want
-    want="$(hash_of $(files_under "$dir" "$ROOT/interop/flagd/operator-api")) $(go env GOVERSION)"
+    want="$(hash_of $(files_under "$@")) $(go env GOVERSION)"
     if up_to_date "$out.stamp" "$want" "$out"; then
-        log "flagd $FLAGD_VERSION: up to date"
+        log "$name: up to date"
     else
-        log "flagd $FLAGD_VERSION: go build (a few minutes on a cold cache)"
-        go_build "$dir" github.com/open-feature/flagd/flagd "$out" \
-            "-X main.version=$FLAGD_VERSION -X main.commit=module-proxy -X main.date=unknown"
+        log "$name: go build (minutes on a cold cache)"
+        go_build "$dir" "$pkg" "$out" "$ldflags"
         printf '%s' "$want" >"$out.stamp"
     fi
+}
+
+install_flagd() {
+    local out="$BIN/flagd-$FLAGD_VERSION/flagd"
+    go_step "flagd $FLAGD_VERSION" "$out" github.com/open-feature/flagd/flagd \
+        "-X main.version=$FLAGD_VERSION -X main.commit=module-proxy -X main.date=unknown" \
+        "$ROOT/interop/flagd/current" "$ROOT/interop/flagd/operator-api"
     echo "flagd:         $out"
 }
 
 install_flagd_legacy() {
-    require_go
-    local dir="$ROOT/interop/flagd/legacy"
     local out="$BIN/flagd-$FLAGD_LEGACY_VERSION/flagd"
-    local want
-    want="$(hash_of $(files_under "$dir")) $(go env GOVERSION)"
-    if up_to_date "$out.stamp" "$want" "$out"; then
-        log "flagd $FLAGD_LEGACY_VERSION: up to date"
-    else
-        log "flagd $FLAGD_LEGACY_VERSION: go build"
-        go_build "$dir" github.com/open-feature/flagd "$out" \
-            "-X main.version=$FLAGD_LEGACY_VERSION -X main.commit=module-proxy -X main.date=unknown"
-        printf '%s' "$want" >"$out.stamp"
-    fi
+    go_step "flagd $FLAGD_LEGACY_VERSION" "$out" github.com/open-feature/flagd \
+        "-X main.version=$FLAGD_LEGACY_VERSION -X main.commit=module-proxy -X main.date=unknown" \
+        "$ROOT/interop/flagd/legacy"
     echo "old flagd:     $out"
 }
 
@@ -122,18 +122,8 @@ install_go() {
 }
 
 install_go_legacy() {
-    require_go
-    local dir="$ROOT/interop/go/legacy"
     local out="$BIN/interop-go-legacy/flagd-proxy-interop-go-legacy"
-    local want
-    want="$(hash_of $(files_under "$dir")) $(go env GOVERSION)"
-    if up_to_date "$out.stamp" "$want" "$out"; then
-        log "go-legacy: up to date"
-    else
-        log "go-legacy: go build"
-        go_build "$dir" . "$out" ""
-        printf '%s' "$want" >"$out.stamp"
-    fi
+    go_step go-legacy "$out" . "" "$ROOT/interop/go/legacy"
     echo "old go client: $out"
 }
 

@@ -10,49 +10,20 @@
 # downloaded.
 set -euo pipefail
 
+tool=install-helm
+source "$(dirname "${BASH_SOURCE[0]}")/go-tool.sh"
+
 version="${HELM_VERSION:-v3.22.0}"
-cache_dir="${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}"
-bin_dir="$cache_dir/bin"
 target_dir="$bin_dir/helm-$version"
 target="$target_dir/helm"
-
-log() { printf '[install-helm] %s\n' "$*" >&2; }
-
-mkdir -p "$bin_dir"
 
 link() {
   ln -sfn "helm-$version/helm" "$bin_dir/helm"
   log "ready: $bin_dir/helm -> helm-$version/helm ($("$target" version --short 2>/dev/null || echo '?'))"
 }
 
-if [[ -x "$target" ]]; then
-  log "up to date: $target"
-  link
-  exit 0
-fi
-
-if ! command -v go >/dev/null 2>&1; then
-  log "error: the 'go' command is not on PATH; install Go to build helm"
-  exit 1
-fi
-
-# One build at a time per cache directory.
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$cache_dir/.install-helm.lock"
-  if ! flock -n 9; then
-    log "another build holds $cache_dir/.install-helm.lock; waiting for it"
-    flock 9
-  fi
-  if [[ -x "$target" ]]; then
-    log "up to date: $target (built while waiting)"
-    link
-    exit 0
-  fi
-fi
-
-export CGO_ENABLED=0
-export GOFLAGS=-trimpath
-# Leave GOMODCACHE, GOCACHE and GOPROXY at whatever the environment (or Go's defaults) say.
+exit_if_built "$target" test -x "$target"
+require_go "install Go to build helm"
 
 # Build into a scratch directory first, so an interrupted build never leaves a half-written
 # binary where the tests look for it.

@@ -13,21 +13,14 @@
 # module proxy (GOPROXY as configured); nothing else is downloaded.
 set -euo pipefail
 
+tool=install-prometheus
+source "$(dirname "${BASH_SOURCE[0]}")/go-tool.sh"
+require_go "install Go to build prometheus"
+
 version="${PROMETHEUS_VERSION:-v0.316.0}"
 module="github.com/prometheus/prometheus"
-cache_dir="${FLAGD_PROXY_CACHE:-$HOME/.cache/flagd-proxy}"
-bin_dir="$cache_dir/bin"
-
-log() { printf '[install-prometheus] %s\n' "$*" >&2; }
-
-if ! command -v go >/dev/null 2>&1; then
-  log "error: the 'go' command is not on PATH; install Go to build prometheus"
-  exit 1
-fi
-
 key="$(go version | sha256sum | cut -c1-12)"
 target_dir="$bin_dir/prometheus-$version-$key"
-mkdir -p "$bin_dir"
 
 link() {
   for cmd in prometheus promtool; do
@@ -36,29 +29,8 @@ link() {
   log "ready: $bin_dir/prometheus, $bin_dir/promtool -> $(basename "$target_dir")"
 }
 
-if [[ -x "$target_dir/promtool" && -x "$target_dir/prometheus" ]]; then
-  log "up to date: $target_dir"
-  link
-  exit 0
-fi
-
-# One build at a time per cache directory.
-if command -v flock >/dev/null 2>&1; then
-  exec 9>"$cache_dir/.install-prometheus.lock"
-  if ! flock -n 9; then
-    log "another build holds $cache_dir/.install-prometheus.lock; waiting for it"
-    flock 9
-  fi
-  if [[ -x "$target_dir/promtool" && -x "$target_dir/prometheus" ]]; then
-    log "up to date: $target_dir (built while waiting)"
-    link
-    exit 0
-  fi
-fi
-
-export CGO_ENABLED=0
-export GOFLAGS=-trimpath
-# Leave GOMODCACHE, GOCACHE and GOPROXY at whatever the environment (or Go's defaults) say.
+built() { [[ -x "$target_dir/promtool" && -x "$target_dir/prometheus" ]]; }
+exit_if_built "$target_dir" built
 
 # Build into a scratch directory first, so an interrupted build never leaves a half-written
 # binary where the tests look for it. Outside any Go module of the caller's, so that only

@@ -7,7 +7,7 @@ use flagd_proxy_testkit as support;
 use std::io::Read;
 
 use serde_json::{Value, json};
-use support::client::{channel, legacy, next, v1, with_selector};
+use support::client::{self, channel, fetch, legacy, next, v1, with_selector};
 use support::flag_sets::realistic_flags;
 use support::{EVENT_TIMEOUT, Proxy, write_manifest};
 use tokio::io::AsyncWriteExt;
@@ -331,11 +331,9 @@ async fn a_version_asked_for_in_every_form_is_held_once() {
                 v1 = v1.accept_compressed(CompressionEncoding::Gzip);
                 legacy = legacy.accept_compressed(CompressionEncoding::Gzip);
             }
-            let mut stream = v1
-                .sync_flags(with_selector(v1::SyncFlagsRequest::default(), &selector))
+            let mut stream = client::open(&mut v1, &selector)
                 .await
-                .expect("a flagd.sync.v1 stream")
-                .into_inner();
+                .expect("a flagd.sync.v1 stream");
             let document = next(&mut stream).await.flag_configuration;
             held.push(Box::new(stream) as Box<dyn Send>);
             let mut stream = legacy
@@ -348,14 +346,7 @@ async fn a_version_asked_for_in_every_form_is_held_once() {
                 .into_inner();
             assert_eq!(next(&mut stream).await.flag_configuration, document);
             held.push(Box::new(stream));
-            let fetched = v1
-                .fetch_all_flags(with_selector(
-                    v1::FetchAllFlagsRequest::default(),
-                    &selector,
-                ))
-                .await
-                .expect("FetchAllFlags")
-                .into_inner();
+            let fetched = fetch(&mut v1, &selector).await.expect("FetchAllFlags");
             assert_eq!(fetched.flag_configuration, document);
         }
     }

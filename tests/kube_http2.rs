@@ -7,7 +7,9 @@ use flagd_proxy_testkit as support;
 use flagd_proxy::protocol::client::flagd_sync_v1 as v1;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::json;
+use support::client::open_in_body;
 use support::control_plane::{self, connections_to, feature_flag_resource};
+use support::or_return;
 use support::{EVENT_TIMEOUT, Proxy, eventually};
 use tonic::Code;
 use tonic::transport::Channel;
@@ -27,14 +29,7 @@ async fn first_answer(
     mut client: FlagSyncServiceClient<Channel>,
     selector: String,
 ) -> Result<tonic::Streaming<v1::SyncFlagsResponse>, tonic::Status> {
-    let request = v1::SyncFlagsRequest {
-        selector: selector.clone(),
-        ..Default::default()
-    };
-    let mut stream = tokio::time::timeout(EVENT_TIMEOUT, client.sync_flags(request))
-        .await
-        .expect("the proxy answers SyncFlags")?
-        .into_inner();
+    let mut stream = open_in_body(&mut client, &selector).await?;
     let first = tokio::time::timeout(EVENT_TIMEOUT, stream.message())
         .await
         .expect("a first answer in time")?;
@@ -43,10 +38,9 @@ async fn first_answer(
 }
 
 #[tokio::test(flavor = "multi_thread")]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn watches_share_http2_connections_to_the_api_server() {
-    let Some(cp) = control_plane::start_or_skip().await else {
-        return;
-    };
+    let cp = or_return!(control_plane::start_or_skip().await);
     cp.create_namespace("many").await;
     cp.grant_proxy_namespace("many").await;
     let api: Api<DynamicObject> =

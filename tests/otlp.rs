@@ -17,6 +17,7 @@ use kube::api::{Api, PostParams};
 use serde_json::Value;
 use support::client::{Client, channel, default_variant, next, open, v1};
 use support::control_plane::{self, feature_flag_object, feature_flag_resource};
+use support::or_return;
 use support::otelcol::{self, Collector, ReceiverTls, attribute};
 use support::{Proxy, TestCa, eventually, string_flag, write_manifest};
 
@@ -116,10 +117,9 @@ fn number(metric: &Value, kind: &str) -> Option<f64> {
 }
 
 #[tokio::test]
+#[ignore = "needs an OpenTelemetry Collector: scripts/test installs it"]
 async fn metrics_and_spans_of_both_tiers_reach_a_real_collector() {
-    let Some(bin) = otelcol::find_or_skip() else {
-        return;
-    };
+    let bin = or_return!(otelcol::find_or_skip());
     let collector = Collector::start(&bin, None).await;
     let endpoint = format!("http://127.0.0.1:{}", collector.port);
     let dir = tempfile::tempdir().expect("tempdir");
@@ -252,10 +252,9 @@ async fn metrics_and_spans_of_both_tiers_reach_a_real_collector() {
 }
 
 #[tokio::test]
+#[ignore = "needs an OpenTelemetry Collector: scripts/test installs it"]
 async fn exports_over_tls_with_the_collectors_ca_and_fail_without_it_while_serving() {
-    let Some(bin) = otelcol::find_or_skip() else {
-        return;
-    };
+    let bin = or_return!(otelcol::find_or_skip());
     let ca = TestCa::new();
     let collector = Collector::start(
         &bin,
@@ -317,13 +316,10 @@ async fn exports_over_tls_with_the_collectors_ca_and_fail_without_it_while_servi
 /// The Kubernetes source's attempts to reach the API server: the first list, then, while the
 /// API server is stopped, failed attempts, and once it is started again, one that worked.
 #[tokio::test]
+#[ignore = "needs an OpenTelemetry Collector, etcd and kube-apiserver: scripts/test installs them"]
 async fn kubernetes_watch_attempts_are_spans_through_an_api_server_restart() {
-    let Some(bin) = otelcol::find_or_skip() else {
-        return;
-    };
-    let Some(mut cp) = control_plane::start_or_skip().await else {
-        return;
-    };
+    let bin = or_return!(otelcol::find_or_skip());
+    let mut cp = or_return!(control_plane::start_or_skip().await);
     let collector = Collector::start(&bin, None).await;
     let endpoint = format!("http://127.0.0.1:{}", collector.port);
     cp.grant_proxy_cluster_wide().await;

@@ -8,7 +8,7 @@ use flagd_proxy::introspection::ResourceStatus;
 use serde_json::json;
 use support::client::{
     Client, LegacyClient, assert_status, client, default_variant, fetch, legacy, legacy_client,
-    next, open, v1, with_selector,
+    next, open, open_in_body, open_legacy, v1, with_selector,
 };
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_color, write_manifest};
 use tonic::transport::Channel;
@@ -51,10 +51,7 @@ async fn header_selector_stream_gets_snapshot_then_each_real_change() {
     let context = first
         .sync_context
         .expect("sync_context set on every message");
-    assert_eq!(
-        context.fields["selector"].kind,
-        Some(prost_types::value::Kind::StringValue(SELECTOR.into()))
-    );
+    assert_eq!(context.fields["selector"].kind, text(SELECTOR));
 
     // Updating the resource so that its flag configuration stays byte-identical is not a
     // change: no new version, no message; the next message is the real change.
@@ -133,15 +130,7 @@ async fn wait_for_demo(proxy: &Proxy, availability: &str) -> ResourceStatus {
 async fn body_selector_works_without_header() {
     let (_dir, proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
-    let request = v1::SyncFlagsRequest {
-        provider_id: String::new(),
-        selector: SELECTOR.into(),
-    };
-    let mut stream = client
-        .sync_flags(request)
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open_in_body(&mut client, SELECTOR).await.expect("stream");
     assert_eq!(next_color(&mut stream).await, "red");
 }
 
@@ -149,15 +138,7 @@ async fn body_selector_works_without_header() {
 async fn legacy_protocol_sends_sync_state_all() {
     let (dir, proxy) = manifests_proxy().await;
     let mut client = legacy_client(&proxy).await;
-    let request = legacy::SyncFlagsRequest {
-        provider_id: String::new(),
-        selector: SELECTOR.into(),
-    };
-    let mut stream = client
-        .sync_flags(request)
-        .await
-        .expect("stream")
-        .into_inner();
+    let mut stream = open_legacy(&mut client, SELECTOR).await.expect("stream");
     let first = next(&mut stream).await;
     assert_eq!(first.state, legacy::SyncState::All as i32);
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
@@ -195,18 +176,7 @@ async fn legacy_protocol_sends_sync_state_all() {
 async fn get_metadata_and_fetch_all_flags() {
     let (_dir, proxy) = manifests_proxy().await;
     let mut client = client(&proxy).await;
-    let metadata = client
-        .get_metadata(v1::GetMetadataRequest {})
-        .await
-        .expect("metadata")
-        .into_inner();
-    assert!(
-        metadata
-            .metadata
-            .expect("metadata is set")
-            .fields
-            .contains_key("proxy")
-    );
+    assert!(metadata(&mut client).await.fields.contains_key("proxy"));
 
     let fetched = fetch(&mut client, SELECTOR).await.expect("fetch");
     assert_eq!(default_variant(&fetched.flag_configuration, "color"), "red");
@@ -251,11 +221,7 @@ async fn invalid_selectors_get_invalid_argument_with_the_accepted_form() {
         "core.openfeature.dev/only-namespace",
         "",
     ] {
-        let status = client
-            .sync_flags(v1::SyncFlagsRequest {
-                provider_id: String::new(),
-                selector: selector.into(),
-            })
+        let status = open_in_body(&mut client, selector)
             .await
             .expect_err(selector);
         assert_eq!(
@@ -292,14 +258,9 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
         .await
         .expect("source= in the header");
     assert_eq!(next_color(&mut stream).await, "red");
-    let mut stream = client
-        .sync_flags(v1::SyncFlagsRequest {
-            provider_id: String::new(),
-            selector: source.clone(),
-        })
+    let mut stream = open_in_body(&mut client, &source)
         .await
-        .expect("source= in the body")
-        .into_inner();
+        .expect("source= in the body");
     let first = next(&mut stream).await;
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
     let fetched = fetch(&mut client, &source)
@@ -326,23 +287,47 @@ async fn flagds_source_selector_works_in_header_and_body_and_flag_sets_are_refus
     );
 }
 
-#[tokio::test]
-async fn context_values_are_in_every_sync_context_and_in_get_metadata() {
+/// A proxy on `default/demo` (red) with the flags `extra` and a config file that holds `config`,
+/// and its directory.
+async fn demo_proxy_with_config(config: &str, extra: &[&str]) -> (tempfile::TempDir, Proxy) {
     let dir = tempfile::tempdir().expect("tempdir");
     write_demo(dir.path(), "red");
-    let config = dir.path().join("config.yaml");
-    std::fs::write(&config, "context-value:\n  tier: gold\n").expect("config file");
-    let proxy = Proxy::start(&[
-        "--manifests",
-        dir.path().to_str().expect("utf-8"),
-        "--context-value",
-        "region=eu-west",
-        "--context-value=cluster=prod-1",
-        "--config",
-        config.to_str().expect("utf-8"),
-    ])
+    let config_file = dir.path().join("config.yaml");
+    std::fs::write(&config_file, config).expect("config file");
+    let mut args = vec!["--manifests", dir.path().to_str().expect("utf-8")];
+    args.extend_from_slice(extra);
+    args.extend(["--config", config_file.to_str().expect("utf-8")]);
+    let proxy = Proxy::start(&args).await;
+    (dir, proxy)
+}
+
+/// What `GetMetadata` answers.
+async fn metadata(client: &mut Client) -> prost_types::Struct {
+    client
+        .get_metadata(v1::GetMetadataRequest {})
+        .await
+        .expect("metadata")
+        .into_inner()
+        .metadata
+        .expect("metadata is set")
+}
+
+/// `s` as the kind of a protobuf value: how sync contexts and metadata carry strings.
+fn text(s: &str) -> Option<prost_types::value::Kind> {
+    Some(prost_types::value::Kind::StringValue(s.into()))
+}
+
+#[tokio::test]
+async fn context_values_are_in_every_sync_context_and_in_get_metadata() {
+    let (dir, proxy) = demo_proxy_with_config(
+        "context-value:\n  tier: gold\n",
+        &[
+            "--context-value",
+            "region=eu-west",
+            "--context-value=cluster=prod-1",
+        ],
+    )
     .await;
-    let string = |s: &str| Some(prost_types::value::Kind::StringValue(s.into()));
     let mut client = client(&proxy).await;
     let mut stream = open(&mut client, SELECTOR).await.expect("stream");
     for variant in ["red", "blue"] {
@@ -356,47 +341,24 @@ async fn context_values_are_in_every_sync_context_and_in_get_metadata() {
         );
         let context = message.sync_context.expect("sync_context");
         // The command line's entries; the file's key is overridden by the command line's.
-        assert_eq!(context.fields["region"].kind, string("eu-west"));
-        assert_eq!(context.fields["cluster"].kind, string("prod-1"));
+        assert_eq!(context.fields["region"].kind, text("eu-west"));
+        assert_eq!(context.fields["cluster"].kind, text("prod-1"));
         assert!(!context.fields.contains_key("tier"), "{context:?}");
-        assert_eq!(context.fields["selector"].kind, string(SELECTOR));
-        assert_eq!(context.fields["proxy"].kind, string("flagd-proxy"));
+        assert_eq!(context.fields["selector"].kind, text(SELECTOR));
+        assert_eq!(context.fields["proxy"].kind, text("flagd-proxy"));
     }
-    let metadata = client
-        .get_metadata(v1::GetMetadataRequest {})
-        .await
-        .expect("metadata")
-        .into_inner()
-        .metadata
-        .expect("metadata is set");
-    assert_eq!(metadata.fields["region"].kind, string("eu-west"));
-    assert_eq!(metadata.fields["cluster"].kind, string("prod-1"));
+    let metadata = metadata(&mut client).await;
+    assert_eq!(metadata.fields["region"].kind, text("eu-west"));
+    assert_eq!(metadata.fields["cluster"].kind, text("prod-1"));
 }
 
 #[tokio::test]
 async fn context_values_from_the_config_file() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    write_demo(dir.path(), "red");
-    let config = dir.path().join("config.yaml");
-    std::fs::write(&config, "context-value:\n  tier: gold\n  zone: a\n").expect("config file");
-    let proxy = Proxy::start(&[
-        "--manifests",
-        dir.path().to_str().expect("utf-8"),
-        "--config",
-        config.to_str().expect("utf-8"),
-    ])
-    .await;
-    let metadata = client(&proxy)
-        .await
-        .get_metadata(v1::GetMetadataRequest {})
-        .await
-        .expect("metadata")
-        .into_inner()
-        .metadata
-        .expect("metadata is set");
-    let string = |s: &str| Some(prost_types::value::Kind::StringValue(s.into()));
-    assert_eq!(metadata.fields["tier"].kind, string("gold"));
-    assert_eq!(metadata.fields["zone"].kind, string("a"));
+    let (_dir, proxy) =
+        demo_proxy_with_config("context-value:\n  tier: gold\n  zone: a\n", &[]).await;
+    let metadata = metadata(&mut client(&proxy).await).await;
+    assert_eq!(metadata.fields["tier"].kind, text("gold"));
+    assert_eq!(metadata.fields["zone"].kind, text("a"));
 }
 
 /// A channel to the proxy's unix socket.
@@ -453,14 +415,9 @@ async fn unix_socket_serves_both_protocols_and_health_and_is_removed_on_shutdown
         .expect("flagd.sync.v1 over the socket");
     assert_eq!(next_color(&mut stream).await, "red");
     let mut legacy_client = LegacyClient::new(channel.clone());
-    let mut legacy_stream = legacy_client
-        .sync_flags(legacy::SyncFlagsRequest {
-            provider_id: String::new(),
-            selector: SELECTOR.into(),
-        })
+    let mut legacy_stream = open_legacy(&mut legacy_client, SELECTOR)
         .await
-        .expect("sync.v1 over the socket")
-        .into_inner();
+        .expect("sync.v1 over the socket");
     let first = next(&mut legacy_stream).await;
     assert_eq!(default_variant(&first.flag_configuration, "color"), "red");
     let mut health = HealthClient::new(channel);

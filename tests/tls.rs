@@ -48,10 +48,15 @@ fn demo_manifests() -> tempfile::TempDir {
 
 /// A TLS proxy (certificate from `ca`) serving `default/demo` with `color` = red.
 async fn tls_proxy(ca: &TestCa, extra: &[&str]) -> (tempfile::TempDir, Proxy) {
-    let dir = demo_manifests();
     let mut all = ca.proxy_args();
     all.extend(extra.iter().map(|s| (*s).to_owned()));
-    let args = args(&dir, &all);
+    demo_proxy(&all).await
+}
+
+/// A proxy on [`demo_manifests`] with the flags `extra`, and its manifests directory.
+async fn demo_proxy(extra: &[String]) -> (tempfile::TempDir, Proxy) {
+    let dir = demo_manifests();
+    let args = args(&dir, extra);
     let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
     (dir, proxy)
 }
@@ -77,10 +82,8 @@ async fn open_demo(channel: Channel) -> tonic::Streaming<v1::SyncFlagsResponse> 
 
 #[tokio::test]
 async fn serves_tls_and_rotates_certificates_without_dropping_streams() {
-    let dir = demo_manifests();
     let first_ca = TestCa::new();
-    let args = args(&dir, &first_ca.proxy_args());
-    let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let (dir, proxy) = demo_proxy(&first_ca.proxy_args()).await;
 
     let mut stream = red_stream(proxy.port, trusting(&first_ca.ca_cert), "TLS connect").await;
 
@@ -307,9 +310,7 @@ async fn measure_subscribers() {
     let ca = TestCa::new();
     let limit = ["--max-connections-per-address", "5000"];
     let (_tls_dir, tls) = tls_proxy(&ca, &limit).await;
-    let plain_dir = demo_manifests();
-    let plain_args = args(&plain_dir, &limit.map(str::to_owned));
-    let plain = Proxy::start(&plain_args.iter().map(String::as_str).collect::<Vec<_>>()).await;
+    let (_plain_dir, plain) = demo_proxy(&limit.map(str::to_owned)).await;
     let settle = || tokio::time::sleep(Duration::from_secs(3));
     settle().await;
     let (tls_base, plain_base) = (tls.rss_bytes(), plain.rss_bytes());
@@ -336,10 +337,10 @@ async fn measure_subscribers() {
 /// still alive with its first subscriber served. Run it with the proxy in a memory cgroup at a
 /// tier's limit and that tier's budget (`FLAGD_PROXY_TEST_MEMORY_CGROUP`,
 /// `FLAGD_PROXY_MEMORY_BUDGET`; docs/security.md) and a release build: `cargo test --release
-/// --test tls fill_the_budget_with_subscribers -- --ignored --nocapture`.
+/// --test tls measure_the_budget_filled_with_subscribers -- --ignored --nocapture`.
 #[tokio::test]
 #[ignore = "a measurement: prints figures, asserts none"]
-async fn fill_the_budget_with_subscribers() {
+async fn measure_the_budget_filled_with_subscribers() {
     const MOST: usize = 20_000;
     let ca = TestCa::new();
     let limit = ["--max-connections-per-address", "50000"];
@@ -347,10 +348,7 @@ async fn fill_the_budget_with_subscribers() {
         let (dir, proxy) = if tls {
             tls_proxy(&ca, &limit).await
         } else {
-            let dir = demo_manifests();
-            let args = args(&dir, &limit.map(str::to_owned));
-            let proxy = Proxy::start(&args.iter().map(String::as_str).collect::<Vec<_>>()).await;
-            (dir, proxy)
+            demo_proxy(&limit.map(str::to_owned)).await
         };
         let mut held = Vec::new();
         let refused = loop {

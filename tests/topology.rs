@@ -12,6 +12,7 @@ use serde_json::json;
 use support::control_plane::{
     ControlPlane, feature_flag_object, feature_flag_resource, start_or_skip,
 };
+use support::or_return;
 use support::{EVENT_TIMEOUT, Proxy, string_flag};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
@@ -132,10 +133,9 @@ impl Drop for Balancer {
 }
 
 #[tokio::test]
+#[ignore = "needs etcd, kube-apiserver and the JS provider: scripts/test installs them"]
 async fn topologies_with_a_real_client() {
-    let Some(cp) = start_or_skip().await else {
-        return;
-    };
+    let cp = or_return!(start_or_skip().await);
     cp.grant_proxy_cluster_wide().await;
     cp.create_namespace("shop").await;
     let flags: Api<DynamicObject> =
@@ -190,9 +190,7 @@ async fn topologies_with_a_real_client() {
     let replica_a = central(&cp, &age).await;
     let replica_b = central(&cp, &age).await;
     let balancer = Balancer::start(vec![replica_a.port, replica_b.port]).await;
-    let Some(mut client) = JsClient::start(balancer.port, selector) else {
-        return;
-    };
+    let mut client = or_return!(JsClient::start(balancer.port, selector));
     client.wait_for("green").await;
     const SENT: &str = "flagd_proxy_updates_sent_total{protocol=\"flagd.sync.v1\"}";
     support::eventually("the client's stream moves to the other replica", || async {

@@ -70,14 +70,46 @@ pub async fn fetch(
         .map(tonic::Response::into_inner)
 }
 
-/// Opens a `flagd.sync.v1` `SyncFlags` stream for `selector` (in the header). A stream refused
-/// before its first message is an `Err`.
-pub async fn open(
-    client: &mut Client,
-    selector: &str,
-) -> Result<Streaming<v1::SyncFlagsResponse>, Status> {
+/// A `SyncFlags` stream just opened, or the status it was refused with before its first message.
+pub type Opened<T> = Result<Streaming<T>, Status>;
+
+/// Opens a `flagd.sync.v1` `SyncFlags` stream for `selector` (in the header).
+pub async fn open(client: &mut Client, selector: &str) -> Opened<v1::SyncFlagsResponse> {
     let request = with_selector(v1::SyncFlagsRequest::default(), selector);
-    tokio::time::timeout(EVENT_TIMEOUT, client.sync_flags(request))
+    answered(client.sync_flags(request)).await
+}
+
+/// Opens a `flagd.sync.v1` `SyncFlags` stream with `selector` in the request's body, as a
+/// provider that sends no header does.
+pub async fn open_in_body(client: &mut Client, selector: &str) -> Opened<v1::SyncFlagsResponse> {
+    let selector = selector.to_owned();
+    answered(client.sync_flags(v1::SyncFlagsRequest {
+        selector,
+        ..Default::default()
+    }))
+    .await
+}
+
+/// Opens a `sync.v1` (legacy) `SyncFlags` stream with `selector` in the request's body, where
+/// that protocol's clients send it.
+pub async fn open_legacy(
+    client: &mut LegacyClient,
+    selector: &str,
+) -> Opened<legacy::SyncFlagsResponse> {
+    let selector = selector.to_owned();
+    answered(client.sync_flags(legacy::SyncFlagsRequest {
+        selector,
+        ..Default::default()
+    }))
+    .await
+}
+
+/// What a `SyncFlags` call opened; panics when the proxy does not answer within
+/// [`EVENT_TIMEOUT`].
+async fn answered<T>(
+    call: impl Future<Output = Result<tonic::Response<Streaming<T>>, Status>>,
+) -> Opened<T> {
+    tokio::time::timeout(EVENT_TIMEOUT, call)
         .await
         .expect("the proxy answers SyncFlags")
         .map(tonic::Response::into_inner)

@@ -22,7 +22,7 @@ use std::ops::Deref;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{ChildStdin, Command, Stdio};
-use std::sync::{Mutex, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard, mpsc};
+use std::sync::{Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, mpsc};
 use std::time::{Duration, Instant};
 
 use super::control_plane::{bin_dir, cache_dir, test_data};
@@ -68,31 +68,24 @@ static CLUSTER: OnceLock<Result<Cluster, Unavailable>> = OnceLock::new();
 /// users hold the read side for their whole test, a disruptive one the write side.
 static TURNS: RwLock<()> = RwLock::new(());
 
-/// The cluster, shared with the other tests of the process: nothing disrupts it meanwhile.
-pub struct SharedCluster {
+/// The cluster while a test holds `Turn`, its side of [`TURNS`].
+pub struct HeldCluster<Turn> {
     cluster: &'static Cluster,
-    _turn: RwLockReadGuard<'static, ()>,
+    _turn: Turn,
 }
 
-impl Deref for SharedCluster {
+impl<Turn> Deref for HeldCluster<Turn> {
     type Target = Cluster;
     fn deref(&self) -> &Cluster {
         self.cluster
     }
 }
+
+/// The cluster, shared with the other tests of the process: nothing disrupts it meanwhile.
+pub type SharedCluster = HeldCluster<RwLockReadGuard<'static, ()>>;
 
 /// The cluster with no other test using it: only this may disrupt it.
-pub struct ExclusiveCluster {
-    cluster: &'static Cluster,
-    _turn: RwLockWriteGuard<'static, ()>,
-}
-
-impl Deref for ExclusiveCluster {
-    type Target = Cluster;
-    fn deref(&self) -> &Cluster {
-        self.cluster
-    }
-}
+pub type ExclusiveCluster = HeldCluster<RwLockWriteGuard<'static, ()>>;
 
 impl ExclusiveCluster {
     /// Stops the API server and starts it again (`flagd-proxy-cluster restart-apiserver`);
@@ -193,22 +186,21 @@ pub fn missing_dependencies() -> Vec<String> {
 /// needs is missing this panics if `CI` is set and otherwise prints a notice and returns `None`.
 /// A cluster that fails to start panics.
 pub fn cluster_or_skip() -> Option<SharedCluster> {
-    let cluster = started_cluster()?;
-    let turn = TURNS.read().unwrap_or_else(|e| e.into_inner());
-    Some(SharedCluster {
-        cluster,
-        _turn: turn,
-    })
+    held_cluster(|| TURNS.read().unwrap_or_else(PoisonError::into_inner))
 }
 
 /// Like [`cluster_or_skip`], but once every other test of this process has given the cluster up
 /// and until the returned value is dropped: for a test that disrupts the cluster itself.
 pub fn exclusive_cluster_or_skip() -> Option<ExclusiveCluster> {
+    held_cluster(|| TURNS.write().unwrap_or_else(PoisonError::into_inner))
+}
+
+/// The started cluster (or `None` after a skip), once `take_turn` has taken this test's turn.
+fn held_cluster<Turn>(take_turn: impl FnOnce() -> Turn) -> Option<HeldCluster<Turn>> {
     let cluster = started_cluster()?;
-    let turn = TURNS.write().unwrap_or_else(|e| e.into_inner());
-    Some(ExclusiveCluster {
+    Some(HeldCluster {
         cluster,
-        _turn: turn,
+        _turn: take_turn(),
     })
 }
 

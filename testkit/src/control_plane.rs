@@ -44,7 +44,8 @@ pub(crate) mod processes;
 mod rbac;
 
 pub use self::binaries::{
-    Binaries, TestDataMissing, bin_dir, cache_dir, find_binaries, test_data, test_data_or_skip,
+    Binaries, TestDataMissing, bin_dir, cache_dir, find_binaries, java_class_path, test_data,
+    test_data_or_skip,
 };
 use self::credentials::{client_from_kubeconfig, write_credentials};
 pub use self::processes::free_port;

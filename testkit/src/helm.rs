@@ -106,3 +106,14 @@ impl ChartRenderer {
         }
     }
 }
+
+/// The port named `name` of a Service object (as `helm template` renders it or the API server
+/// returns it); panics when it has none.
+pub fn service_port<'a>(service: &'a Value, name: &str) -> &'a Value {
+    service["spec"]["ports"]
+        .as_array()
+        .expect("ports")
+        .iter()
+        .find(|p| p["name"] == name)
+        .unwrap_or_else(|| panic!("the Service has no port {name:?}: {service}"))
+}

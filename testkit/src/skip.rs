@@ -1,7 +1,8 @@
 //! What a test does when something it needs is missing (a tool, test data, root): under `CI` it
-//! fails with the reason, elsewhere it is skipped — and skipped visibly. `cargo test` hides the
-//! output of a passing test, so a skip is also written to `target/skipped-tests.log`, which
-//! `scripts/test` prints at the end of the run.
+//! fails with the reason, elsewhere it is skipped — and skipped visibly. Such a test is
+//! `#[ignore = "needs …"]`, so a plain `cargo test` lists it as ignored, and `scripts/test` runs
+//! it (`--include-ignored`). `cargo test` hides the output of a passing test, so a skip is also
+//! written to `target/skipped-tests.log`, which `scripts/test` prints at the end of the run.
 
 use std::fmt::Display;
 use std::io::Write;
@@ -57,6 +58,19 @@ fn record(in_ci: bool, log: &Path, test: &str, reason: &str) {
     if let Err(error) = appended {
         eprintln!("could not record the skip in {}: {error}", log.display());
     }
+}
+
+/// The value in `found`, an `Option` from a function that records a skip when it gives `None`
+/// (such as [`require`]), or else a return from the calling test:
+/// `let helm = or_return!(ChartRenderer::find_or_skip());`.
+#[macro_export]
+macro_rules! or_return {
+    ($found:expr) => {
+        match $found {
+            Some(value) => value,
+            None => return,
+        }
+    };
 }
 
 /// `found`, or (with its error as the reason) [`skip`] and `None`.

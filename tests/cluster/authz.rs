@@ -3,12 +3,12 @@
 
 use super::steps::*;
 use super::*;
+use flagd_proxy_testkit::or_return;
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn authz_rbac_by_pod_ip_serves_the_allowed_account_and_refuses_its_neighbour() {
-    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
-        return;
-    };
+    let (cluster, flagd_image) = or_return!(with_flagd(cluster_or_skip()));
     let cluster: &Cluster = &cluster;
     let proxy_ns = install_deploy_overlay(cluster, "authz", &["authz-rbac", "authz-pod-ip"]);
 
@@ -73,17 +73,12 @@ fn only_the_allowed_flagd_syncs(
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neighbour() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = or_return!(cluster_or_skip());
     let cluster: &Cluster = &cluster;
-    let Some(helm) = helm_binary() else {
-        return;
-    };
-    let Some(client_image) = cluster.interop_go_image() else {
-        return;
-    };
+    let helm = or_return!(helm_binary());
+    let client_image = or_return!(cluster.interop_go_image());
     cluster.install_crds();
     // The chart's central tier with --authz rbac, accepting only tokens issued for the audience
     // (TokenReview with the audience).
@@ -163,10 +158,9 @@ fn authz_rbac_by_projected_token_serves_the_allowed_account_and_refuses_its_neig
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn node_tier_authorizes_the_pods_of_its_node_while_the_central_trusts_it() {
-    let Some((cluster, flagd_image, helm)) = with_flagd_and_helm() else {
-        return;
-    };
+    let (cluster, flagd_image, helm) = or_return!(with_flagd_and_helm());
     let cluster: &Cluster = &cluster;
     // Both tiers authorize by pod address: the central lets the node proxies (their
     // ServiceAccount may get FeatureFlags) read for their pods, and each node proxy lets a pod

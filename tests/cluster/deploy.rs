@@ -4,12 +4,12 @@
 
 use super::steps::*;
 use super::*;
+use flagd_proxy_testkit::or_return;
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn deploy_kustomization_runs_restricted_and_serves_flagd_through_its_service() {
-    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
-        return;
-    };
+    let (cluster, flagd_image) = or_return!(with_flagd(cluster_or_skip()));
     let cluster: &Cluster = &cluster;
     cluster.proxy_image();
     // deploy/ names the placeholder image with IfNotPresent: give the node our image under it.
@@ -82,11 +82,10 @@ fn deploy_kustomization_runs_restricted_and_serves_flagd_through_its_service() {
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
     // It restarts the API server: no other test may be using the cluster meanwhile.
-    let Some((exclusive, flagd_image)) = with_flagd(exclusive_cluster_or_skip()) else {
-        return;
-    };
+    let (exclusive, flagd_image) = or_return!(with_flagd(exclusive_cluster_or_skip()));
     let cluster: &Cluster = &exclusive;
     let proxy_ns = install_deploy_overlay(cluster, "faults", &[]);
     let proxy = "flagd-proxy-faults";
@@ -210,10 +209,9 @@ fn rollout_pod_deletion_and_apiserver_restart_keep_twenty_flagds_serving() {
 /// keeps evaluating its last flags meanwhile, as flagd's own Kubernetes sync does for a deleted
 /// resource, and gets the resource once it exists again.
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn a_watched_resources_namespace_deleted_and_created_again_serves_it_again() {
-    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
-        return;
-    };
+    let (cluster, flagd_image) = or_return!(with_flagd(cluster_or_skip()));
     let cluster: &Cluster = &cluster;
     let proxy_ns = install_deploy_overlay(cluster, "nsgone", &[]);
     let flags_ns = "cluster-nsgone-flags";
@@ -254,10 +252,9 @@ fn a_watched_resources_namespace_deleted_and_created_again_serves_it_again() {
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
-    let Some((cluster, flagd_image)) = with_flagd(cluster_or_skip()) else {
-        return;
-    };
+    let (cluster, flagd_image) = or_return!(with_flagd(cluster_or_skip()));
     let cluster: &Cluster = &cluster;
     let proxy_ns = "flagd-proxy-tls";
     let service = format!("flagd-proxy-svc-tls.{proxy_ns}.svc.cluster.local");
@@ -309,14 +306,11 @@ fn tls_from_a_secret_serves_flagd_that_verifies_the_service_name() {
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn in_process_go_provider_pod_syncs_through_the_service_name() {
-    let Some(cluster) = cluster_or_skip() else {
-        return;
-    };
+    let cluster = or_return!(cluster_or_skip());
     let cluster: &Cluster = &cluster;
-    let Some(client_image) = cluster.interop_go_image() else {
-        return;
-    };
+    let client_image = or_return!(cluster.interop_go_image());
     cluster.install_crds();
     let proxy_ns = install_deploy_overlay(cluster, "inprocess", &[]);
 

@@ -2,12 +2,12 @@
 
 use super::steps::*;
 use super::*;
+use flagd_proxy_testkit::or_return;
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service() {
-    let Some((cluster, flagd_image, helm)) = with_flagd_and_helm() else {
-        return;
-    };
+    let (cluster, flagd_image, helm) = or_return!(with_flagd_and_helm());
     let cluster: &Cluster = &cluster;
 
     // mode=both: central proxies (Deployment) and a node-local tier (DaemonSet, Service with
@@ -57,9 +57,7 @@ fn helm_chart_in_both_mode_serves_flagd_through_the_central_and_the_node_service
 /// through it (every endpoint of that Service, and the Service's own address) is each proxy
 /// pod's `/metrics`, both tiers labelled apart by the label it copies to the series.
 fn service_monitor_scrapes_every_proxy_pod(cluster: &Cluster, ns: &str, sets: &[&str]) {
-    let Some(renderer) = support::helm::ChartRenderer::find_or_skip() else {
-        return;
-    };
+    let renderer = or_return!(support::helm::ChartRenderer::find_or_skip());
     let mut sets = sets.to_vec();
     sets.push("serviceMonitor.enabled=true");
     let rendered = renderer.render("flagd-proxy", ns, &sets);
@@ -83,12 +81,7 @@ fn service_monitor_scrapes_every_proxy_pod(cluster: &Cluster, ns: &str, sets: &[
     );
     let service = &services[0];
     let name = service["metadata"]["name"].as_str().expect("name");
-    let port = service["spec"]["ports"]
-        .as_array()
-        .expect("ports")
-        .iter()
-        .find(|p| p["name"] == port_name)
-        .unwrap_or_else(|| panic!("Service {name} has no port {port_name:?}: {service}"));
+    let port = support::helm::service_port(service, port_name);
     let service_port = port["port"].as_u64().expect("port");
 
     // The pods the Service selects: both tiers, each with the label the monitor copies.
@@ -165,14 +158,11 @@ fn service_monitor_scrapes_every_proxy_pod(cluster: &Cluster, ns: &str, sets: &[
 }
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn helm_chart_central_and_node_modes_serve_flagd_shapes_and_rpc_providers() {
-    let Some((cluster, flagd_image, helm)) = with_flagd_and_helm() else {
-        return;
-    };
+    let (cluster, flagd_image, helm) = or_return!(with_flagd_and_helm());
     let cluster: &Cluster = &cluster;
-    let Some(client_image) = cluster.interop_go_image() else {
-        return;
-    };
+    let client_image = or_return!(cluster.interop_go_image());
     let (flagd_repository, flagd_tag) = flagd_image.rsplit_once(':').expect("image:tag");
 
     let ns = "cluster-modes";

@@ -16,6 +16,7 @@ use super::steps::*;
 use super::*;
 use support::cluster::{ExclusiveCluster, layout, required_file};
 use support::control_plane::{bin_dir, cache_dir};
+use support::or_return;
 
 const PROXY_NS: &str = "flagd-proxy-rollouts";
 const NS: &str = "cluster-rollouts";
@@ -27,20 +28,13 @@ const COLORS: [&str; 5] = ["red", "blue", "green", "yellow", "purple"];
 const STREAM_DEADLINE_MS: u64 = 599_000;
 
 #[test]
+#[ignore = "needs root and the cluster's binaries: scripts/test installs the binaries"]
 fn real_clients_through_rollouts_of_both_tiers_a_pod_deletion_and_an_apiserver_restart() {
     // It restarts the API server: no other test may be using the cluster meanwhile.
-    let Some((exclusive, flagd_image)) = with_flagd(exclusive_cluster_or_skip()) else {
-        return;
-    };
-    let Some(helm) = helm_binary() else {
-        return;
-    };
-    let Some(go_image) = exclusive.interop_go_image() else {
-        return;
-    };
-    let Some(host_clients) = HostClient::all_installed() else {
-        return;
-    };
+    let (exclusive, flagd_image) = or_return!(with_flagd(exclusive_cluster_or_skip()));
+    let helm = or_return!(helm_binary());
+    let go_image = or_return!(exclusive.interop_go_image());
+    let host_clients = or_return!(HostClient::all_installed());
     if !installed_clients_print_events() {
         return;
     }

@@ -168,19 +168,12 @@ impl Kind {
                 cache.join("target-interop/debug/flagd-proxy-interop-rust"),
             )?))),
             Kind::Java => {
-                let java_home = cache.join("java");
-                file(java_home.join("classes/interop/Client.class"))?;
+                file(cache.join("java/classes/interop/Client.class"))?;
                 if !on_path("java") {
                     return Err(Missing::NotInstalled("`java` is not on PATH".into()));
                 }
                 let mut cmd = StdCommand::new("java");
-                cmd.arg("-cp")
-                    .arg(format!(
-                        "{}:{}/*",
-                        java_home.join("classes").display(),
-                        java_home.join("lib").display()
-                    ))
-                    .arg("interop.Client");
+                cmd.arg("-cp").arg(java_class_path()).arg("interop.Client");
                 Ok(Launch::Stdout(cmd))
             }
             Kind::Go => Ok(Launch::Stdout(StdCommand::new(file(

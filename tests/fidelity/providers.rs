@@ -10,7 +10,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::control_plane::cache_dir;
+use support::control_plane::{cache_dir, java_class_path};
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
@@ -85,19 +85,12 @@ impl Client {
                 "scripts/install-compat.sh go",
             )?),
             Client::Java => {
-                let java = cache.join("java");
                 file(
-                    java.join("classes/interop/Diff.class"),
+                    cache.join("java/classes/interop/Diff.class"),
                     "scripts/install-compat.sh java",
                 )?;
                 let mut cmd = Command::new("java");
-                cmd.arg("-cp")
-                    .arg(format!(
-                        "{}:{}/*",
-                        java.join("classes").display(),
-                        java.join("lib").display()
-                    ))
-                    .arg("interop.Diff");
+                cmd.arg("-cp").arg(java_class_path()).arg("interop.Diff");
                 cmd
             }
             Client::Rust => Command::new(file(

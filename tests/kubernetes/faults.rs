@@ -2,6 +2,7 @@
 //! compaction, the CRD deleted and created again.
 
 use super::*;
+use flagd_proxy_testkit::or_return;
 
 /// A FeatureFlag `ns/flags` (red), a relay in front of the API server and a proxy that reaches
 /// the API server only through it, with one stream that has the first version.
@@ -31,10 +32,9 @@ async fn reads(cp: &ControlPlane) -> u64 {
 /// changes: once the path is back the watch resumes from the last version it saw, without a
 /// list, and delivers the change.
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn a_cut_connection_resumes_the_watch_without_a_list() {
-    let Some((_turn, cp)) = control_plane_or_skip().await else {
-        return;
-    };
+    let (_turn, cp) = or_return!(control_plane_or_skip().await);
     let (relay, proxy, mut stream) = subscribed_through_a_relay(&cp, "cut").await;
     let lists = reads(&cp).await;
 
@@ -56,10 +56,9 @@ async fn a_cut_connection_resumes_the_watch_without_a_list() {
 /// resumes from is gone (410). The proxy lists again, and subscribers get the newest version
 /// next, neither the one in between nor the one they have again.
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn a_watch_resumed_after_compaction_lists_again() {
-    let Some((_turn, mut cp)) = control_plane_or_skip().await else {
-        return;
-    };
+    let (_turn, mut cp) = or_return!(control_plane_or_skip().await);
     let (relay, proxy, mut stream) = subscribed_through_a_relay(&cp, "compaction").await;
     let target = selector("compaction", "flags");
 
@@ -89,10 +88,9 @@ async fn a_watch_resumed_after_compaction_lists_again() {
 /// their flags, and once the path works again the watch comes back with the change made
 /// meanwhile.
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn a_path_that_drops_packets_is_noticed_and_the_watch_comes_back() {
-    let Some((_turn, cp)) = control_plane_or_skip().await else {
-        return;
-    };
+    let (_turn, cp) = or_return!(control_plane_or_skip().await);
     let (relay, proxy, mut stream) = subscribed_through_a_relay(&cp, "blackhole").await;
     let target = selector("blackhole", "flags");
 
@@ -117,10 +115,9 @@ async fn a_path_that_drops_packets_is_noticed_and_the_watch_comes_back() {
 /// The FeatureFlag CRD is deleted (and with it every FeatureFlag) and created again: subscribers
 /// keep their flags meanwhile, and get the resource once it exists again.
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn the_crd_deleted_and_created_again_serves_the_resource_again() {
-    let Some((_turn, cp)) = control_plane_or_skip().await else {
-        return;
-    };
+    let (_turn, cp) = or_return!(control_plane_or_skip().await);
     let proxy = proxy_with_red_flag(&cp, "crd", "flags", &[]).await;
     let target = selector("crd", "flags");
     let (mut client, mut stream) = red_stream(&proxy, &target).await;
@@ -147,10 +144,9 @@ async fn the_crd_deleted_and_created_again_serves_the_resource_again() {
 /// server is down serves a new client the version it delivered last, marked stale, and the
 /// fresh one once the API server is back (the node tier's is in `tests/chaining.rs`).
 #[tokio::test]
+#[ignore = "needs etcd and kube-apiserver: scripts/test installs them"]
 async fn a_proxy_restarted_while_the_api_server_is_down_serves_its_kept_version() {
-    let Some((_turn, mut cp)) = control_plane_or_skip().await else {
-        return;
-    };
+    let (_turn, mut cp) = or_return!(control_plane_or_skip().await);
     let state = tempfile::tempdir().expect("tempdir");
     let state_dir = state.path().to_str().expect("utf-8").to_owned();
     let extra = ["--state-dir", state_dir.as_str()];

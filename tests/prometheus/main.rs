@@ -22,7 +22,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use flagd_proxy_testkit as support;
 use serde_json::{Value, json};
-use support::client::{self, Client, LegacyClient, legacy};
+use support::client::{self, Client, LegacyClient};
+use support::or_return;
 use support::prometheus::{Prometheus, Tools};
 use tonic::transport::{Certificate, ClientTlsConfig};
 
@@ -227,10 +228,9 @@ fn duration_seconds(text: &str) -> u64 {
 }
 
 #[test]
+#[ignore = "needs promtool: scripts/test installs it"]
 fn promtool_checks_the_rules_and_runs_their_unit_tests() {
-    let Some(tools) = Tools::find_or_skip() else {
-        return;
-    };
+    let tools = or_return!(Tools::find_or_skip());
     let (ok, out) = tools.promtool(&root(), &["check", "rules", ALERTS]);
     assert!(ok, "promtool check rules {ALERTS}:\n{out}");
     assert!(
@@ -342,13 +342,10 @@ fn assert_flags_of_the_run(what: &str, flags: &BTreeSet<(String, String)>, seen:
 }
 
 #[tokio::test]
+#[ignore = "needs prometheus, promtool and helm: scripts/test installs them"]
 async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
-    let Some(tools) = Tools::find_or_skip() else {
-        return;
-    };
-    let Some(chart) = operator::Chart::render(RELEASE, RELEASE_NAMESPACE, &[]) else {
-        return;
-    };
+    let tools = or_return!(Tools::find_or_skip());
+    let chart = or_return!(operator::Chart::render(RELEASE, RELEASE_NAMESPACE, &[]));
     let manifests = tempfile::tempdir().expect("a manifests folder");
     let dir = manifests.path();
     for (namespace, name) in FLAGS {
@@ -402,14 +399,10 @@ async fn a_real_prometheus_has_data_for_every_panel_and_the_expected_alerts() {
         let mut stream = client::open(&mut v1, &selector).await.expect("a stream");
         client::next(&mut stream).await;
         streams_v1.push(stream);
-        let mut legacy_stream = LegacyClient::new(channel.clone())
-            .sync_flags(legacy::SyncFlagsRequest {
-                provider_id: String::new(),
-                selector,
-            })
-            .await
-            .expect("a sync.v1 stream")
-            .into_inner();
+        let mut legacy_stream =
+            client::open_legacy(&mut LegacyClient::new(channel.clone()), &selector)
+                .await
+                .expect("a sync.v1 stream");
         client::next(&mut legacy_stream).await;
         streams_legacy.push(legacy_stream);
         channels.push(channel);

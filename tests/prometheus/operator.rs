@@ -223,12 +223,7 @@ fn scrape_config(
         );
     }
     let port_name = endpoint["port"].as_str().expect("a named port");
-    let port = service["spec"]["ports"]
-        .as_array()
-        .expect("ports")
-        .iter()
-        .find(|p| p["name"] == port_name)
-        .unwrap_or_else(|| panic!("the Service has no port {port_name}"));
+    let port = support::helm::service_port(service, port_name);
     let service_name = service["metadata"]["name"].as_str().expect("name");
     let job = spec["jobLabel"]
         .as_str()

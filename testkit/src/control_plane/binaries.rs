@@ -34,6 +34,17 @@ pub fn cache_dir() -> PathBuf {
     }
 }
 
+/// The class path of the Java interop programs that `scripts/install-compat.sh java` builds into
+/// `<cache>/java`: their classes and the jars they run with.
+pub fn java_class_path() -> String {
+    let java = cache_dir().join("java");
+    format!(
+        "{}:{}/*",
+        java.join("classes").display(),
+        java.join("lib").display()
+    )
+}
+
 /// Public data a test reads that is not kept in the repository and is not in the cache.
 #[derive(Debug)]
 pub struct TestDataMissing {

@@ -10,9 +10,9 @@ use std::process::{Child, ChildStdin, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use super::{PROBE_TIMEOUT, READY_TIMEOUT};
+use crate::http_get_whole;
 
 /// Runs a server process under `sh`, which kills it when the pipe on the wrapper's stdin closes:
 /// on [`Supervised::stop`], or when the test process dies. A line on the pipe names a signal to
@@ -144,10 +144,10 @@ pub(super) async fn wait_for_etcd(etcd: &mut Supervised, port: u16) -> anyhow::R
         if let Some(status) = etcd.exited() {
             return Err(etcd.failure(&format!("exited ({status}) before becoming healthy")));
         }
-        let last = match tokio::time::timeout(PROBE_TIMEOUT, plain_http_get(port, "/health")).await
+        let last = match tokio::time::timeout(PROBE_TIMEOUT, http_get_whole(port, "/health")).await
         {
-            Ok(Ok(body)) if body.contains("\"health\":\"true\"") => return Ok(()),
-            Ok(Ok(body)) => body,
+            Ok(Ok((_, body))) if body.contains("\"health\":\"true\"") => return Ok(()),
+            Ok(Ok((status, body))) => format!("{status} {body}"),
             Ok(Err(e)) => e.to_string(),
             Err(_) => "timed out".to_owned(),
         };
@@ -159,17 +159,6 @@ pub(super) async fn wait_for_etcd(etcd: &mut Supervised, port: u16) -> anyhow::R
         tokio::time::sleep(pause).await;
         pause = (pause * 2).min(Duration::from_millis(500));
     }
-}
-
-/// A minimal HTTP/1.0 GET to 127.0.0.1:`port`, returning the whole response.
-pub(super) async fn plain_http_get(port: u16, path: &str) -> std::io::Result<String> {
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port)).await?;
-    stream
-        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
-        .await?;
-    let mut response = Vec::new();
-    stream.read_to_end(&mut response).await?;
-    Ok(String::from_utf8_lossy(&response).into_owned())
 }
 
 /// A port on 127.0.0.1 that was free a moment ago and that this process has not handed out
