@@ -10,14 +10,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
 use crate::args::Args;
+use crate::kit::header::Clock;
 use crate::load;
 use crate::proxy::{Kind, SourceKind};
-use crate::report::{loadavg, machine};
 use crate::scenario::{RunResult, Scenario, run_one};
 use crate::sitting::rust_bin;
 use crate::sources::Documents;
@@ -159,8 +159,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
     let bin = rust_bin(args)?;
     let workdir =
         std::env::temp_dir().join(format!("flagd-proxy-bench-costs-{}", std::process::id()));
-    let load_before = loadavg();
-    let started = Instant::now();
+    let clock = Clock::start();
     let kubernetes = args.source.contains(&SourceKind::Kubernetes);
     let mut runs = Runs::new();
     let mut problems = Vec::new();
@@ -184,11 +183,9 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let costs = UnitCosts::of(&runs, SHARED);
-    let markdown = report(&costs, &runs, &load_before, started.elapsed().as_secs_f64());
-    let json = || {
-        json!({"machine": machine(), "load_before": load_before, "load_after": loadavg(),
-            "costs": costs, "runs": runs})
-    };
+    let header = clock.stop();
+    let markdown = report(&costs, &runs, &header);
+    let json = || header.stamp(json!({"costs": costs, "runs": runs}));
     crate::verdict::publish(args, &workdir, &markdown, json, &problems)
 }
 

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use flagd_proxy::introspection::Process;
 
+use crate::kit::latency::Stats;
 use crate::load::{Dial, Tracker, open_channel, open_stream, subscriber};
 use crate::sampling::{mib, ms, proc_sample};
-use crate::scenario::Stats;
 use crate::sources::Sources;
 
 /// What the storm did to one proxy.

@@ -13,6 +13,7 @@
 //! update or 290 bytes per connection.
 
 use super::probe::Sample;
+use crate::kit::table::{Table, fmt_opt};
 
 /// RSS: allowed growth in MiB (or [`RSS_FRACTION`] of the baseline, if more).
 pub(crate) const RSS_PLUS_MIB: f64 = 32.0;
@@ -190,22 +191,20 @@ pub(crate) fn leaks(judged: &[Judged]) -> Vec<String> {
 
 /// The table of the report.
 pub(crate) fn table(judged: &[Judged]) -> String {
-    let mut out = String::from(
-        "| quantity | baseline | peak during churn | end | tolerance | result |\n|---|---:|---:|---:|---|---|\n",
-    );
+    let header = "quantity | baseline | peak during churn | end | tolerance | result";
+    let mut table = Table::of(header, "lrrrl");
     for j in judged {
-        let cell = |v: Option<f64>| v.map(|v| fmt(v, j.digits)).unwrap_or_else(|| "–".into());
-        out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
-            j.name,
+        let cell = |v: Option<f64>| fmt_opt(v, j.digits);
+        table.row([
+            j.name.to_string(),
             cell(j.baseline),
             cell(j.peak),
             cell(j.end),
-            j.tolerance,
-            if j.pass { "pass" } else { "**FAIL**" }
-        ));
+            j.tolerance.to_string(),
+            (if j.pass { "pass" } else { "**FAIL**" }).to_owned(),
+        ]);
     }
-    out
+    table.markdown()
 }
 
 fn fmt(v: f64, digits: usize) -> String {
