@@ -240,16 +240,12 @@ impl UnitCosts {
         let get = |name: &str| runs.get(name).cloned().unwrap_or_default();
         let (few, many, shared_run, resources) =
             (get("few"), get("many"), get("shared"), get("resources"));
-        let n = |r: &RunResult| r.subscribers_connected.max(1) as f64;
-        // Own connections: the slope of CPU per update over subscribers.
-        let slope = (many.cpu_seconds_per_update - few.cpu_seconds_per_update)
-            / (n(&many) - n(&few)).max(1.0);
-        // Shared connections: one resource with n subscribers costs a version and n
-        // deliveries, R resources with one subscriber each R versions and R deliveries.
-        let per_resource = resources.cpu_seconds_per_update / n(&resources);
-        let shared_delivery =
-            (shared_run.cpu_seconds_per_update - per_resource) / (n(&shared_run) - 1.0).max(1.0);
-        let per_version = per_resource - shared_delivery;
+        let n = subscribers;
+        let Split {
+            slope,
+            shared_delivery,
+            per_version,
+        } = Split::of(&few, &many, &shared_run, &resources);
         let delivery = |r: &RunResult| (r.cpu_seconds_per_update - per_version) / n(r);
         // Memory: a = connection + stream; b = connection / k + stream.
         let (a, b, k) = (
@@ -296,6 +292,38 @@ impl UnitCosts {
                 / n(&shared_run)
                 * 1e6,
             streams_per_shared_connection: shared,
+        }
+    }
+}
+
+/// Subscribers of a probe, at least one.
+fn subscribers(r: &RunResult) -> f64 {
+    r.subscribers_connected.max(1) as f64
+}
+
+/// The CPU per update split into its parts (s): per delivery on own connections (the slope
+/// over subscribers), per delivery on a shared connection, and per version.
+struct Split {
+    slope: f64,
+    shared_delivery: f64,
+    per_version: f64,
+}
+
+impl Split {
+    fn of(few: &RunResult, many: &RunResult, shared: &RunResult, resources: &RunResult) -> Self {
+        let n = subscribers;
+        // Own connections: the slope of CPU per update over subscribers.
+        let slope = (many.cpu_seconds_per_update - few.cpu_seconds_per_update)
+            / (n(many) - n(few)).max(1.0);
+        // Shared connections: one resource with n subscribers costs a version and n
+        // deliveries, R resources with one subscriber each R versions and R deliveries.
+        let per_resource = resources.cpu_seconds_per_update / n(resources);
+        let shared_delivery =
+            (shared.cpu_seconds_per_update - per_resource) / (n(shared) - 1.0).max(1.0);
+        Split {
+            slope,
+            shared_delivery,
+            per_version: per_resource - shared_delivery,
         }
     }
 }

@@ -11,6 +11,7 @@ use anyhow::{Context, bail};
 use flagd_proxy_testkit::control_plane;
 use flagd_proxy_testkit::control_plane::ControlPlane;
 use futures::StreamExt;
+use tonic::transport::Channel;
 
 use crate::args::Args;
 use crate::kit::latency::Stats;
@@ -196,31 +197,20 @@ impl Live<'_> {
         let mut opened = futures::stream::iter(0..connections)
             .map(|c| async move { (c, open_channel(dial, source_addr(args, c)).await) })
             .buffer_unordered(args.connect_concurrency.max(1));
-        let mut connect_errors = 0usize;
-        let mut spawned = 0usize;
+        let (mut connect_errors, mut spawned) = (0usize, 0usize);
         while let Some((c, channel)) = opened.next().await {
-            let channel = match channel {
-                Ok(channel) => channel,
+            match channel {
+                Ok(channel) => {
+                    let first = c * args.streams_per_connection;
+                    let slots = first..(first + args.streams_per_connection).min(n);
+                    spawned += self.spawn_on(&mut tasks, &channel, slots, &tracker, &churn);
+                }
                 Err(error) => {
                     connect_errors += 1;
                     if connect_errors == 1 {
                         eprintln!("connect failed: {error:#}");
                     }
-                    continue;
                 }
-            };
-            let first = c * args.streams_per_connection;
-            for slot in first..(first + args.streams_per_connection).min(n) {
-                let selector = self.sources.selectors[slot % self.scenario.resources].clone();
-                let churn = churn.clone();
-                tasks.spawn(subscriber(
-                    channel.clone(),
-                    selector,
-                    slot,
-                    tracker.clone(),
-                    churn,
-                ));
-                spawned += 1;
             }
         }
         drop(opened);
@@ -257,6 +247,29 @@ impl Live<'_> {
             connect_errors,
             churn,
         }
+    }
+
+    /// Spawns the subscribers of `slots` on `channel`, each on its resource; how many.
+    fn spawn_on(
+        &self,
+        tasks: &mut tokio::task::JoinSet<()>,
+        channel: &Channel,
+        slots: std::ops::Range<usize>,
+        tracker: &Arc<Tracker>,
+        churn: &Option<Arc<churn::Churn>>,
+    ) -> usize {
+        let count = slots.len();
+        for slot in slots {
+            let selector = self.sources.selectors[slot % self.scenario.resources].clone();
+            tasks.spawn(subscriber(
+                channel.clone(),
+                selector,
+                slot,
+                tracker.clone(),
+                churn.clone(),
+            ));
+        }
+        count
     }
 
     /// Idle: memory and CPU with every subscriber connected.

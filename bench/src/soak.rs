@@ -166,7 +166,6 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
     let seconds_warm_up = probe.began.elapsed().as_secs_f64();
 
     let churned = churn_phase(args, &probe, &sampler, &steady, &mut proxy, dial.port).await;
-    let (churn, written, churn_end) = (churned.churn, churned.written, churned.end);
 
     // Cool-down.
     sampler.set_phase(Phase::CoolDown);
@@ -175,8 +174,11 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
     let end = cool_down(args, &probe, &baseline).await;
     sampler.push(end.clone());
     let seconds_cool_down = cool_began.elapsed().as_secs_f64();
-    let proxy_exited = exit_note(&mut proxy);
-    let killed_for_rss = guard.killed();
+    let ending = Ending {
+        stale,
+        proxy_exited: exit_note(&mut proxy),
+        killed_for_rss: guard.killed(),
+    };
     drop(guard);
     let samples = sampler.all();
     drop(sampler);
@@ -185,37 +187,14 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
     drop(proxy);
 
     let quantities = judge::judge(&judge::quantities(), &baseline, &during(&samples), &end);
-    let mut not_done = not_done(args, &churn.counts, &written);
-    not_done.extend(
-        churned
-            .stopped_why
-            .map(|why| format!("the churn stopped early: {why}")),
-    );
-    if killed_for_rss {
-        not_done.push(format!(
-            "the proxy was killed for going over --max-rss-mib ({} MiB)",
-            args.max_rss_mib
-        ));
-    }
-    let correctness = Correctness {
-        steady_subscribers: args.soak_subscribers,
-        stale,
-        steady_stream_errors: get(&tracker.errors),
-        steady_backwards: get(&tracker.backwards),
-        steady_unparsed: get(&tracker.unparsed),
-        connect_failures: get(&churn.counts.connect_failures),
-        lifecycle_failures: get(&churn.counts.lifecycle_failures),
-        not_done,
-        write_errors: written.errors,
-        proxy_exited,
-    };
+    let correctness = correctness(args, ending, &tracker, &churned);
     let mut problems = judge::leaks(&quantities);
     problems.extend(correctness.problems());
-    let mut churn_errors = probe::lock(&churn.errors).clone();
+    let (written, churn_end) = (&churned.written, &churned.end);
+    let mut churn_errors = probe::lock(&churned.churn.errors).clone();
     churn_errors.extend(written.last_error.clone());
-    let last_steady_error = probe::lock(&tracker.last_error).clone();
     let delta = |get: fn(&Sample) -> Option<f64>| Some(get(&end)? - get(&baseline)?);
-    let Ok(churn) = Arc::try_unwrap(churn) else {
+    let Ok(churn) = Arc::try_unwrap(churned.churn) else {
         bail!("a churn task outlived the churn");
     };
     Ok(SoakReport {
@@ -231,15 +210,56 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
         churn_load_generator_cpu_seconds: churn_end.load_generator_cpu_seconds
             - baseline.load_generator_cpu_seconds,
         steady_received: tracker.received_spread(),
-        steady_repeats: tracker.repeats.load(Ordering::Relaxed),
+        steady_repeats: get(&tracker.repeats),
         churn: churn.counts,
         quantities,
         correctness,
         churn_errors,
-        last_steady_error,
+        last_steady_error: probe::lock(&tracker.last_error).clone(),
         problems,
         samples,
     })
+}
+
+/// How the soak ended: the steady subscribers not on their final version, how the proxy exited
+/// if it did, and whether it was killed for its memory.
+struct Ending {
+    stale: usize,
+    proxy_exited: Option<String>,
+    killed_for_rss: bool,
+}
+
+/// The correctness half of the verdict: what the steady subscribers saw, what the churn failed
+/// or left undone, and how the soak ended.
+fn correctness(
+    args: &Args,
+    ending: Ending,
+    tracker: &SteadyTracker,
+    churned: &Churned,
+) -> Correctness {
+    let counts = &churned.churn.counts;
+    let mut not_done = not_done(args, counts, &churned.written);
+    if let Some(why) = &churned.stopped_why {
+        not_done.push(format!("the churn stopped early: {why}"));
+    }
+    if ending.killed_for_rss {
+        not_done.push(format!(
+            "the proxy was killed for going over --max-rss-mib ({} MiB)",
+            args.max_rss_mib
+        ));
+    }
+    Correctness {
+        steady_subscribers: args.soak_subscribers,
+        stale: ending.stale,
+        steady_stream_errors: get(&tracker.errors),
+        steady_backwards: get(&tracker.backwards),
+        steady_unparsed: get(&tracker.unparsed),
+        connect_failures: get(&counts.connect_failures),
+        lifecycle_failures: get(&counts.lifecycle_failures),
+        not_done,
+        write_errors: churned.written.errors,
+        proxy_exited: ending.proxy_exited,
+    }
 }
 
 /// This proxy on the steady manifests, with the soak's idle timeout.
@@ -539,19 +559,7 @@ async fn run_churn(
         while tasks.try_join_next().is_some() {}
         if last_progress.elapsed() >= Duration::from_secs(30) {
             last_progress = Instant::now();
-            let counts = &churn.counts;
-            eprintln!(
-                "soak: {:.0} s into the churn: {} updates written, {} connects, {} lifecycles",
-                start.elapsed().as_secs_f64(),
-                steady
-                    .written
-                    .iter()
-                    .map(|w| w.load(Ordering::Relaxed))
-                    .sum::<u64>(),
-                counts.connects.load(Ordering::Relaxed),
-                counts.lifecycles_appearing.load(Ordering::Relaxed)
-                    + counts.lifecycles_never.load(Ordering::Relaxed)
-            );
+            progress(start, steady, &churn.counts);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -561,6 +569,17 @@ async fn run_churn(
         ..Written::default()
     });
     (churn, written, stopped_why)
+}
+
+/// A progress line of the churn.
+fn progress(start: Instant, steady: &Steady, counts: &ChurnCounts) {
+    eprintln!(
+        "soak: {:.0} s into the churn: {} updates written, {} connects, {} lifecycles",
+        start.elapsed().as_secs_f64(),
+        steady.written.iter().map(get).sum::<u64>(),
+        get(&counts.connects),
+        get(&counts.lifecycles_appearing) + get(&counts.lifecycles_never)
+    );
 }
 
 fn settings(args: &Args) -> Settings {

@@ -8,6 +8,13 @@ use crate::kit::table::Table;
 impl UnitCosts {
     /// Every cost with its name and unit, in the order of the report.
     pub(crate) fn named(&self) -> Vec<(&'static str, Option<f64>)> {
+        let mut named = self.memory();
+        named.extend(self.cpu());
+        named
+    }
+
+    /// The memory costs.
+    fn memory(&self) -> Vec<(&'static str, Option<f64>)> {
         vec![
             (
                 "RSS of the process, one resource, no subscriber (MiB)",
@@ -37,6 +44,12 @@ impl UnitCosts {
                 "RSS per watched resource, Kubernetes watch (KiB)",
                 self.kib_per_watch_kubernetes,
             ),
+        ]
+    }
+
+    /// The CPU costs, and the bytes of a delivery.
+    fn cpu(&self) -> Vec<(&'static str, Option<f64>)> {
+        vec![
             (
                 "CPU per version, files, 1 KiB (ms)",
                 Some(self.ms_per_version),

@@ -181,6 +181,20 @@ pub(crate) struct Topology<'a> {
     requests_before: Option<u64>,
 }
 
+/// The source flags of the central: the API server of `cluster`, or the manifests under
+/// `source_dir`; and room for every resource's watch.
+fn central_source(cluster: Option<&ControlPlane>, source_dir: &Path) -> Vec<String> {
+    let mut source = match cluster {
+        Some(cluster) => cluster.proxy_args(&[]),
+        None => vec![
+            "--manifests".to_owned(),
+            source_dir.join("manifests").display().to_string(),
+        ],
+    };
+    source.extend(["--max-watches".to_owned(), "10000".to_owned()]);
+    source
+}
+
 impl<'a> Topology<'a> {
     /// The source with version 0, the central and the balancer, and every node proxy serving.
     pub(crate) async fn start(
@@ -204,14 +218,7 @@ impl<'a> Topology<'a> {
         )?;
         sources.write(0, || {}).await?;
         let requests_before = api_requests(cluster.as_ref()).await;
-        let mut source = match &cluster {
-            Some(cluster) => cluster.proxy_args(&[]),
-            None => vec![
-                "--manifests".to_owned(),
-                source_dir.join("manifests").display().to_string(),
-            ],
-        };
-        source.extend(["--max-watches".to_owned(), "10000".to_owned()]);
+        let source = central_source(cluster.as_ref(), &source_dir);
         let extra = &args.proxy_arg;
         let mut central = Tier::new(bin, dir.join("central.log"), source.clone(), extra)?;
         let replica = Tier::new(bin, dir.join("replica.log"), source, extra)?;
@@ -222,11 +229,16 @@ impl<'a> Topology<'a> {
             "--upstream".to_owned(),
             format!("127.0.0.1:{balancer_port}"),
         ];
-        let mut nodes = Vec::with_capacity(shape.nodes);
-        for i in 0..shape.nodes {
-            let log = dir.join(format!("node-{i}.log"));
-            nodes.push(Tier::new(bin, log, upstream.clone(), extra)?);
-        }
+        let nodes = (0..shape.nodes)
+            .map(|i| {
+                Tier::new(
+                    bin,
+                    dir.join(format!("node-{i}.log")),
+                    upstream.clone(),
+                    extra,
+                )
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let result = TierResult {
             label: "two tiers (this proxy)".to_owned(),
             nodes: shape.nodes,
