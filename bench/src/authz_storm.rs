@@ -216,10 +216,7 @@ async fn phases(
             .wait_for_pod_watches(what, |open| open > before)
             .await?;
     }
-    let dial = Dial {
-        port: proxy.port,
-        tls: None,
-    };
+    let dial = Dial::plain(proxy.port);
     let (pid, n) = (proxy.pid, clients.len());
     let fds_before = storm::open_fds(pid);
     let before = cluster.cp.request_counts().await;

@@ -214,15 +214,8 @@ impl Live<'_> {
             }
         }
         drop(opened);
-        let deadline = started + args.connect_timeout;
-        while tracker.connected.load(Ordering::Relaxed)
-            + (tracker.errors.load(Ordering::Relaxed) as usize)
-            < spawned
-            && Instant::now() < deadline
-            && self.proxy.exited().is_none()
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        self.wait_connected(&tracker, spawned, started + args.connect_timeout)
+            .await;
         let result = &mut self.result;
         result.connect_seconds = started.elapsed().as_secs_f64();
         result.connect_cpu_seconds = proc_sample(pid).cpu_seconds - connect_cpu;
@@ -246,6 +239,19 @@ impl Live<'_> {
             versions,
             connect_errors,
             churn,
+        }
+    }
+
+    /// Waits until each of the `spawned` subscribers is connected or has failed, the proxy
+    /// exited, or `deadline`.
+    async fn wait_connected(&mut self, tracker: &Tracker, spawned: usize, deadline: Instant) {
+        while tracker.connected.load(Ordering::Relaxed)
+            + (tracker.errors.load(Ordering::Relaxed) as usize)
+            < spawned
+            && Instant::now() < deadline
+            && self.proxy.exited().is_none()
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 

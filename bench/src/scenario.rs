@@ -29,6 +29,19 @@ impl Scenario {
         self.named(["subscribers", "resource(s)", "B payload", " source"])
     }
 
+    /// The name of the working directory of `kind`'s run.
+    fn dir_name(&self, kind: Kind) -> String {
+        format!(
+            "{}-{}-n{}-m{}-p{}{}",
+            kind.key(),
+            self.source.label(),
+            self.subscribers,
+            self.resources,
+            self.payload,
+            if self.tls { "-tls" } else { "" }
+        )
+    }
+
     /// How the table of targets names the scenario.
     pub(crate) fn short_label(&self) -> String {
         self.named(["subs", "res", "B", ""])
@@ -216,15 +229,7 @@ pub(crate) async fn run_one(
     args: &Args,
     workdir: &Path,
 ) -> anyhow::Result<RunResult> {
-    let dir = workdir.join(format!(
-        "{}-{}-n{}-m{}-p{}{}",
-        kind.key(),
-        scenario.source.label(),
-        scenario.subscribers,
-        scenario.resources,
-        scenario.payload,
-        if scenario.tls { "-tls" } else { "" }
-    ));
+    let dir = workdir.join(scenario.dir_name(kind));
     std::fs::create_dir_all(&dir)?;
     let cluster = start_cluster(kind, scenario).await?;
     let sources = Sources::new(
@@ -239,11 +244,7 @@ pub(crate) async fn run_one(
         Some(_) => sources.create_cold(args.cold_resources).await?,
         None => Vec::new(),
     };
-    let tls = if scenario.tls {
-        Some(BenchTls::new(&dir)?)
-    } else {
-        None
-    };
+    let tls = scenario.tls.then(|| BenchTls::new(&dir)).transpose()?;
     let mut proxy = ProxyProcess::start(
         kind,
         bin,

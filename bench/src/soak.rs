@@ -149,50 +149,30 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
         args.soak_payload_bytes,
     )?);
     let mut proxy = start_proxy(args, workdir)?;
-    let probe = Probe {
-        pid: proxy.pid,
-        port: proxy.management_port,
-        began: clock.began(),
-    };
+    let probe = Probe::of(&proxy, clock.began());
     let guard = RssGuard::spawn(probe.pid, args.max_rss_mib);
-    let dial = Dial {
-        port: proxy.port,
-        tls: None,
-    };
+    let dial = Dial::plain(proxy.port);
     let warm = warm_up(args, &probe, &mut proxy, &dial, &steady).await?;
-    let mut steady_tasks = warm.tasks;
-    let sampler = warm.sampler;
-    let (tracker, baseline) = (warm.tracker, warm.baseline);
+    let (tracker, mut steady_tasks) = (warm.tracker, warm.tasks);
+    let (sampler, baseline) = (warm.sampler, warm.baseline);
     let seconds_warm_up = probe.began.elapsed().as_secs_f64();
-
     let churned = churn_phase(args, &probe, &sampler, &steady, &mut proxy, dial.port).await;
 
-    // Cool-down.
-    sampler.set_phase(Phase::CoolDown);
     let cool_began = Instant::now();
+    sampler.set_phase(Phase::CoolDown);
     let stale = tracker.wait_on(&steady.finals(), args.soak_timeout).await;
     let end = cool_down(args, &probe, &baseline).await;
     sampler.push(end.clone());
     let seconds_cool_down = cool_began.elapsed().as_secs_f64();
-    let ending = Ending {
-        stale,
-        proxy_exited: exit_note(&mut proxy),
-        killed_for_rss: guard.killed(),
-    };
-    drop(guard);
-    let samples = sampler.all();
-    drop(sampler);
     steady_tasks.abort_all();
     while steady_tasks.join_next().await.is_some() {}
-    drop(proxy);
-
+    let samples = sampler.stop();
+    let ending = Ending::of(stale, proxy, guard);
     let quantities = judge::judge(&judge::quantities(), &baseline, &during(&samples), &end);
     let correctness = correctness(args, ending, &tracker, &churned);
-    let mut problems = judge::leaks(&quantities);
-    problems.extend(correctness.problems());
+    let problems = [judge::leaks(&quantities), correctness.problems()].concat();
     let (written, churn_end) = (&churned.written, &churned.end);
-    let mut churn_errors = probe::lock(&churned.churn.errors).clone();
-    churn_errors.extend(written.last_error.clone());
+    let churn_errors = churned.errors();
     let delta = |get: fn(&Sample) -> Option<f64>| Some(get(&end)? - get(&baseline)?);
     let Ok(churn) = Arc::try_unwrap(churned.churn) else {
         bail!("a churn task outlived the churn");
@@ -227,6 +207,20 @@ struct Ending {
     stale: usize,
     proxy_exited: Option<String>,
     killed_for_rss: bool,
+}
+
+impl Ending {
+    /// Stops the proxy and its guard; how they ended.
+    fn of(stale: usize, mut proxy: ProxyProcess, guard: RssGuard) -> Self {
+        let ending = Ending {
+            stale,
+            proxy_exited: exit_note(&mut proxy),
+            killed_for_rss: guard.killed(),
+        };
+        drop(guard);
+        drop(proxy);
+        ending
+    }
 }
 
 /// The correctness half of the verdict: what the steady subscribers saw, what the churn failed
@@ -291,6 +285,14 @@ struct Probe {
 }
 
 impl Probe {
+    fn of(proxy: &ProxyProcess, began: Instant) -> Self {
+        Probe {
+            pid: proxy.pid,
+            port: proxy.management_port,
+            began,
+        }
+    }
+
     async fn sample(&self, phase: Phase) -> Sample {
         sample(self.pid, self.port, self.began, phase).await
     }
@@ -399,6 +401,15 @@ struct Churned {
     stopped_why: Option<String>,
     end: Sample,
     seconds: f64,
+}
+
+impl Churned {
+    /// The errors of the churn's tasks, and the writer's last.
+    fn errors(&self) -> Vec<String> {
+        let mut errors = probe::lock(&self.churn.errors).clone();
+        errors.extend(self.written.last_error.clone());
+        errors
+    }
 }
 
 /// The churn: updates, short-lived connections and resource lifecycles at once.
@@ -531,17 +542,11 @@ async fn run_churn(
         stop.clone(),
     ));
     let mut tasks = tokio::task::JoinSet::new();
-    churn.spawn_connects(
-        &mut tasks,
-        args.soak_concurrency,
-        args.soak_connects,
-        Pace::new(start, args.soak_connects, over),
-    );
-    churn.spawn_lifecycles(
-        &mut tasks,
-        args.soak_lifecycles,
-        Pace::new(start, args.soak_lifecycles, over),
-    );
+    let (connects, lifecycles) = (args.soak_connects, args.soak_lifecycles);
+    let concurrency = args.soak_concurrency;
+    let pace = |count: u64| Pace::new(start, count, over);
+    churn.spawn_connects(&mut tasks, concurrency, connects, pace(connects));
+    churn.spawn_lifecycles(&mut tasks, lifecycles, pace(lifecycles));
     let mut stopped_why = None;
     let mut last_progress = Instant::now();
     loop {

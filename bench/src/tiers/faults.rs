@@ -215,10 +215,7 @@ async fn kill_central(
 
 /// One stream on `tier` for `selector`: the first version it gets.
 async fn wait_once(tier: &Tier, selector: &str) -> anyhow::Result<u64> {
-    let dial = Dial {
-        port: tier.port,
-        tls: None,
-    };
+    let dial = Dial::plain(tier.port);
     let channel = open_channel(&dial, None).await?;
     let mut stream = open_stream(channel, selector).await?;
     stream.message().await?.context("stream ended")

@@ -195,6 +195,30 @@ fn central_source(cluster: Option<&ControlPlane>, source_dir: &Path) -> Vec<Stri
     source
 }
 
+/// `count` node proxies reading from the balancer at `balancer_port`; not started yet.
+fn node_tiers(
+    bin: &Path,
+    dir: &Path,
+    balancer_port: u16,
+    count: usize,
+    extra: &[String],
+) -> anyhow::Result<Vec<Tier>> {
+    let upstream = [
+        "--upstream".to_owned(),
+        format!("127.0.0.1:{balancer_port}"),
+    ];
+    (0..count)
+        .map(|i| {
+            Tier::new(
+                bin,
+                dir.join(format!("node-{i}.log")),
+                upstream.to_vec(),
+                extra,
+            )
+        })
+        .collect()
+}
+
 impl<'a> Topology<'a> {
     /// The source with version 0, the central and the balancer, and every node proxy serving.
     pub(crate) async fn start(
@@ -225,20 +249,7 @@ impl<'a> Topology<'a> {
         let balancer_port = stable_port()?;
         let balancer = start_balancer(dir, balancer_port, &[central.port, replica.port])?;
         central.start()?;
-        let upstream = vec![
-            "--upstream".to_owned(),
-            format!("127.0.0.1:{balancer_port}"),
-        ];
-        let nodes = (0..shape.nodes)
-            .map(|i| {
-                Tier::new(
-                    bin,
-                    dir.join(format!("node-{i}.log")),
-                    upstream.clone(),
-                    extra,
-                )
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let nodes = node_tiers(bin, dir, balancer_port, shape.nodes, extra)?;
         let result = TierResult {
             label: "two tiers (this proxy)".to_owned(),
             nodes: shape.nodes,
@@ -337,10 +348,7 @@ fn start_balancer(dir: &Path, port: u16, backends: &[u16]) -> anyhow::Result<Pro
 /// Waits until a probe stream on `tier` for `selector` gets a version; which one.
 pub(crate) async fn wait_serving(tier: &Tier, selector: &str) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let dial = Dial {
-        port: tier.port,
-        tls: None,
-    };
+    let dial = Dial::plain(tier.port);
     loop {
         let probe = async {
             let channel = open_channel(&dial, None).await?;
@@ -409,10 +417,7 @@ impl Topology<'_> {
         let ports = &ports;
         let mut opened = futures::stream::iter(jobs)
             .map(|(k, c)| async move {
-                let dial = Dial {
-                    port: ports[k],
-                    tls: None,
-                };
+                let dial = Dial::plain(ports[k]);
                 (k, c, open_channel(&dial, None).await)
             })
             .buffer_unordered(self.args.connect_concurrency.max(1));
