@@ -21,9 +21,9 @@ use anyhow::bail;
 use flagd_proxy_testkit::control_plane::RequestCounts;
 
 use crate::args::Args;
+use crate::kit::header::Clock;
 use crate::load::Dial;
 use crate::proxy::{Kind, ProxyProcess};
-use crate::report::{loadavg, machine};
 use crate::sampling::{RssGuard, mib, proc_sample};
 use crate::sitting::rust_bin;
 use crate::storm;
@@ -99,8 +99,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
     let workdir =
         std::env::temp_dir().join(format!("flagd-proxy-bench-authz-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
-    let load_before = loadavg();
-    let started = Instant::now();
+    let clock = Clock::start();
     eprintln!(
         "authorization storm: {} clients of {} identities",
         args.subscribers, args.authz_identities
@@ -124,10 +123,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
         args,
         identities: cluster.identities.len(),
         namespaces: cluster.namespaces,
-        machine: machine(),
-        load_before,
-        load_after: loadavg(),
-        seconds: started.elapsed().as_secs_f64(),
+        header: clock.stop(),
     };
     drop(cluster);
     let problems = summary.problems(&runs);
@@ -220,10 +216,7 @@ async fn phases(
             .wait_for_pod_watches(what, |open| open > before)
             .await?;
     }
-    let dial = Dial {
-        port: proxy.port,
-        tls: None,
-    };
+    let dial = Dial::plain(proxy.port);
     let (pid, n) = (proxy.pid, clients.len());
     let fds_before = storm::open_fds(pid);
     let before = cluster.cp.request_counts().await;

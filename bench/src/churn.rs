@@ -20,10 +20,10 @@ use tonic::Status;
 use tonic::transport::Channel;
 
 use crate::args::Args;
+use crate::kit::latency::Stats;
+use crate::kit::table::{Blank, Figure, figure_table, fmt_opt};
 use crate::load::{Tracker, open_stream};
-use crate::report::fmt_opt;
 use crate::sampling::{ms, proc_sample};
-use crate::scenario::Stats;
 use crate::sources::{Sources, api_requests};
 
 /// How long a client waits before trying a failed reopen again.
@@ -405,15 +405,12 @@ impl Phase<'_> {
 /// The processes whose CPU the first and second CPU rows show.
 const PROCESSES: [&str; 2] = ["proxy (two tiers: central)", "node proxies"];
 
-/// One figure of the churn table: name, value, digits.
-type Row = (String, Option<f64>, usize);
-
 /// The figures of one run, in the table's order.
-fn rows(c: &ChurnResult) -> Vec<Row> {
+fn rows(c: &ChurnResult) -> Vec<Figure> {
     let named = |rows: Vec<(&str, Option<f64>, usize)>| {
         rows.into_iter()
             .map(|(name, value, digits)| (name.to_owned(), value, digits))
-            .collect::<Vec<Row>>()
+            .collect::<Vec<Figure>>()
     };
     let mut rows = named(served(c));
     rows.extend(cpu_rows(c));
@@ -444,7 +441,7 @@ fn served(c: &ChurnResult) -> Vec<(&'static str, Option<f64>, usize)> {
 }
 
 /// Each process's CPU in both windows, and per reconnect.
-fn cpu_rows(c: &ChurnResult) -> Vec<Row> {
+fn cpu_rows(c: &ChurnResult) -> Vec<Figure> {
     let mut rows = Vec::new();
     for (i, process) in PROCESSES.iter().enumerate() {
         let cpu = c.cpu.get(i);
@@ -515,22 +512,10 @@ pub(crate) fn table(columns: &[(&str, &ChurnResult)]) -> String {
     if columns.is_empty() {
         return String::new();
     }
-    let names: Vec<&str> = columns.iter().map(|(name, _)| *name).collect();
-    let mut out = format!(
-        "Steady reconnects (`--churn`):\n\n| | {} |\n|---|{}\n",
-        names.join(" | "),
-        "---:|".repeat(columns.len())
-    );
-    let values: Vec<Vec<Row>> = columns.iter().map(|(_, c)| rows(c)).collect();
-    for (i, (name, _, digits)) in values[0].iter().enumerate() {
-        let cells: Vec<Option<f64>> = values.iter().map(|rows| rows[i].1).collect();
-        if cells.iter().all(Option::is_none) {
-            continue;
-        }
-        let cells: Vec<String> = cells.into_iter().map(|v| fmt_opt(v, *digits)).collect();
-        out += &format!("| {name} | {} |\n", cells.join(" | "));
-    }
-    out + "\n"
+    let columns: Vec<(&str, Vec<Figure>)> =
+        columns.iter().map(|(name, c)| (*name, rows(c))).collect();
+    let table = figure_table(&columns, Blank::Skip, "lr").markdown();
+    format!("Steady reconnects (`--churn`):\n\n{table}\n")
 }
 
 fn own_cpu() -> f64 {

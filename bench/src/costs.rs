@@ -10,14 +10,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
 use crate::args::Args;
+use crate::kit::header::Clock;
 use crate::load;
 use crate::proxy::{Kind, SourceKind};
-use crate::report::{loadavg, machine};
 use crate::scenario::{RunResult, Scenario, run_one};
 use crate::sitting::rust_bin;
 use crate::sources::Documents;
@@ -159,8 +159,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
     let bin = rust_bin(args)?;
     let workdir =
         std::env::temp_dir().join(format!("flagd-proxy-bench-costs-{}", std::process::id()));
-    let load_before = loadavg();
-    let started = Instant::now();
+    let clock = Clock::start();
     let kubernetes = args.source.contains(&SourceKind::Kubernetes);
     let mut runs = Runs::new();
     let mut problems = Vec::new();
@@ -184,11 +183,9 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
     let costs = UnitCosts::of(&runs, SHARED);
-    let markdown = report(&costs, &runs, &load_before, started.elapsed().as_secs_f64());
-    let json = || {
-        json!({"machine": machine(), "load_before": load_before, "load_after": loadavg(),
-            "costs": costs, "runs": runs})
-    };
+    let header = clock.stop();
+    let markdown = report(&costs, &runs, &header);
+    let json = || header.stamp(json!({"costs": costs, "runs": runs}));
     crate::verdict::publish(args, &workdir, &markdown, json, &problems)
 }
 
@@ -243,16 +240,12 @@ impl UnitCosts {
         let get = |name: &str| runs.get(name).cloned().unwrap_or_default();
         let (few, many, shared_run, resources) =
             (get("few"), get("many"), get("shared"), get("resources"));
-        let n = |r: &RunResult| r.subscribers_connected.max(1) as f64;
-        // Own connections: the slope of CPU per update over subscribers.
-        let slope = (many.cpu_seconds_per_update - few.cpu_seconds_per_update)
-            / (n(&many) - n(&few)).max(1.0);
-        // Shared connections: one resource with n subscribers costs a version and n
-        // deliveries, R resources with one subscriber each R versions and R deliveries.
-        let per_resource = resources.cpu_seconds_per_update / n(&resources);
-        let shared_delivery =
-            (shared_run.cpu_seconds_per_update - per_resource) / (n(&shared_run) - 1.0).max(1.0);
-        let per_version = per_resource - shared_delivery;
+        let n = subscribers;
+        let Split {
+            slope,
+            shared_delivery,
+            per_version,
+        } = Split::of(&few, &many, &shared_run, &resources);
         let delivery = |r: &RunResult| (r.cpu_seconds_per_update - per_version) / n(r);
         // Memory: a = connection + stream; b = connection / k + stream.
         let (a, b, k) = (
@@ -299,6 +292,38 @@ impl UnitCosts {
                 / n(&shared_run)
                 * 1e6,
             streams_per_shared_connection: shared,
+        }
+    }
+}
+
+/// Subscribers of a probe, at least one.
+fn subscribers(r: &RunResult) -> f64 {
+    r.subscribers_connected.max(1) as f64
+}
+
+/// The CPU per update split into its parts (s): per delivery on own connections (the slope
+/// over subscribers), per delivery on a shared connection, and per version.
+struct Split {
+    slope: f64,
+    shared_delivery: f64,
+    per_version: f64,
+}
+
+impl Split {
+    fn of(few: &RunResult, many: &RunResult, shared: &RunResult, resources: &RunResult) -> Self {
+        let n = subscribers;
+        // Own connections: the slope of CPU per update over subscribers.
+        let slope = (many.cpu_seconds_per_update - few.cpu_seconds_per_update)
+            / (n(many) - n(few)).max(1.0);
+        // Shared connections: one resource with n subscribers costs a version and n
+        // deliveries, R resources with one subscriber each R versions and R deliveries.
+        let per_resource = resources.cpu_seconds_per_update / n(resources);
+        let shared_delivery =
+            (shared.cpu_seconds_per_update - per_resource) / (n(shared) - 1.0).max(1.0);
+        Split {
+            slope,
+            shared_delivery,
+            per_version: per_resource - shared_delivery,
         }
     }
 }

@@ -104,6 +104,13 @@ pub(crate) struct Dial {
     pub(crate) tls: Option<tonic::transport::ClientTlsConfig>,
 }
 
+impl Dial {
+    /// Plaintext HTTP/2 to `port` on loopback.
+    pub(crate) fn plain(port: u16) -> Self {
+        Dial { port, tls: None }
+    }
+}
+
 pub(crate) async fn open_channel(dial: &Dial, source: Option<Ipv4Addr>) -> anyhow::Result<Channel> {
     let port = dial.port;
     let scheme = if dial.tls.is_some() { "https" } else { "http" };

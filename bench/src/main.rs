@@ -29,13 +29,13 @@
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
-use std::time::Instant;
 
 use anyhow::{Context, bail};
 use clap::Parser;
 
 use crate::args::Args;
-use crate::report::{Summary, loadavg, machine};
+use crate::kit::header::Clock;
+use crate::report::Summary;
 use crate::sampling::raise_fd_limit;
 use crate::scenario::RunResult;
 use crate::sitting::{Sitting, proxies, scenarios};
@@ -48,8 +48,10 @@ mod capacity;
 mod churn;
 mod costs;
 mod floor;
+mod kit;
 mod load;
 mod messages;
+mod pacing;
 mod phases;
 mod proxy;
 mod report;
@@ -139,8 +141,7 @@ async fn run(args: Args) -> anyhow::Result<Verdict> {
     let (kinds, go_note) = proxies(&args)?;
     let workdir = std::env::temp_dir().join(format!("flagd-proxy-bench-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
-    let load_before = loadavg();
-    let started = Instant::now();
+    let clock = Clock::start();
     let mut runs = Vec::new();
     // The floor does not depend on the source: one run per payload serves every source.
     let mut floors: BTreeMap<usize, RunResult> = BTreeMap::new();
@@ -155,10 +156,7 @@ async fn run(args: Args) -> anyhow::Result<Verdict> {
     let summary = Summary {
         args: &args,
         go_note,
-        load_before,
-        load_after: loadavg(),
-        machine: machine(),
-        seconds: started.elapsed().as_secs_f64(),
+        header: clock.stop(),
         verdict: Verdict::of(&runs, &args),
     };
     let report = summary.markdown(&runs);
@@ -182,8 +180,8 @@ async fn run(args: Args) -> anyhow::Result<Verdict> {
 mod tests {
     use serde_json::json;
 
+    use crate::kit::latency::Stats;
     use crate::messages::find_seq;
-    use crate::scenario::Stats;
     use crate::sources::flags;
 
     #[test]

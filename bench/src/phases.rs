@@ -11,13 +11,16 @@ use anyhow::{Context, bail};
 use flagd_proxy_testkit::control_plane;
 use flagd_proxy_testkit::control_plane::ControlPlane;
 use futures::StreamExt;
+use tonic::transport::Channel;
 
 use crate::args::Args;
+use crate::kit::latency::Stats;
+use crate::kit::table::fmt_opt;
 use crate::load::{Dial, Tracker, open_channel, open_stream, subscriber};
+use crate::pacing::paced;
 use crate::proxy::{Kind, ProxyProcess};
-use crate::report::fmt_opt;
 use crate::sampling::{RssGuard, mib, ms, proc_sample, written_bytes};
-use crate::scenario::{RunResult, Scenario, Stats};
+use crate::scenario::{RunResult, Scenario};
 use crate::sources::Sources;
 use crate::{GIVE_UP_AFTER, churn, storm};
 
@@ -31,6 +34,45 @@ pub(crate) struct Live<'a> {
     sources: Sources,
     dial: Dial,
     pub(crate) result: RunResult,
+}
+
+/// What the paced updates are measured by: the proxy's CPU and bytes written, this program's
+/// CPU and messages decoded, and the messages the subscribers got.
+struct Counters {
+    cpu: f64,
+    own_cpu: f64,
+    written: u64,
+    decoded: u64,
+    messages: u64,
+}
+
+impl Counters {
+    fn of(pid: u32, tracker: &Tracker) -> Self {
+        Counters {
+            cpu: proc_sample(pid).cpu_seconds,
+            own_cpu: proc_sample(std::process::id()).cpu_seconds,
+            written: written_bytes(pid),
+            decoded: crate::messages::DECODED.load(Ordering::Relaxed),
+            messages: tracker.messages.load(Ordering::Relaxed),
+        }
+    }
+
+    /// The costs per update from these counters to `after`, over `applied` updates.
+    fn per_update(&self, after: Counters, applied: u64, result: &mut RunResult) {
+        if applied == 0 {
+            return;
+        }
+        let per = |a: f64, b: f64| (a - b) / applied as f64;
+        result.cpu_seconds_per_update = per(after.cpu, self.cpu);
+        result.load_generator_cpu_seconds_per_update = per(after.own_cpu, self.own_cpu);
+        result.bytes_written_per_update =
+            after.written.saturating_sub(self.written) as f64 / applied as f64;
+        result.decoded_per_update = (after.decoded - self.decoded) as f64 / applied as f64;
+        if result.subscribers_connected > 0 {
+            result.messages_per_subscriber_per_update = (after.messages - self.messages) as f64
+                / (applied as f64 * result.subscribers_connected as f64);
+        }
+    }
 }
 
 /// The subscribers and what they saw.
@@ -155,43 +197,25 @@ impl Live<'_> {
         let mut opened = futures::stream::iter(0..connections)
             .map(|c| async move { (c, open_channel(dial, source_addr(args, c)).await) })
             .buffer_unordered(args.connect_concurrency.max(1));
-        let mut connect_errors = 0usize;
-        let mut spawned = 0usize;
+        let (mut connect_errors, mut spawned) = (0usize, 0usize);
         while let Some((c, channel)) = opened.next().await {
-            let channel = match channel {
-                Ok(channel) => channel,
+            match channel {
+                Ok(channel) => {
+                    let first = c * args.streams_per_connection;
+                    let slots = first..(first + args.streams_per_connection).min(n);
+                    spawned += self.spawn_on(&mut tasks, &channel, slots, &tracker, &churn);
+                }
                 Err(error) => {
                     connect_errors += 1;
                     if connect_errors == 1 {
                         eprintln!("connect failed: {error:#}");
                     }
-                    continue;
                 }
-            };
-            let first = c * args.streams_per_connection;
-            for slot in first..(first + args.streams_per_connection).min(n) {
-                let selector = self.sources.selectors[slot % self.scenario.resources].clone();
-                let churn = churn.clone();
-                tasks.spawn(subscriber(
-                    channel.clone(),
-                    selector,
-                    slot,
-                    tracker.clone(),
-                    churn,
-                ));
-                spawned += 1;
             }
         }
         drop(opened);
-        let deadline = started + args.connect_timeout;
-        while tracker.connected.load(Ordering::Relaxed)
-            + (tracker.errors.load(Ordering::Relaxed) as usize)
-            < spawned
-            && Instant::now() < deadline
-            && self.proxy.exited().is_none()
-        {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
+        self.wait_connected(&tracker, spawned, started + args.connect_timeout)
+            .await;
         let result = &mut self.result;
         result.connect_seconds = started.elapsed().as_secs_f64();
         result.connect_cpu_seconds = proc_sample(pid).cpu_seconds - connect_cpu;
@@ -216,6 +240,42 @@ impl Live<'_> {
             connect_errors,
             churn,
         }
+    }
+
+    /// Waits until each of the `spawned` subscribers is connected or has failed, the proxy
+    /// exited, or `deadline`.
+    async fn wait_connected(&mut self, tracker: &Tracker, spawned: usize, deadline: Instant) {
+        while tracker.connected.load(Ordering::Relaxed)
+            + (tracker.errors.load(Ordering::Relaxed) as usize)
+            < spawned
+            && Instant::now() < deadline
+            && self.proxy.exited().is_none()
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    /// Spawns the subscribers of `slots` on `channel`, each on its resource; how many.
+    fn spawn_on(
+        &self,
+        tasks: &mut tokio::task::JoinSet<()>,
+        channel: &Channel,
+        slots: std::ops::Range<usize>,
+        tracker: &Arc<Tracker>,
+        churn: &Option<Arc<churn::Churn>>,
+    ) -> usize {
+        let count = slots.len();
+        for slot in slots {
+            let selector = self.sources.selectors[slot % self.scenario.resources].clone();
+            tasks.spawn(subscriber(
+                channel.clone(),
+                selector,
+                slot,
+                tracker.clone(),
+                churn.clone(),
+            ));
+        }
+        count
     }
 
     /// Idle: memory and CPU with every subscriber connected.
@@ -308,88 +368,38 @@ impl Live<'_> {
 impl Live<'_> {
     /// Paced updates: each is written once the previous one reached every subscriber.
     async fn paced_updates(&mut self, tracker: &Tracker) -> anyhow::Result<()> {
-        let (args, pid) = (self.args, self.pid);
-        let messages_before = tracker.messages.load(Ordering::Relaxed);
-        let cpu_before = proc_sample(pid).cpu_seconds;
-        let own_cpu_before = proc_sample(std::process::id()).cpu_seconds;
-        let decoded_before = crate::messages::DECODED.load(Ordering::Relaxed);
-        let written_before = written_bytes(pid);
-        let mut propagation = Vec::new();
-        let mut first_receiver = Vec::new();
-        let mut peak_rss = 0u64;
-        let mut applied = 0;
-        let mut incomplete_in_a_row = 0;
-        for seq in 1..=args.updates {
-            if self.stop_updates(seq, incomplete_in_a_row) {
-                break;
-            }
-            let (written, reached) = self
-                .sources
-                .deliver(seq, tracker, args.update_timeout)
-                .await?;
-            applied += 1;
-            match reached {
-                Some(at) => {
-                    incomplete_in_a_row = 0;
-                    propagation.push(ms(at - written));
+        let pid = self.pid;
+        let before = Counters::of(pid, tracker);
+        let connected = self.result.subscribers_connected as u64;
+        let (mut first_receiver, mut peak_rss, mut missed) = (Vec::new(), 0u64, 0u64);
+        let proxy = &mut self.proxy;
+        let paced = paced(
+            self.args,
+            &self.sources,
+            tracker,
+            || proxy.exit_note(),
+            |w| {
+                if w.reached.is_none() {
+                    let reached = tracker.reached[w.seq as usize].load(Ordering::Relaxed) as u64;
+                    missed += connected.saturating_sub(reached);
                 }
-                None => {
-                    incomplete_in_a_row += 1;
-                    let result = &mut self.result;
-                    result.updates_incomplete += 1;
-                    let reached = tracker.reached[seq as usize].load(Ordering::Relaxed) as u64;
-                    result.subscriber_versions_missed +=
-                        (result.subscribers_connected as u64).saturating_sub(reached);
+                if let Some(at) = tracker.first_at(w.seq) {
+                    first_receiver.push(ms(at.saturating_sub(w.at)));
                 }
-            }
-            if let Some(at) = tracker.first_at(seq) {
-                first_receiver.push(ms(at.saturating_sub(written)));
-            }
-            peak_rss = peak_rss.max(proc_sample(pid).rss_kib);
-            tokio::time::sleep(args.update_gap).await;
-        }
+                peak_rss = peak_rss.max(proc_sample(pid).rss_kib);
+            },
+        )
+        .await?;
         let after = proc_sample(pid);
         let result = &mut self.result;
-        result.propagation = Stats::of(propagation);
+        result.updates_incomplete += paced.incomplete;
+        result.subscriber_versions_missed += missed;
+        result.gave_up.extend(paced.stopped);
+        result.propagation = Stats::of(paced.propagation);
         result.first_receiver = Stats::of(first_receiver);
-        if applied > 0 {
-            result.cpu_seconds_per_update = (after.cpu_seconds - cpu_before) / applied as f64;
-            result.bytes_written_per_update =
-                written_bytes(pid).saturating_sub(written_before) as f64 / applied as f64;
-            result.load_generator_cpu_seconds_per_update =
-                (proc_sample(std::process::id()).cpu_seconds - own_cpu_before) / applied as f64;
-            result.decoded_per_update = (crate::messages::DECODED.load(Ordering::Relaxed)
-                - decoded_before) as f64
-                / applied as f64;
-            if result.subscribers_connected > 0 {
-                result.messages_per_subscriber_per_update =
-                    (tracker.messages.load(Ordering::Relaxed) - messages_before) as f64
-                        / (applied as f64 * result.subscribers_connected as f64);
-            }
-        }
+        before.per_update(Counters::of(pid, tracker), paced.applied, result);
         result.rss_after_updates_mib = mib(after.rss_kib.max(peak_rss));
         Ok(())
-    }
-
-    /// Whether the paced updates stop before update `seq` (the proxy exited, or too many in a
-    /// row did not reach everyone); the updates left count as not delivered.
-    fn stop_updates(&mut self, seq: u64, incomplete_in_a_row: u64) -> bool {
-        let left = self.args.updates - seq + 1;
-        if let Some(note) = self.proxy.exit_note() {
-            self.result.updates_incomplete += left;
-            self.result.gave_up.push(format!(
-                "paced updates: the other {left} were not written: {note}"
-            ));
-            return true;
-        }
-        if incomplete_in_a_row == GIVE_UP_AFTER {
-            self.result.updates_incomplete += left;
-            self.result.gave_up.push(format!(
-                "paced updates: {GIVE_UP_AFTER} in a row did not reach every subscriber; the other {left} were not written and count as not delivered"
-            ));
-            return true;
-        }
-        false
     }
 
     /// Burst: updates back to back; then everyone must end on the final one. Returns the final

@@ -6,52 +6,15 @@ use serde_json::{Value, json};
 
 use crate::args::Args;
 use crate::churn;
+use crate::kit::header::Header;
+pub(crate) use crate::kit::header::{loadavg, machine};
+use crate::kit::latency::Point::{Max, P50, P99};
+use crate::kit::table::{Figure, Table, absent, count, figure, fmt_opt};
 use crate::proxy::Kind;
 use crate::scenario::{RunResult, Scenario};
+use crate::storm::StormResult;
 use crate::targets::targets;
 use crate::verdict::Verdict;
-
-pub(crate) fn machine() -> Value {
-    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
-    let model = cpuinfo
-        .lines()
-        .find_map(|l| l.strip_prefix("model name"))
-        .map(|l| l.trim_start_matches([' ', '\t', ':']).to_owned());
-    let memory_kib = flagd_proxy::introspection::procfs::meminfo()
-        .ok()
-        .and_then(|meminfo| meminfo.number("MemTotal"));
-    json!({
-        "cpus": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
-        "cpu_model": model,
-        "memory_gib": memory_kib.map(|k| (k as f64 / 1048576.0 * 10.0).round() / 10.0),
-        "kernel": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
-    })
-}
-
-/// The machine of [`machine`] in words: CPUs, their model, memory and kernel.
-pub(crate) fn machine_line(m: &Value) -> String {
-    format!(
-        "{} CPUs ({}), {} GiB, Linux {}",
-        m["cpus"],
-        m["cpu_model"].as_str().unwrap_or("?"),
-        m["memory_gib"],
-        m["kernel"].as_str().unwrap_or("?"),
-    )
-}
-
-pub(crate) fn loadavg() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .unwrap_or_default()
-        .split_whitespace()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join(" ")
-}
-
-pub(crate) fn fmt_opt(v: Option<f64>, digits: usize) -> String {
-    v.map(|v| format!("{v:.digits$}"))
-        .unwrap_or_else(|| "–".to_owned())
-}
 
 /// One scenario's results, by proxy key, and why a proxy has none.
 pub(crate) struct ScenarioRuns {
@@ -62,254 +25,197 @@ pub(crate) struct ScenarioRuns {
     pub(crate) failed: BTreeMap<&'static str, String>,
 }
 
-pub(crate) type Getter = fn(&RunResult) -> Option<f64>;
+/// Which groups of rows beyond the common ones a scenario's table has: those some result has
+/// values for.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Groups {
+    resources: bool,
+    kubernetes: bool,
+    storm: bool,
+    killed: bool,
+}
 
-/// A row of a scenario's table: name, value, digits.
-pub(crate) type Row = (&'static str, Getter, usize);
+impl Groups {
+    pub(crate) fn of(runs: &ScenarioRuns) -> Self {
+        let any = |f: fn(&RunResult) -> bool| runs.results.values().any(f);
+        Groups {
+            resources: any(|r| r.kib_per_resource.is_some()),
+            kubernetes: any(|r| r.apiserver_watches.is_some()),
+            storm: any(|r| r.storm.is_some()),
+            killed: any(|r| r.killed_for_rss),
+        }
+    }
+}
 
-/// The rows of a scenario's table: those of every scenario, then those that only some
-/// scenarios have values for.
-pub(crate) fn rows(runs: &ScenarioRuns) -> Vec<Row> {
-    let mut rows = connect_rows();
-    rows.extend(update_rows());
-    rows.extend(cost_rows());
-    let any = |f: fn(&RunResult) -> bool| runs.results.values().any(f);
-    if any(|r| r.kib_per_resource.is_some()) {
-        rows.push((
+/// The rows of a scenario's table for one result: those of every scenario, then the `groups`.
+pub(crate) fn figures(r: &RunResult, groups: Groups) -> Vec<Figure> {
+    let mut rows = connect_figures(r);
+    rows.extend(update_figures(r));
+    rows.extend(cost_figures(r));
+    if groups.resources {
+        rows.push(figure(
             "RSS per watched resource, with its subscribers (KiB)",
-            |r| r.kib_per_resource,
+            r.kib_per_resource,
             2,
         ));
     }
-    if any(|r| r.apiserver_watches.is_some()) {
-        rows.extend(kubernetes_rows());
+    if groups.kubernetes {
+        rows.extend(kubernetes_figures(r));
     }
-    if any(|r| r.storm.is_some()) {
-        rows.extend(storm_rows());
+    if groups.storm {
+        rows.extend(match &r.storm {
+            Some(storm) => storm_figures(storm),
+            None => absent(storm_figures(&StormResult::default())),
+        });
     }
-    if any(|r| r.killed_for_rss) {
-        rows.push((
-            "killed for RSS over --max-rss-mib",
-            |r| Some(f64::from(u8::from(r.killed_for_rss))),
-            0,
-        ));
+    if groups.killed {
+        let killed = f64::from(u8::from(r.killed_for_rss));
+        rows.push(figure("killed for RSS over --max-rss-mib", Some(killed), 0));
     }
     rows
 }
 
 /// Connecting the subscribers and their first snapshots.
-fn connect_rows() -> Vec<Row> {
-    vec![
-        (
-            "subscribers connected",
-            |r| Some(r.subscribers_connected as f64),
-            0,
-        ),
-        (
-            "connect all subscribers (s)",
-            |r| Some(r.connect_seconds),
-            2,
-        ),
-        ("connect: CPU (s)", |r| Some(r.connect_cpu_seconds), 2),
-        (
+fn connect_figures(r: &RunResult) -> Vec<Figure> {
+    let mut rows = vec![
+        figure("subscribers connected", count(r.subscribers_connected), 0),
+        figure("connect all subscribers (s)", Some(r.connect_seconds), 2),
+        figure("connect: CPU (s)", Some(r.connect_cpu_seconds), 2),
+        figure(
             "connect: load generator CPU (s)",
-            |r| Some(r.connect_load_generator_cpu_seconds),
+            Some(r.connect_load_generator_cpu_seconds),
             2,
         ),
-        (
-            "time to first snapshot p50 (ms)",
-            |r| r.first_snapshot.p50_ms,
-            2,
-        ),
-        (
-            "time to first snapshot p99 (ms)",
-            |r| r.first_snapshot.p99_ms,
-            2,
-        ),
-    ]
+    ];
+    rows.extend(
+        r.first_snapshot
+            .figures("time to first snapshot", 2, &[P50, P99]),
+    );
+    rows
 }
 
 /// Paced updates and the burst.
-fn update_rows() -> Vec<Row> {
-    vec![
-        ("propagation to all p50 (ms)", |r| r.propagation.p50_ms, 1),
-        ("propagation to all p99 (ms)", |r| r.propagation.p99_ms, 1),
-        ("propagation to all max (ms)", |r| r.propagation.max_ms, 1),
-        ("first subscriber p50 (ms)", |r| r.first_receiver.p50_ms, 1),
-        (
+fn update_figures(r: &RunResult) -> Vec<Figure> {
+    let mut rows = r
+        .propagation
+        .figures("propagation to all", 1, &[P50, P99, Max]);
+    rows.extend(r.first_receiver.figures("first subscriber", 1, &[P50]));
+    rows.extend([
+        figure(
             "paced updates not delivered to all",
-            |r| Some(r.updates_incomplete as f64),
+            count(r.updates_incomplete),
             0,
         ),
-        (
+        figure(
             "messages per subscriber per update",
-            |r| Some(r.messages_per_subscriber_per_update),
+            Some(r.messages_per_subscriber_per_update),
             2,
         ),
-        ("burst: convergence (ms)", |r| r.burst_convergence_ms, 1),
-        (
+        figure("burst: convergence (ms)", r.burst_convergence_ms, 1),
+        figure(
             "burst: subscribers not on final version",
-            |r| Some(r.stale_after_settle as f64),
+            count(r.stale_after_settle),
             0,
         ),
-    ]
+    ]);
+    rows
 }
 
 /// Memory, CPU and errors.
-fn cost_rows() -> Vec<Row> {
+fn cost_figures(r: &RunResult) -> Vec<Figure> {
+    let written_mib = r.bytes_written_per_update / (1024.0 * 1024.0);
     vec![
-        ("RSS, no subscribers (MiB)", |r| Some(r.rss_empty_mib), 1),
-        ("RSS, subscribers idle (MiB)", |r| Some(r.rss_idle_mib), 1),
-        (
+        figure("RSS, no subscribers (MiB)", Some(r.rss_empty_mib), 1),
+        figure("RSS, subscribers idle (MiB)", Some(r.rss_idle_mib), 1),
+        figure(
             "RSS, during updates (MiB)",
-            |r| Some(r.rss_after_updates_mib),
+            Some(r.rss_after_updates_mib),
             1,
         ),
-        ("RSS peak (VmHWM, MiB)", |r| Some(r.rss_peak_mib), 1),
-        (
+        figure("RSS peak (VmHWM, MiB)", Some(r.rss_peak_mib), 1),
+        figure(
             "memory per idle subscriber (KiB)",
-            |r| Some(r.kib_per_idle_subscriber),
+            Some(r.kib_per_idle_subscriber),
             2,
         ),
-        (
-            "CPU while idle (% of a core)",
-            |r| Some(r.cpu_idle_percent),
-            2,
-        ),
-        ("CPU per update (s)", |r| Some(r.cpu_seconds_per_update), 3),
-        (
-            "bytes written per update (MiB)",
-            |r| Some(r.bytes_written_per_update / (1024.0 * 1024.0)),
-            1,
-        ),
-        ("CPU total (s)", |r| Some(r.cpu_seconds_total), 2),
-        (
+        figure("CPU while idle (% of a core)", Some(r.cpu_idle_percent), 2),
+        figure("CPU per update (s)", Some(r.cpu_seconds_per_update), 3),
+        figure("bytes written per update (MiB)", Some(written_mib), 1),
+        figure("CPU total (s)", Some(r.cpu_seconds_total), 2),
+        figure(
             "load generator CPU per update (s)",
-            |r| Some(r.load_generator_cpu_seconds_per_update),
+            Some(r.load_generator_cpu_seconds_per_update),
             3,
         ),
-        (
+        figure(
             "load generator: large messages decoded per update",
-            |r| Some(r.decoded_per_update),
+            Some(r.decoded_per_update),
             1,
         ),
-        ("stream errors", |r| Some(r.stream_errors as f64), 0),
-        (
+        figure("stream errors", count(r.stream_errors), 0),
+        figure(
             "first-snapshot failures",
-            |r| Some(r.first_snapshot_failures as f64),
+            count(r.first_snapshot_failures),
             0,
         ),
     ]
+}
+
+/// The FeatureFlag watches open at the API server, as every table with a Kubernetes source
+/// shows them.
+pub(crate) fn watches_figure(watches: Option<u64>) -> Figure {
+    figure(
+        "API server: FeatureFlag watches open",
+        watches.and_then(count),
+        0,
+    )
 }
 
 /// The API server, and resources nobody watched before (Kubernetes source).
-fn kubernetes_rows() -> Vec<Row> {
-    vec![
-        (
-            "API server: FeatureFlag watches open",
-            (|r| r.apiserver_watches.map(|v| v as f64)) as Getter,
-            0,
-        ),
-        (
+fn kubernetes_figures(r: &RunResult) -> Vec<Figure> {
+    let mut rows = vec![
+        watches_figure(r.apiserver_watches),
+        figure(
             "API server: connections from the proxy",
-            |r| r.apiserver_connections.map(|v| v as f64),
+            r.apiserver_connections.and_then(count),
             0,
         ),
-        (
-            "new resource: time to first snapshot p50 (ms)",
-            |r| r.cold_first_snapshot.p50_ms,
-            1,
-        ),
-        (
-            "new resource: time to first snapshot p99 (ms)",
-            |r| r.cold_first_snapshot.p99_ms,
-            1,
-        ),
-        (
-            "new resource: failures",
-            |r| Some(r.cold_first_snapshot_failures as f64),
-            0,
-        ),
-    ]
+    ];
+    let cold = &r.cold_first_snapshot;
+    rows.extend(cold.figures("new resource: time to first snapshot", 1, &[P50, P99]));
+    let failures = count(r.cold_first_snapshot_failures);
+    rows.push(figure("new resource: failures", failures, 0));
+    rows
 }
 
 /// The reconnect storm.
-fn storm_rows() -> Vec<Row> {
-    vec![
-        (
-            "storm: subscribers served again",
-            (|r| r.storm.as_ref().map(|s| s.served_again as f64)) as Getter,
-            0,
-        ),
-        (
-            "storm: all served again after (s)",
-            |r| r.storm.as_ref().and_then(|s| s.seconds_to_all),
-            2,
-        ),
-        (
-            "storm: reconnect to snapshot p50 (ms)",
-            |r| {
-                r.storm
-                    .as_ref()
-                    .and_then(|s| s.reconnect_to_snapshot.p50_ms)
-            },
-            1,
-        ),
-        (
-            "storm: reconnect to snapshot p99 (ms)",
-            |r| {
-                r.storm
-                    .as_ref()
-                    .and_then(|s| s.reconnect_to_snapshot.p99_ms)
-            },
-            1,
-        ),
-        (
-            "storm: attempts retried",
-            |r| r.storm.as_ref().map(|s| s.retries as f64),
-            0,
-        ),
-        (
-            "storm: clients never served",
-            |r| r.storm.as_ref().map(|s| s.gave_up as f64),
-            0,
-        ),
-        (
-            "storm: CPU (s)",
-            |r| r.storm.as_ref().map(|s| s.cpu_seconds),
-            2,
-        ),
-        (
-            "storm: RSS peak (MiB)",
-            |r| r.storm.as_ref().map(|s| s.rss_peak_mib),
-            1,
-        ),
-        (
-            "storm: /readyz slowest (ms)",
-            |r| r.storm.as_ref().and_then(|s| s.readyz_max_ms),
-            1,
-        ),
-        (
-            "storm: /readyz failed",
-            |r| r.storm.as_ref().map(|s| s.readyz_failures as f64),
-            0,
-        ),
-        (
-            "storm: /readyz probes",
-            |r| r.storm.as_ref().map(|s| s.readyz_probes as f64),
-            0,
-        ),
-        (
+fn storm_figures(s: &StormResult) -> Vec<Figure> {
+    let reconnect = &s.reconnect_to_snapshot;
+    let mut rows = vec![
+        figure("storm: subscribers served again", count(s.served_again), 0),
+        figure("storm: all served again after (s)", s.seconds_to_all, 2),
+    ];
+    rows.extend(reconnect.figures("storm: reconnect to snapshot", 1, &[P50, P99]));
+    rows.extend([
+        figure("storm: attempts retried", count(s.retries), 0),
+        figure("storm: clients never served", count(s.gave_up), 0),
+        figure("storm: CPU (s)", Some(s.cpu_seconds), 2),
+        figure("storm: RSS peak (MiB)", Some(s.rss_peak_mib), 1),
+        figure("storm: /readyz slowest (ms)", s.readyz_max_ms, 1),
+        figure("storm: /readyz failed", count(s.readyz_failures), 0),
+        figure("storm: /readyz probes", count(s.readyz_probes), 0),
+        figure(
             "storm: update to the connected streams (ms)",
-            |r| r.storm.as_ref().and_then(|s| s.witness_update_ms),
+            s.witness_update_ms,
             1,
         ),
-        (
+        figure(
             "storm: connected streams broken",
-            |r| r.storm.as_ref().map(|s| s.witness_stream_errors as f64),
+            count(s.witness_stream_errors),
             0,
         ),
-    ]
+    ]);
+    rows
 }
 
 /// The heading of a scenario's table.
@@ -342,21 +248,36 @@ pub(crate) fn markdown_table(
     go_label: &str,
     streams_per_connection: usize,
 ) -> String {
-    let results = &runs.results;
     let mut out = heading(runs, streams_per_connection);
-    let model = results.contains_key("model") || runs.skipped.contains_key("model");
-    let floor = results.contains_key("floor") || runs.skipped.contains_key("floor");
-    let mut header = format!("| metric | flagd-proxy (Rust) | {go_label} | Go / Rust |");
-    let mut rule = String::from("|---|---:|---:|---:|");
+    out.push_str(&metric_table(runs, go_label));
+    let churned: Vec<(&str, &churn::ChurnResult)> = runs
+        .results
+        .values()
+        .filter_map(|r| Some((r.proxy.as_str(), r.churn.as_ref()?)))
+        .collect();
+    if !churned.is_empty() {
+        out.push('\n');
+        out.push_str(&churn::table(&churned));
+    }
+    out.push_str(&notes(runs));
+    out.push('\n');
+    out
+}
+
+/// The table of the figures: a row per figure, a column per proxy, and the ratios.
+fn metric_table(runs: &ScenarioRuns, go_label: &str) -> String {
+    let results = &runs.results;
+    let has = |key: &str| results.contains_key(key) || runs.skipped.contains_key(key);
+    let (model, floor) = (has("model"), has("floor"));
+    let mut columns = vec!["metric", "flagd-proxy (Rust)", go_label, "Go / Rust"];
     if model {
-        header.push_str(&format!(" {} |", Kind::Model.label()));
-        rule.push_str("---:|");
+        columns.push(Kind::Model.label());
     }
     if floor {
-        header.push_str(" floor | Rust / floor |");
-        rule.push_str("---:|---:|");
+        columns.extend(["floor", "Rust / floor"]);
     }
-    out.push_str(&format!("{header}\n{rule}\n"));
+    let mut table = Table::new(columns, "lr");
+    // A proxy without a result: why it was skipped, or that it failed.
     let cell = |key: &str, v: Option<f64>, digits: usize| match results.get(key) {
         Some(_) => fmt_opt(v, digits),
         None => runs
@@ -365,43 +286,44 @@ pub(crate) fn markdown_table(
             .cloned()
             .unwrap_or_else(|| "failed".to_owned()),
     };
-    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-        (Some(a), Some(b)) if a > 0.0 => format!("{:.2}", b / a),
-        _ => "–".to_owned(),
-    };
-    for (name, get, digits) in rows(runs) {
-        let value = |key: &str| results.get(key).and_then(get);
+    let groups = Groups::of(runs);
+    let by_key: BTreeMap<&str, Vec<Figure>> = results
+        .iter()
+        .map(|(key, r)| (*key, figures(r, groups)))
+        .collect();
+    for (i, (name, _, digits)) in figures(&RunResult::default(), groups).iter().enumerate() {
+        let value = |key: &str| by_key.get(key).and_then(|f| f[i].1);
         let (r, g) = (value("rust"), value("go"));
-        let mut line = format!(
-            "| {name} | {} | {} | {} |",
-            cell("rust", r, digits),
-            cell("go", g, digits),
-            ratio(r, g)
-        );
+        let mut line = vec![
+            name.to_owned(),
+            cell("rust", r, *digits),
+            cell("go", g, *digits),
+            ratio(r, g),
+        ];
         if model {
-            line.push_str(&format!(" {} |", cell("model", value("model"), digits)));
+            line.push(cell("model", value("model"), *digits));
         }
         if floor {
             let f = value("floor");
-            let fc = if results.contains_key("floor") && f.is_none() {
-                "–".to_owned()
-            } else {
-                cell("floor", f, digits)
-            };
-            line.push_str(&format!(" {fc} | {} |", ratio(f, r)));
+            line.extend([cell("floor", f, *digits), ratio(f, r)]);
         }
-        out.push_str(&line);
-        out.push('\n');
+        table.row(line);
     }
-    let churned: Vec<(&str, &churn::ChurnResult)> = results
-        .values()
-        .filter_map(|r| Some((r.proxy.as_str(), r.churn.as_ref()?)))
-        .collect();
-    if !churned.is_empty() {
-        out.push('\n');
-        out.push_str(&churn::table(&churned));
+    table.markdown()
+}
+
+/// `b / a` with two decimals, or "–".
+fn ratio(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if a > 0.0 => format!("{:.2}", b / a),
+        _ => "–".to_owned(),
     }
-    for (key, run) in results {
+}
+
+/// The last stream error and the phases cut short of each proxy, and the runs that failed.
+fn notes(runs: &ScenarioRuns) -> String {
+    let mut out = String::new();
+    for (key, run) in &runs.results {
         if let Some(error) = &run.last_error {
             out.push_str(&format!("\n{key}: last stream error: {error}\n"));
         }
@@ -412,7 +334,6 @@ pub(crate) fn markdown_table(
     for (key, error) in &runs.failed {
         out.push_str(&format!("\n{key}: the run failed: {error}\n"));
     }
-    out.push('\n');
     out
 }
 
@@ -420,10 +341,7 @@ pub(crate) fn markdown_table(
 pub(crate) struct Summary<'a> {
     pub(crate) args: &'a Args,
     pub(crate) go_note: Option<String>,
-    pub(crate) load_before: String,
-    pub(crate) load_after: String,
-    pub(crate) machine: Value,
-    pub(crate) seconds: f64,
+    pub(crate) header: Header,
     pub(crate) verdict: Verdict,
 }
 
@@ -431,18 +349,9 @@ impl Summary<'_> {
     /// The Markdown report: the machine and settings, a table per scenario, the targets and the
     /// verdict.
     pub(crate) fn markdown(&self, runs: &[ScenarioRuns]) -> String {
-        let (args, machine) = (self.args, &self.machine);
+        let args = self.args;
         let mut report = String::from("## flagd-proxy fan-out benchmark\n\n");
-        report.push_str(&format!(
-            "Machine: {} CPUs ({}), {} GiB, Linux {}. Load average before: {}; after: {}. Duration: {:.0} s.\n\n",
-            machine["cpus"],
-            machine["cpu_model"].as_str().unwrap_or("?"),
-            machine["memory_gib"],
-            machine["kernel"].as_str().unwrap_or("?"),
-            self.load_before,
-            self.load_after,
-            self.seconds
-        ));
+        report.push_str(&format!("{}.\n\n", self.header.sentence()));
         report.push_str(&format!(
             "Settings: {} streams per connection, {} paced updates ({} gap), burst of {} ({} apart, settle {}), {} first-snapshot samples, {} load-generator threads.\n\n",
             args.streams_per_connection,
@@ -489,10 +398,7 @@ impl Summary<'_> {
                 })
             })
             .collect();
-        json!({
-            "machine": self.machine,
-            "load_average_before": self.load_before,
-            "load_average_after": self.load_after,
+        self.header.stamp(json!({
             "settings": {
                 "updates": args.updates,
                 "update_gap_ms": args.update_gap.as_millis() as u64,
@@ -507,6 +413,6 @@ impl Summary<'_> {
             "correct": self.verdict.ok(),
             "failures": self.verdict.failures,
             "scenarios": scenarios,
-        })
+        }))
     }
 }

@@ -6,6 +6,7 @@ use std::path::Path;
 use flagd_proxy_testkit::control_plane::ControlPlane;
 
 use crate::args::Args;
+use crate::kit::latency::Stats;
 use crate::load::{BenchTls, Dial};
 use crate::phases::Live;
 use crate::proxy::{Kind, ProxyProcess, SourceKind};
@@ -25,42 +26,38 @@ pub(crate) struct Scenario {
 impl Scenario {
     /// How the progress lines and the verdict name the scenario.
     pub(crate) fn label(&self) -> String {
+        self.named(["subscribers", "resource(s)", "B payload", " source"])
+    }
+
+    /// The name of the working directory of `kind`'s run.
+    fn dir_name(&self, kind: Kind) -> String {
         format!(
-            "{} subscribers, {} resource(s), {} B payload, {} source{}",
+            "{}-{}-n{}-m{}-p{}{}",
+            kind.key(),
+            self.source.label(),
+            self.subscribers,
+            self.resources,
+            self.payload,
+            if self.tls { "-tls" } else { "" }
+        )
+    }
+
+    /// How the table of targets names the scenario.
+    pub(crate) fn short_label(&self) -> String {
+        self.named(["subs", "res", "B", ""])
+    }
+
+    /// The subscribers, resources, payload and source, each followed by its word of `words`
+    /// (the source's word stands right after it), and TLS where it is on.
+    fn named(&self, [subscribers, resources, payload, source]: [&str; 4]) -> String {
+        format!(
+            "{} {subscribers}, {} {resources}, {} {payload}, {}{source}{}",
             self.subscribers,
             self.resources,
             self.payload,
             self.source.label(),
             if self.tls { ", TLS" } else { "" }
         )
-    }
-}
-
-#[derive(Debug, Default, Clone, serde::Serialize)]
-pub(crate) struct Stats {
-    pub(crate) samples: usize,
-    pub(crate) p50_ms: Option<f64>,
-    pub(crate) p99_ms: Option<f64>,
-    pub(crate) max_ms: Option<f64>,
-}
-
-impl Stats {
-    pub(crate) fn of(mut values: Vec<f64>) -> Self {
-        values.sort_by(f64::total_cmp);
-        let pick = |p: f64| {
-            if values.is_empty() {
-                None
-            } else {
-                let rank = ((p * values.len() as f64).ceil() as usize).clamp(1, values.len());
-                Some(values[rank - 1])
-            }
-        };
-        Stats {
-            samples: values.len(),
-            p50_ms: pick(0.50),
-            p99_ms: pick(0.99),
-            max_ms: values.last().copied(),
-        }
     }
 }
 
@@ -138,62 +135,9 @@ impl RunResult {
                 self.subscribers_connected
             ));
         }
-        let mut count = |n: u64, what: String| {
-            if n > 0 {
-                problems.push(what);
-            }
-        };
-        count(
-            self.updates_incomplete,
-            format!(
-                "{} paced update(s) did not reach every subscriber ({} subscriber-versions missed)",
-                self.updates_incomplete, self.subscriber_versions_missed
-            ),
-        );
-        count(
-            self.stale_after_settle as u64,
-            format!(
-                "{} subscriber(s) not on the final version after the burst",
-                self.stale_after_settle
-            ),
-        );
-        count(
-            self.stream_errors,
-            format!("{} stream error(s)", self.stream_errors),
-        );
-        count(
-            self.unparsed_messages,
-            format!(
-                "{} message(s) without a version number",
-                self.unparsed_messages
-            ),
-        );
-        count(
-            self.first_snapshot_failures as u64,
-            format!(
-                "{} new subscriber(s) got no first snapshot",
-                self.first_snapshot_failures
-            ),
-        );
-        count(
-            self.cold_first_snapshot_failures as u64,
-            format!(
-                "{} new resource(s) got no first snapshot",
-                self.cold_first_snapshot_failures
-            ),
-        );
+        problems.extend(nonzero(self.failures()));
         if let Some(storm) = &self.storm {
-            count(
-                storm.gave_up as u64,
-                format!("storm: {} subscriber(s) never served again", storm.gave_up),
-            );
-            count(
-                storm.witness_stream_errors,
-                format!(
-                    "storm: {} connected stream(s) broken",
-                    storm.witness_stream_errors
-                ),
-            );
+            problems.extend(nonzero(storm_failures(storm)));
         }
         if let Some(churn) = &self.churn {
             problems.extend(churn.problems());
@@ -203,6 +147,77 @@ impl RunResult {
         }
         problems
     }
+
+    /// What went wrong in the phases, each with its count.
+    fn failures(&self) -> Vec<(u64, String)> {
+        let missed = self.subscriber_versions_missed;
+        vec![
+            (
+                self.updates_incomplete,
+                format!(
+                    "{} paced update(s) did not reach every subscriber ({missed} subscriber-versions missed)",
+                    self.updates_incomplete
+                ),
+            ),
+            (
+                self.stale_after_settle as u64,
+                format!(
+                    "{} subscriber(s) not on the final version after the burst",
+                    self.stale_after_settle
+                ),
+            ),
+            (
+                self.stream_errors,
+                format!("{} stream error(s)", self.stream_errors),
+            ),
+            (
+                self.unparsed_messages,
+                format!(
+                    "{} message(s) without a version number",
+                    self.unparsed_messages
+                ),
+            ),
+            (
+                self.first_snapshot_failures as u64,
+                format!(
+                    "{} new subscriber(s) got no first snapshot",
+                    self.first_snapshot_failures
+                ),
+            ),
+            (
+                self.cold_first_snapshot_failures as u64,
+                format!(
+                    "{} new resource(s) got no first snapshot",
+                    self.cold_first_snapshot_failures
+                ),
+            ),
+        ]
+    }
+}
+
+/// What went wrong in the reconnect storm, each with its count.
+fn storm_failures(storm: &storm::StormResult) -> Vec<(u64, String)> {
+    vec![
+        (
+            storm.gave_up as u64,
+            format!("storm: {} subscriber(s) never served again", storm.gave_up),
+        ),
+        (
+            storm.witness_stream_errors,
+            format!(
+                "storm: {} connected stream(s) broken",
+                storm.witness_stream_errors
+            ),
+        ),
+    ]
+}
+
+/// The failures that happened: those counted more than zero times.
+fn nonzero(failures: Vec<(u64, String)>) -> impl Iterator<Item = String> {
+    failures
+        .into_iter()
+        .filter(|(count, _)| *count > 0)
+        .map(|(_, what)| what)
 }
 
 /// One scenario against one proxy: a control plane of its own (Kubernetes), the flag sources,
@@ -214,15 +229,7 @@ pub(crate) async fn run_one(
     args: &Args,
     workdir: &Path,
 ) -> anyhow::Result<RunResult> {
-    let dir = workdir.join(format!(
-        "{}-{}-n{}-m{}-p{}{}",
-        kind.key(),
-        scenario.source.label(),
-        scenario.subscribers,
-        scenario.resources,
-        scenario.payload,
-        if scenario.tls { "-tls" } else { "" }
-    ));
+    let dir = workdir.join(scenario.dir_name(kind));
     std::fs::create_dir_all(&dir)?;
     let cluster = start_cluster(kind, scenario).await?;
     let sources = Sources::new(
@@ -237,11 +244,7 @@ pub(crate) async fn run_one(
         Some(_) => sources.create_cold(args.cold_resources).await?,
         None => Vec::new(),
     };
-    let tls = if scenario.tls {
-        Some(BenchTls::new(&dir)?)
-    } else {
-        None
-    };
+    let tls = scenario.tls.then(|| BenchTls::new(&dir)).transpose()?;
     let mut proxy = ProxyProcess::start(
         kind,
         bin,

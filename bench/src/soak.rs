@@ -25,12 +25,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use serde_json::Value;
 
 use crate::args::Args;
+use crate::kit::header::{Clock, Header};
+use crate::kit::table::Table;
 use crate::load::{Dial, open_channel, open_stream};
 use crate::proxy::{Kind, ProxyProcess};
-use crate::report::{loadavg, machine, machine_line};
 use crate::sampling::RssGuard;
 use crate::sitting::rust_bin;
 use crate::sources::document;
@@ -69,13 +69,11 @@ struct Settings {
 #[derive(Debug, serde::Serialize)]
 struct SoakReport {
     settings: Settings,
-    machine: Value,
-    load_average_before: String,
-    load_average_after: String,
+    #[serde(flatten)]
+    header: Header,
     seconds_warm_up: f64,
     seconds_churn: f64,
     seconds_cool_down: f64,
-    seconds_total: f64,
     updates_written: u64,
     /// `flagd_proxy_versions_published_total` at the end less at the baseline.
     versions_published: Option<f64>,
@@ -144,13 +142,122 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
 
 /// The soak itself: warm-up, churn, cool-down.
 async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
-    let began = Instant::now();
-    let load_before = loadavg();
+    let clock = Clock::start();
     let steady = Arc::new(Steady::create(
         Dirs::new(workdir)?,
         args.soak_resources,
         args.soak_payload_bytes,
     )?);
+    let mut proxy = start_proxy(args, workdir)?;
+    let probe = Probe::of(&proxy, clock.began());
+    let guard = RssGuard::spawn(probe.pid, args.max_rss_mib);
+    let dial = Dial::plain(proxy.port);
+    let warm = warm_up(args, &probe, &mut proxy, &dial, &steady).await?;
+    let (tracker, mut steady_tasks) = (warm.tracker, warm.tasks);
+    let (sampler, baseline) = (warm.sampler, warm.baseline);
+    let seconds_warm_up = probe.began.elapsed().as_secs_f64();
+    let churned = churn_phase(args, &probe, &sampler, &steady, &mut proxy, dial.port).await;
+
+    let cool_began = Instant::now();
+    sampler.set_phase(Phase::CoolDown);
+    let stale = tracker.wait_on(&steady.finals(), args.soak_timeout).await;
+    let end = cool_down(args, &probe, &baseline).await;
+    sampler.push(end.clone());
+    let seconds_cool_down = cool_began.elapsed().as_secs_f64();
+    steady_tasks.abort_all();
+    while steady_tasks.join_next().await.is_some() {}
+    let samples = sampler.stop();
+    let ending = Ending::of(stale, proxy, guard);
+    let quantities = judge::judge(&judge::quantities(), &baseline, &during(&samples), &end);
+    let correctness = correctness(args, ending, &tracker, &churned);
+    let problems = [judge::leaks(&quantities), correctness.problems()].concat();
+    let (written, churn_end) = (&churned.written, &churned.end);
+    let churn_errors = churned.errors();
+    let delta = |get: fn(&Sample) -> Option<f64>| Some(get(&end)? - get(&baseline)?);
+    let Ok(churn) = Arc::try_unwrap(churned.churn) else {
+        bail!("a churn task outlived the churn");
+    };
+    Ok(SoakReport {
+        settings: settings(args),
+        header: clock.stop(),
+        seconds_warm_up,
+        seconds_churn: churned.seconds,
+        seconds_cool_down,
+        updates_written: written.updates,
+        versions_published: delta(|s| s.published),
+        messages_sent: delta(|s| s.updates_sent),
+        churn_cpu_seconds: churn_end.cpu_seconds - baseline.cpu_seconds,
+        churn_load_generator_cpu_seconds: churn_end.load_generator_cpu_seconds
+            - baseline.load_generator_cpu_seconds,
+        steady_received: tracker.received_spread(),
+        steady_repeats: get(&tracker.repeats),
+        churn: churn.counts,
+        quantities,
+        correctness,
+        churn_errors,
+        last_steady_error: probe::lock(&tracker.last_error).clone(),
+        problems,
+        samples,
+    })
+}
+
+/// How the soak ended: the steady subscribers not on their final version, how the proxy exited
+/// if it did, and whether it was killed for its memory.
+struct Ending {
+    stale: usize,
+    proxy_exited: Option<String>,
+    killed_for_rss: bool,
+}
+
+impl Ending {
+    /// Stops the proxy and its guard; how they ended.
+    fn of(stale: usize, mut proxy: ProxyProcess, guard: RssGuard) -> Self {
+        let ending = Ending {
+            stale,
+            proxy_exited: exit_note(&mut proxy),
+            killed_for_rss: guard.killed(),
+        };
+        drop(guard);
+        drop(proxy);
+        ending
+    }
+}
+
+/// The correctness half of the verdict: what the steady subscribers saw, what the churn failed
+/// or left undone, and how the soak ended.
+fn correctness(
+    args: &Args,
+    ending: Ending,
+    tracker: &SteadyTracker,
+    churned: &Churned,
+) -> Correctness {
+    let counts = &churned.churn.counts;
+    let mut not_done = not_done(args, counts, &churned.written);
+    if let Some(why) = &churned.stopped_why {
+        not_done.push(format!("the churn stopped early: {why}"));
+    }
+    if ending.killed_for_rss {
+        not_done.push(format!(
+            "the proxy was killed for going over --max-rss-mib ({} MiB)",
+            args.max_rss_mib
+        ));
+    }
+    Correctness {
+        steady_subscribers: args.soak_subscribers,
+        stale: ending.stale,
+        steady_stream_errors: get(&tracker.errors),
+        steady_backwards: get(&tracker.backwards),
+        steady_unparsed: get(&tracker.unparsed),
+        connect_failures: get(&counts.connect_failures),
+        lifecycle_failures: get(&counts.lifecycle_failures),
+        not_done,
+        write_errors: churned.written.errors,
+        proxy_exited: ending.proxy_exited,
+    }
+}
+
+/// This proxy on the steady manifests, with the soak's idle timeout.
+fn start_proxy(args: &Args, workdir: &Path) -> anyhow::Result<ProxyProcess> {
     let bin = rust_bin(args)?;
     anyhow::ensure!(
         bin.exists(),
@@ -158,7 +265,7 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
         bin.display()
     );
     let idle_timeout = humantime::format_duration(args.soak_idle_timeout).to_string();
-    let mut proxy = ProxyProcess::start(
+    ProxyProcess::start(
         Kind::Rust,
         &bin,
         workdir,
@@ -167,25 +274,57 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
         args.soak_payload_bytes,
         args.soak_resources + 2 * LIFECYCLE_LOOPS * 8 + 16,
         &["--idle-timeout".to_owned(), idle_timeout],
-    )?;
-    let (pid, management_port) = (proxy.pid, proxy.management_port);
-    let guard = RssGuard::spawn(pid, args.max_rss_mib);
-    let dial = Dial {
-        port: proxy.port,
-        tls: None,
-    };
-
-    // Warm-up.
-    wait_ready(&mut proxy, &dial, &steady.selector(0)).await?;
-    let tracker = Arc::new(SteadyTracker::new(args.soak_subscribers));
-    let mut steady_tasks = connect_steady(
-        &dial,
-        &steady,
-        args.soak_subscribers,
-        args.soak_connections,
-        &tracker,
     )
-    .await?;
+}
+
+/// Where the proxy is sampled: its process, its management port, and the soak's start.
+struct Probe {
+    pid: u32,
+    port: u16,
+    began: Instant,
+}
+
+impl Probe {
+    fn of(proxy: &ProxyProcess, began: Instant) -> Self {
+        Probe {
+            pid: proxy.pid,
+            port: proxy.management_port,
+            began,
+        }
+    }
+
+    async fn sample(&self, phase: Phase) -> Sample {
+        sample(self.pid, self.port, self.began, phase).await
+    }
+
+    /// Waits until `done` holds for a sample, or `timeout`.
+    async fn settle(&self, timeout: Duration, done: impl Fn(&Sample) -> bool) {
+        settle(self.pid, self.port, self.began, timeout, done).await;
+    }
+}
+
+/// What the warm-up leaves: the steady subscribers on the first version, the sampler running,
+/// and the baseline.
+struct Warm {
+    tracker: Arc<SteadyTracker>,
+    tasks: tokio::task::JoinSet<()>,
+    sampler: Sampler,
+    baseline: Sample,
+}
+
+/// The warm-up: the proxy ready, every steady subscriber on version 0 and its streams and
+/// connections counted by the proxy; then the baseline sample.
+async fn warm_up(
+    args: &Args,
+    probe: &Probe,
+    proxy: &mut ProxyProcess,
+    dial: &Dial,
+    steady: &Steady,
+) -> anyhow::Result<Warm> {
+    wait_ready(proxy, dial, &steady.selector(0)).await?;
+    let tracker = Arc::new(SteadyTracker::new(args.soak_subscribers));
+    let (subscribers, connections) = (args.soak_subscribers, args.soak_connections);
+    let tasks = connect_steady(dial, steady, subscribers, connections, &tracker).await?;
     let zeros = vec![0; args.soak_resources];
     let waiting = tracker.wait_on(&zeros, args.soak_timeout).await;
     anyhow::ensure!(
@@ -193,52 +332,34 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
         "{waiting} steady subscriber(s) did not get the first version within {:?}",
         args.soak_timeout
     );
-    let sampler = Sampler::spawn(pid, management_port, began, args.soak_sample_every);
+    let sampler = Sampler::spawn(probe.pid, probe.port, probe.began, args.soak_sample_every);
     let steady_counts = |s: &Sample| {
-        s.streams == Some(args.soak_subscribers as f64)
-            && s.connections == Some(args.soak_connections as f64)
+        s.streams == Some(subscribers as f64) && s.connections == Some(connections as f64)
     };
-    settle(
-        pid,
-        management_port,
-        began,
-        args.soak_timeout,
-        steady_counts,
-    )
-    .await;
+    probe.settle(args.soak_timeout, steady_counts).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let baseline = sample(pid, management_port, began, Phase::WarmUp).await;
+    let baseline = probe.sample(Phase::WarmUp).await;
     sampler.push(baseline.clone());
-    let seconds_warm_up = began.elapsed().as_secs_f64();
     eprintln!(
-        "soak: baseline after {seconds_warm_up:.1} s: RSS {:.1} MiB, {} fds, {} threads, {} streams, {} watches",
+        "soak: baseline after {:.1} s: RSS {:.1} MiB, {} fds, {} threads, {} streams, {} watches",
+        probe.began.elapsed().as_secs_f64(),
         baseline.rss_kib.unwrap_or(0.0) / 1024.0,
         baseline.fds.unwrap_or(0.0),
         baseline.threads.unwrap_or(0.0),
         baseline.streams.unwrap_or(0.0),
         baseline.watches.unwrap_or(0.0)
     );
+    Ok(Warm {
+        tracker,
+        tasks,
+        sampler,
+        baseline,
+    })
+}
 
-    // Churn.
-    sampler.set_phase(Phase::Churn);
-    let churn_began = Instant::now();
-    let (churn, written, stopped_why) =
-        run_churn(args, &steady, &mut proxy, dial.port, churn_began).await;
-    let churn_end = sample(pid, management_port, began, Phase::Churn).await;
-    sampler.push(churn_end.clone());
-    let seconds_churn = churn_began.elapsed().as_secs_f64();
-    eprintln!(
-        "soak: churn done in {seconds_churn:.1} s: {} updates, {} connects, {} lifecycles",
-        written.updates,
-        churn.counts.connects.load(Ordering::Relaxed),
-        churn.counts.lifecycles_appearing.load(Ordering::Relaxed)
-            + churn.counts.lifecycles_never.load(Ordering::Relaxed)
-    );
-
-    // Cool-down.
-    sampler.set_phase(Phase::CoolDown);
-    let cool_began = Instant::now();
-    let stale = tracker.wait_on(&steady.finals(), args.soak_timeout).await;
+/// The cool-down: waits until the counts are back at the baseline (or the idle timeout and
+/// `--soak-timeout` passed), then `--soak-quiet`; the end sample.
+async fn cool_down(args: &Args, probe: &Probe, baseline: &Sample) -> Sample {
     // Back: the counts at their baseline, and the threads within their tolerance (the proxy's
     // idle blocking threads go a while after the churn's last parse, not at once).
     let back = |s: &Sample| {
@@ -256,113 +377,96 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
             .iter()
             .all(|(now, then)| now.is_some() && now == then)
     };
-    settle(
-        pid,
-        management_port,
-        began,
-        args.soak_idle_timeout + args.soak_timeout,
-        back,
-    )
-    .await;
+    probe
+        .settle(args.soak_idle_timeout + args.soak_timeout, back)
+        .await;
     tokio::time::sleep(args.soak_quiet).await;
-    let end = sample(pid, management_port, began, Phase::CoolDown).await;
-    sampler.push(end.clone());
-    let seconds_cool_down = cool_began.elapsed().as_secs_f64();
-    let proxy_exited = proxy.exited().map(|status| {
+    probe.sample(Phase::CoolDown).await
+}
+
+/// How the proxy exited, with the end of its log, if it did.
+fn exit_note(proxy: &mut ProxyProcess) -> Option<String> {
+    proxy.exited().map(|status| {
         let tail = proxy.log_tail();
         let tail: Vec<&str> = tail.lines().rev().take(4).collect();
         format!("{status}; its log ended: {}", tail.join(" / "))
-    });
-    let killed_for_rss = guard.killed();
-    drop(guard);
-    let samples = sampler.all();
-    drop(sampler);
-    steady_tasks.abort_all();
-    while steady_tasks.join_next().await.is_some() {}
-    drop(proxy);
+    })
+}
 
-    let during: Vec<Sample> = samples
+/// What the churn phase leaves: the churn's counts and errors, the steady updates written, why
+/// it stopped early, the sample at its end, and how long it took.
+struct Churned {
+    churn: Arc<Churn>,
+    written: Written,
+    stopped_why: Option<String>,
+    end: Sample,
+    seconds: f64,
+}
+
+impl Churned {
+    /// The errors of the churn's tasks, and the writer's last.
+    fn errors(&self) -> Vec<String> {
+        let mut errors = probe::lock(&self.churn.errors).clone();
+        errors.extend(self.written.last_error.clone());
+        errors
+    }
+}
+
+/// The churn: updates, short-lived connections and resource lifecycles at once.
+async fn churn_phase(
+    args: &Args,
+    probe: &Probe,
+    sampler: &Sampler,
+    steady: &Arc<Steady>,
+    proxy: &mut ProxyProcess,
+    port: u16,
+) -> Churned {
+    sampler.set_phase(Phase::Churn);
+    let began = Instant::now();
+    let (churn, written, stopped_why) = run_churn(args, steady, proxy, port, began).await;
+    let end = probe.sample(Phase::Churn).await;
+    sampler.push(end.clone());
+    let seconds = began.elapsed().as_secs_f64();
+    let counts = &churn.counts;
+    eprintln!(
+        "soak: churn done in {seconds:.1} s: {} updates, {} connects, {} lifecycles",
+        written.updates,
+        get(&counts.connects),
+        get(&counts.lifecycles_appearing) + get(&counts.lifecycles_never)
+    );
+    Churned {
+        churn,
+        written,
+        stopped_why,
+        end,
+        seconds,
+    }
+}
+
+/// The samples taken during the churn.
+fn during(samples: &[Sample]) -> Vec<Sample> {
+    samples
         .iter()
         .filter(|s| s.phase == Phase::Churn)
         .cloned()
-        .collect();
-    let quantities = judge::judge(&judge::quantities(), &baseline, &during, &end);
-    let mut not_done = Vec::new();
-    let counts = &churn.counts;
-    let connects = counts.connects.load(Ordering::Relaxed);
-    let lifecycles = counts.lifecycles_appearing.load(Ordering::Relaxed)
-        + counts.lifecycles_never.load(Ordering::Relaxed);
-    let mut short = |done: u64, wanted: u64, what: &str| {
-        if done < wanted {
-            not_done.push(format!("{} of {wanted} {what} not done", wanted - done));
-        }
-    };
-    short(written.updates, args.soak_updates, "updates");
-    short(
-        connects + counts.connect_failures.load(Ordering::Relaxed),
-        args.soak_connects,
-        "short-lived connections",
-    );
-    short(
-        lifecycles + counts.lifecycle_failures.load(Ordering::Relaxed),
-        args.soak_lifecycles,
-        "resource lifecycles",
-    );
-    if let Some(why) = stopped_why {
-        not_done.push(format!("the churn stopped early: {why}"));
-    }
-    if killed_for_rss {
-        not_done.push(format!(
-            "the proxy was killed for going over --max-rss-mib ({} MiB)",
-            args.max_rss_mib
-        ));
-    }
-    let correctness = Correctness {
-        steady_subscribers: args.soak_subscribers,
-        stale,
-        steady_stream_errors: tracker.errors.load(Ordering::Relaxed),
-        steady_backwards: tracker.backwards.load(Ordering::Relaxed),
-        steady_unparsed: tracker.unparsed.load(Ordering::Relaxed),
-        connect_failures: counts.connect_failures.load(Ordering::Relaxed),
-        lifecycle_failures: counts.lifecycle_failures.load(Ordering::Relaxed),
-        not_done,
-        write_errors: written.errors,
-        proxy_exited,
-    };
-    let mut problems = judge::leaks(&quantities);
-    problems.extend(correctness.problems());
-    let mut churn_errors = probe::lock(&churn.errors).clone();
-    churn_errors.extend(written.last_error.clone());
-    let last_steady_error = probe::lock(&tracker.last_error).clone();
-    let delta = |get: fn(&Sample) -> Option<f64>| Some(get(&end)? - get(&baseline)?);
-    let Ok(churn) = Arc::try_unwrap(churn) else {
-        bail!("a churn task outlived the churn");
-    };
-    Ok(SoakReport {
-        settings: settings(args),
-        machine: machine(),
-        load_average_before: load_before,
-        load_average_after: loadavg(),
-        seconds_warm_up,
-        seconds_churn,
-        seconds_cool_down,
-        seconds_total: began.elapsed().as_secs_f64(),
-        updates_written: written.updates,
-        versions_published: delta(|s| s.published),
-        messages_sent: delta(|s| s.updates_sent),
-        churn_cpu_seconds: churn_end.cpu_seconds - baseline.cpu_seconds,
-        churn_load_generator_cpu_seconds: churn_end.load_generator_cpu_seconds
-            - baseline.load_generator_cpu_seconds,
-        steady_received: tracker.received_spread(),
-        steady_repeats: tracker.repeats.load(Ordering::Relaxed),
-        churn: churn.counts,
-        quantities,
-        correctness,
-        churn_errors,
-        last_steady_error,
-        problems,
-        samples,
-    })
+        .collect()
+}
+
+/// The updates, short-lived connections and lifecycles the churn did not do, in words.
+fn not_done(args: &Args, counts: &ChurnCounts, written: &Written) -> Vec<String> {
+    let connects = get(&counts.connects) + get(&counts.connect_failures);
+    let lifecycles = get(&counts.lifecycles_appearing)
+        + get(&counts.lifecycles_never)
+        + get(&counts.lifecycle_failures);
+    [
+        (written.updates, args.soak_updates, "updates"),
+        (connects, args.soak_connects, "short-lived connections"),
+        (lifecycles, args.soak_lifecycles, "resource lifecycles"),
+    ]
+    .into_iter()
+    .filter(|(done, wanted, _)| done < wanted)
+    .map(|(done, wanted, what)| format!("{} of {wanted} {what} not done", wanted - done))
+    .collect()
 }
 
 /// Waits until a probe stream for `selector` gets version 0.
@@ -438,17 +542,11 @@ async fn run_churn(
         stop.clone(),
     ));
     let mut tasks = tokio::task::JoinSet::new();
-    churn.spawn_connects(
-        &mut tasks,
-        args.soak_concurrency,
-        args.soak_connects,
-        Pace::new(start, args.soak_connects, over),
-    );
-    churn.spawn_lifecycles(
-        &mut tasks,
-        args.soak_lifecycles,
-        Pace::new(start, args.soak_lifecycles, over),
-    );
+    let (connects, lifecycles) = (args.soak_connects, args.soak_lifecycles);
+    let concurrency = args.soak_concurrency;
+    let pace = |count: u64| Pace::new(start, count, over);
+    churn.spawn_connects(&mut tasks, concurrency, connects, pace(connects));
+    churn.spawn_lifecycles(&mut tasks, lifecycles, pace(lifecycles));
     let mut stopped_why = None;
     let mut last_progress = Instant::now();
     loop {
@@ -466,19 +564,7 @@ async fn run_churn(
         while tasks.try_join_next().is_some() {}
         if last_progress.elapsed() >= Duration::from_secs(30) {
             last_progress = Instant::now();
-            let counts = &churn.counts;
-            eprintln!(
-                "soak: {:.0} s into the churn: {} updates written, {} connects, {} lifecycles",
-                start.elapsed().as_secs_f64(),
-                steady
-                    .written
-                    .iter()
-                    .map(|w| w.load(Ordering::Relaxed))
-                    .sum::<u64>(),
-                counts.connects.load(Ordering::Relaxed),
-                counts.lifecycles_appearing.load(Ordering::Relaxed)
-                    + counts.lifecycles_never.load(Ordering::Relaxed)
-            );
+            progress(start, steady, &churn.counts);
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
@@ -488,6 +574,17 @@ async fn run_churn(
         ..Written::default()
     });
     (churn, written, stopped_why)
+}
+
+/// A progress line of the churn.
+fn progress(start: Instant, steady: &Steady, counts: &ChurnCounts) {
+    eprintln!(
+        "soak: {:.0} s into the churn: {} updates written, {} connects, {} lifecycles",
+        start.elapsed().as_secs_f64(),
+        steady.written.iter().map(get).sum::<u64>(),
+        get(&counts.connects),
+        get(&counts.lifecycles_appearing) + get(&counts.lifecycles_never)
+    );
 }
 
 fn settings(args: &Args) -> Settings {
@@ -513,109 +610,23 @@ fn settings(args: &Args) -> Settings {
 
 /// The Markdown report.
 fn markdown(report: &SoakReport) -> String {
-    let (s, m, c) = (&report.settings, &report.machine, &report.churn);
-    let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+    let s = &report.settings;
     let mut out = String::from("## flagd-proxy soak\n\n");
     out.push_str(&format!(
-        "Machine: {}. Load average before: {}; after: {}. Duration: {:.0} s (warm-up {:.0} s, churn {:.0} s, cool-down {:.0} s).\n\n",
-        machine_line(m),
-        report.load_average_before,
-        report.load_average_after,
-        report.seconds_total,
+        "{} (warm-up {:.0} s, churn {:.0} s, cool-down {:.0} s).\n\n",
+        report.header.sentence(),
         report.seconds_warm_up,
         report.seconds_churn,
         report.seconds_cool_down,
     ));
-    out.push_str(&format!(
-        "Settings: this proxy on manifest files (`--manifests`, `--idle-timeout {}`); {} steady resources ({} B documents); {} steady subscribers over {} connections; {} updates at {}/s; {} short-lived connections ({} at a time); {} resource lifecycles ({} at a time); a sample every {}; cool-down: {} to settle, then {} quiet.\n\n",
-        s.idle_timeout,
-        s.resources,
-        s.document_bytes,
-        s.subscribers,
-        s.connections,
-        s.updates,
-        s.update_rate,
-        s.connects,
-        s.concurrency,
-        s.lifecycles,
-        LIFECYCLE_LOOPS,
-        s.sample_every,
-        s.timeout,
-        s.quiet,
-    ));
+    out.push_str(&settings_line(s));
     out.push_str(&judge::table(&report.quantities));
     out.push_str("\nTokio tasks: not observable (the proxy exports no count of them); its tasks are per connection, per stream and per watch, counted above, and threads.\n\n");
-    let opt = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".into());
-    let (min, median, max) = report.steady_received;
-    let rows: Vec<(&str, String)> = vec![
-        (
-            "steady-resource updates written (renames)",
-            report.updates_written.to_string(),
-        ),
-        (
-            "versions published (`flagd_proxy_versions_published_total`, end − baseline, every resource)",
-            opt(report.versions_published),
-        ),
-        (
-            "messages sent (`flagd_proxy_updates_sent_total`, end − baseline)",
-            opt(report.messages_sent),
-        ),
-        (
-            "versions received per steady subscriber: fewest / median / most",
-            format!("{min} / {median} / {max}"),
-        ),
-        (
-            "short-lived connections (first version, then closed)",
-            get(&c.connects).to_string(),
-        ),
-        (
-            "… closed abruptly (socket cut, TCP reset)",
-            get(&c.connects_abrupt).to_string(),
-        ),
-        (
-            "… stream held up to 250 ms first",
-            format!(
-                "{} ({} versions received meanwhile)",
-                get(&c.connects_held),
-                get(&c.held_messages)
-            ),
-        ),
-        (
-            "resource lifecycles: appeared and removed / never appeared",
-            format!(
-                "{} / {}",
-                get(&c.lifecycles_appearing),
-                get(&c.lifecycles_never)
-            ),
-        ),
-        (
-            "manifest files created / deleted by the lifecycles",
-            format!("{} / {}", get(&c.files_created), get(&c.files_deleted)),
-        ),
-        (
-            "connections of their subscribers",
-            get(&c.lifecycle_connects).to_string(),
-        ),
-        (
-            "CPU time during the churn: proxy / load generator (s)",
-            format!(
-                "{:.1} / {:.1}",
-                report.churn_cpu_seconds, report.churn_load_generator_cpu_seconds
-            ),
-        ),
-        (
-            "failed: short-lived connections / lifecycles",
-            format!(
-                "{} / {}",
-                get(&c.connect_failures),
-                get(&c.lifecycle_failures)
-            ),
-        ),
-    ];
-    out.push_str("| churn | count |\n|---|---:|\n");
-    for (name, value) in rows {
-        out.push_str(&format!("| {name} | {value} |\n"));
+    let mut table = Table::new(["churn", "count"], "lr");
+    for (name, value) in churn_rows(report) {
+        table.row([name.to_owned(), value]);
     }
+    out.push_str(&table.markdown());
     for error in &report.churn_errors {
         out.push_str(&format!("\nchurn error: {error}\n"));
     }
@@ -637,4 +648,105 @@ fn markdown(report: &SoakReport) -> String {
         }
     }
     out
+}
+
+/// The settings of the soak in a paragraph.
+fn settings_line(s: &Settings) -> String {
+    format!(
+        "Settings: this proxy on manifest files (`--manifests`, `--idle-timeout {}`); {} steady resources ({} B documents); {} steady subscribers over {} connections; {} updates at {}/s; {} short-lived connections ({} at a time); {} resource lifecycles ({} at a time); a sample every {}; cool-down: {} to settle, then {} quiet.\n\n",
+        s.idle_timeout,
+        s.resources,
+        s.document_bytes,
+        s.subscribers,
+        s.connections,
+        s.updates,
+        s.update_rate,
+        s.connects,
+        s.concurrency,
+        s.lifecycles,
+        LIFECYCLE_LOOPS,
+        s.sample_every,
+        s.timeout,
+        s.quiet,
+    )
+}
+
+/// The rows of the churn table: what the churn wrote, published and sent, and its connections
+/// and lifecycles.
+fn churn_rows(report: &SoakReport) -> Vec<(&'static str, String)> {
+    let opt = |v: Option<f64>| v.map(|v| format!("{v:.0}")).unwrap_or_else(|| "–".into());
+    let (min, median, max) = report.steady_received;
+    let mut rows = vec![
+        (
+            "steady-resource updates written (renames)",
+            report.updates_written.to_string(),
+        ),
+        (
+            "versions published (`flagd_proxy_versions_published_total`, end − baseline, every resource)",
+            opt(report.versions_published),
+        ),
+        (
+            "messages sent (`flagd_proxy_updates_sent_total`, end − baseline)",
+            opt(report.messages_sent),
+        ),
+        (
+            "versions received per steady subscriber: fewest / median / most",
+            format!("{min} / {median} / {max}"),
+        ),
+    ];
+    rows.extend(count_rows(&report.churn));
+    rows.push((
+        "CPU time during the churn: proxy / load generator (s)",
+        format!(
+            "{:.1} / {:.1}",
+            report.churn_cpu_seconds, report.churn_load_generator_cpu_seconds
+        ),
+    ));
+    let c = &report.churn;
+    let failed = |a: &AtomicU64, b: &AtomicU64| format!("{} / {}", get(a), get(b));
+    rows.push((
+        "failed: short-lived connections / lifecycles",
+        failed(&c.connect_failures, &c.lifecycle_failures),
+    ));
+    rows
+}
+
+/// The short-lived connections and the resource lifecycles the churn did.
+fn count_rows(c: &ChurnCounts) -> Vec<(&'static str, String)> {
+    let pair = |a: &AtomicU64, b: &AtomicU64| format!("{} / {}", get(a), get(b));
+    vec![
+        (
+            "short-lived connections (first version, then closed)",
+            get(&c.connects).to_string(),
+        ),
+        (
+            "… closed abruptly (socket cut, TCP reset)",
+            get(&c.connects_abrupt).to_string(),
+        ),
+        (
+            "… stream held up to 250 ms first",
+            format!(
+                "{} ({} versions received meanwhile)",
+                get(&c.connects_held),
+                get(&c.held_messages)
+            ),
+        ),
+        (
+            "resource lifecycles: appeared and removed / never appeared",
+            pair(&c.lifecycles_appearing, &c.lifecycles_never),
+        ),
+        (
+            "manifest files created / deleted by the lifecycles",
+            pair(&c.files_created, &c.files_deleted),
+        ),
+        (
+            "connections of their subscribers",
+            get(&c.lifecycle_connects).to_string(),
+        ),
+    ]
+}
+
+/// A count of the churn.
+fn get(count: &AtomicU64) -> u64 {
+    count.load(Ordering::Relaxed)
 }

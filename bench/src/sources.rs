@@ -104,6 +104,14 @@ pub(crate) enum Backend {
 /// The namespace of the benchmark's FeatureFlag resources and manifests.
 pub(crate) const NAMESPACE: &str = "bench";
 
+/// Flag files written through a staging directory next to them.
+fn file_backend(dir: &Path, files: Vec<PathBuf>) -> anyhow::Result<Backend> {
+    Ok(Backend::Files {
+        files,
+        staging: staging_dir(dir)?,
+    })
+}
+
 impl Sources {
     pub(crate) fn new(
         kind: Kind,
@@ -136,13 +144,8 @@ impl Sources {
                 let files = (0..resources)
                     .map(|i| manifests.join(format!("bench-r{i}.yaml")))
                     .collect();
-                (
-                    Backend::Files {
-                        files,
-                        staging: staging_dir(dir)?,
-                    },
-                    (0..resources).map(resource_selector).collect(),
-                )
+                let selectors = (0..resources).map(resource_selector).collect();
+                (file_backend(dir, files)?, selectors)
             }
             (Kind::Go | Kind::Model, None) => {
                 let flags = dir.join("flags");
@@ -154,13 +157,7 @@ impl Sources {
                         (file, selector)
                     })
                     .unzip();
-                (
-                    Backend::Files {
-                        files,
-                        staging: staging_dir(dir)?,
-                    },
-                    selectors,
-                )
+                (file_backend(dir, files)?, selectors)
             }
         };
         Ok(Self {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use flagd_proxy::introspection::Process;
 
+use crate::kit::latency::Stats;
 use crate::load::{Dial, Tracker, open_channel, open_stream, subscriber};
 use crate::sampling::{mib, ms, proc_sample};
-use crate::scenario::Stats;
 use crate::sources::Sources;
 
 /// What the storm did to one proxy.
@@ -73,12 +73,7 @@ pub async fn run(
 
     // Drop everyone else, and wait until the proxy has let go of their connections.
     drop_all.await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while open_fds(setup.pid) > setup.fds_before + result.witnesses + 16
-        && Instant::now() < deadline
-    {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let_go(&setup, result.witnesses).await;
 
     let reconnects = Reconnects::new(&setup);
     let cpu_before = proc_sample(setup.pid).cpu_seconds;
@@ -92,21 +87,7 @@ pub async fn run(
 
     // A new version in the middle of the storm, for the witnesses.
     tokio::time::sleep_until((start + setup.spread / 2).into()).await;
-    let mut written = 0;
-    setup
-        .sources
-        .write(setup.seq, || written = witness_tracker.now())
-        .await?;
-    let witness_wait = {
-        let witness_tracker = witness_tracker.clone();
-        let seq = setup.seq;
-        tokio::spawn(async move {
-            witness_tracker
-                .wait_all(seq, Duration::from_secs(30))
-                .await
-                .map(|at| ms(at.saturating_sub(written)))
-        })
-    };
+    let witness_wait = update_witnesses(&setup, &witness_tracker).await?;
 
     let peak = reconnects.wait_served(&setup, start, &mut result).await;
     result.cpu_seconds = proc_sample(setup.pid).cpu_seconds - cpu_before;
@@ -134,6 +115,36 @@ pub async fn run(
     witness_tasks.abort_all();
     while witness_tasks.join_next().await.is_some() {}
     Ok(result)
+}
+
+/// Waits until the proxy has closed the connections of the dropped subscribers (its open files
+/// back near where they were with only the `witnesses`), or 20 s.
+async fn let_go(setup: &StormSetup<'_>, witnesses: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while open_fds(setup.pid) > setup.fds_before + witnesses + 16 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Writes the storm's version; the task that waits until every witness has it (how long after
+/// the write, in ms).
+async fn update_witnesses(
+    setup: &StormSetup<'_>,
+    witness_tracker: &Arc<Tracker>,
+) -> anyhow::Result<tokio::task::JoinHandle<Option<f64>>> {
+    let mut written = 0;
+    setup
+        .sources
+        .write(setup.seq, || written = witness_tracker.now())
+        .await?;
+    let witness_tracker = witness_tracker.clone();
+    let seq = setup.seq;
+    Ok(tokio::spawn(async move {
+        witness_tracker
+            .wait_all(seq, Duration::from_secs(30))
+            .await
+            .map(|at| ms(at.saturating_sub(written)))
+    }))
 }
 
 /// Connects `witnesses` subscribers and waits for their snapshots.

@@ -1,6 +1,7 @@
 //! The targets, checked against the scenarios of this run.
 
-use crate::report::{ScenarioRuns, fmt_opt, rows};
+use crate::kit::table::{Table, fmt_opt, met_cell};
+use crate::report::{Groups, ScenarioRuns, figures};
 use crate::scenario::RunResult;
 use crate::storm;
 
@@ -9,21 +10,13 @@ type Checks = Vec<(String, String, bool)>;
 
 /// The targets, checked against this run's scenarios.
 pub(crate) fn targets(runs: &[ScenarioRuns]) -> String {
-    let mut out =
-        String::from("### Targets\n\n| scenario | target | measured | met |\n|---|---|---|---|\n");
+    let mut table = Table::new(["scenario", "target", "measured", "met"], "l");
     for run in runs {
         let s = &run.scenario;
         let Some(r) = run.results.get("rust") else {
             continue;
         };
-        let name = format!(
-            "{} subs, {} res, {} B, {}{}",
-            s.subscribers,
-            s.resources,
-            s.payload,
-            s.source.label(),
-            if s.tls { ", TLS" } else { "" }
-        );
+        let name = s.short_label();
         let mut checks = Checks::new();
         if let Some(f) = run.results.get("floor")
             && s.payload <= 2048
@@ -45,12 +38,10 @@ pub(crate) fn targets(runs: &[ScenarioRuns]) -> String {
             ));
         }
         for (target, measured, ok) in checks {
-            let met = if ok { "yes" } else { "**no**" };
-            out.push_str(&format!("| {name} | {target} | {measured} | {met} |\n"));
+            table.row([&name, &target, &measured, met_cell(Some(ok))]);
         }
     }
-    out.push('\n');
-    out
+    format!("### Targets\n\n{}\n", table.markdown())
 }
 
 /// This proxy against the floor (small documents only).
@@ -79,14 +70,16 @@ fn go_checks(run: &ScenarioRuns, r: &RunResult, g: &RunResult, checks: &mut Chec
         (Some(_), None) => true,
         _ => false,
     };
-    for (label, get, digits) in rows(run) {
+    let groups = Groups::of(run);
+    for ((label, rv, digits), (_, gv, _)) in figures(r, groups).into_iter().zip(figures(g, groups))
+    {
+        let label = label.as_str();
         let better_is_lower = !matches!(
             label,
             "subscribers connected" | "storm: subscribers served again" | "storm: /readyz probes"
         ) && !label.contains("messages per subscriber")
             && !label.contains("watches open")
             && !label.contains("CPU while idle");
-        let (rv, gv) = (get(r), get(g));
         if !better_is_lower || (rv == Some(0.0) && gv == Some(0.0)) {
             continue;
         }

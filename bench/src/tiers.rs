@@ -13,13 +13,13 @@ use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{Context, bail};
 
 use crate::args::Args;
+use crate::kit::header::Clock;
 use crate::proxy::{Kind, ProxyProcess, SourceKind};
-use crate::report::loadavg;
 use crate::scenario::{Scenario, run_one};
 use crate::sitting::{proxies, rust_bin};
 use crate::soak;
@@ -94,8 +94,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
     let workdir =
         std::env::temp_dir().join(format!("flagd-proxy-bench-tiers-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
-    let load_before = loadavg();
-    let started = Instant::now();
+    let clock = Clock::start();
     let nodes = args.tier_nodes.max(1);
     let mut sittings = Vec::new();
     for &source in &args.source {
@@ -112,9 +111,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
     let summary = report::Summary {
         args,
         go_note,
-        load_before,
-        load_after: loadavg(),
-        seconds: started.elapsed().as_secs_f64(),
+        header: clock.stop(),
     };
     let problems = report::problems(&sittings);
     let markdown = summary.markdown(&sittings, &problems);

@@ -5,6 +5,7 @@
 //! baseline, and one whose watches outlive it fails. The authorization storm counts the API
 //! requests each mode makes and keeps them within its target. Every hostile attack
 //! (`--attacks --smoke`) yields its figures. The smoke runs report timings but assert none.
+use std::ffi::OsString;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
@@ -171,10 +172,21 @@ fn outputs(output: &std::process::Output) -> (String, String) {
 /// Runs `flagd-proxy-bench ARGS --proxy-bin <this proxy>` and requires it to succeed; its
 /// standard output and, for failure messages, all it printed.
 fn bench_run(args: &[&str]) -> (String, String) {
+    bench_ok(&with_proxy(args))
+}
+
+/// `args`, then `--proxy-bin <this proxy>`.
+fn with_proxy(args: &[&str]) -> Vec<OsString> {
+    let mut all: Vec<OsString> = args.iter().map(OsString::from).collect();
+    all.extend(["--proxy-bin".into(), proxy_bin().into()]);
+    all
+}
+
+/// Runs `flagd-proxy-bench ARGS` and requires it to succeed; its standard output and, for
+/// failure messages, all it printed.
+fn bench_ok(args: &[OsString]) -> (String, String) {
     let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
         .args(args)
-        .arg("--proxy-bin")
-        .arg(proxy_bin())
         .output()
         .expect("run flagd-proxy-bench");
     let (stdout, context) = outputs(&output);
@@ -321,16 +333,9 @@ fn churn_smoke_runs_reopen_every_stream_and_leave_none_stale() {
 fn bench_json(name: &str, args: &[&str]) -> (serde_json::Value, String, String) {
     let scratch = Scratch::new(name);
     let json = scratch.0.join("report.json");
-    let output = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
-        .args(args)
-        .arg("--proxy-bin")
-        .arg(proxy_bin())
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .expect("run flagd-proxy-bench");
-    let (stdout, context) = outputs(&output);
-    assert!(output.status.success(), "{context}");
+    let mut all = with_proxy(args);
+    all.extend(["--json".into(), json.clone().into()]);
+    let (stdout, context) = bench_ok(&all);
     let text = std::fs::read_to_string(&json).expect("the JSON report is written");
     let report = serde_json::from_str(&text).expect("the report is JSON");
     (report, stdout, context)
@@ -361,13 +366,7 @@ fn costs_smoke_run_measures_every_cost_and_feeds_the_model() {
             "{name} = {value}, not a number:\n{context}"
         );
     }
-    let model = std::process::Command::new(env!("CARGO_BIN_EXE_flagd-proxy-bench"))
-        .arg("--capacity")
-        .arg(&json)
-        .output()
-        .expect("run flagd-proxy-bench --capacity");
-    let (stdout, context) = outputs(&model);
-    assert!(model.status.success(), "{context}");
+    let (stdout, context) = bench_ok(&["--capacity".into(), json.into()]);
     for needle in [
         "| C1 | 100 | 10000 | 1 KiB |",
         "| C12 | 5000 | 100000 | 100 KiB |",

@@ -7,7 +7,8 @@ use std::fmt::Write as _;
 use serde_json::{Value, json};
 
 use super::{Args, Mode};
-use crate::report::{fmt_opt, machine_line};
+use crate::kit::header::Header;
+use crate::kit::table::{Table, fmt_opt, met_cell};
 
 /// The requests authorization makes, as the API server counts them (verb, resource).
 const AUTHZ_REQUESTS: [&str; 5] = [
@@ -90,10 +91,7 @@ pub(crate) struct Summary<'a> {
     pub(crate) args: &'a Args,
     pub(crate) identities: usize,
     pub(crate) namespaces: usize,
-    pub(crate) machine: Value,
-    pub(crate) load_before: String,
-    pub(crate) load_after: String,
-    pub(crate) seconds: f64,
+    pub(crate) header: Header,
 }
 
 impl Summary<'_> {
@@ -189,58 +187,28 @@ impl Summary<'_> {
              until they have gone and the proxy has closed their connections. Target: authorization requests (TokenReviews, \
              SubjectAccessReviews, pod lists, watches and gets) ≤ identities × 2 + {TARGET_SLACK} \
              = {} in each phase.\n\n\
-             Machine: {}; load average before {}, after {}; the sitting took {:.0} s.\n\n",
+             {}.\n\n",
             args.subscribers,
             self.identities,
             self.namespaces,
             extra.join(" "),
             self.target(),
-            machine_line(&self.machine),
-            self.load_before,
-            self.load_after,
-            self.seconds,
+            self.header.sentence(),
         )
     }
 
     /// The table of phase `phase`, a row per mode.
     fn table(&self, runs: &[ModeRun], phase: usize) -> String {
-        let mut out = String::from(
-            "| mode | clients served | time (s) | TokenReviews | SubjectAccessReviews | pods LIST / WATCH / GET | authorization requests | target | met | FeatureFlag requests | other API requests | attempts refused | connects retried | proxy CPU (s) | proxy RSS peak (MiB) |\n\
-             |---|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|\n",
-        );
+        let mut table = Table::of(COLUMNS, "lrrrrrrrlr");
+        let target = self.target();
         for run in runs {
-            let mode = run.mode.label();
-            let r = match &run.outcome {
-                Ok(phases) => &phases[phase],
-                Err(_) => {
-                    let _ = writeln!(out, "| {mode} | failed (see below) |||||||||||||");
-                    continue;
-                }
-            };
-            let target = self.target();
-            let met = if r.authz() <= target { "yes" } else { "**no**" };
-            let others: u64 = r.others().iter().map(|(_, c)| c).sum();
-            let _ = writeln!(
-                out,
-                "| {mode} | {} of {} | {} | {} | {} | {} / {} / {} | {} | {target} | {met} | {} | {others} | {} | {} | {:.2} | {:.1} |",
-                r.served,
-                r.clients,
-                fmt_opt(r.seconds, 2),
-                r.count("POST tokenreviews"),
-                r.count("POST subjectaccessreviews"),
-                r.count("LIST pods"),
-                r.count("WATCH pods"),
-                r.count("GET pods"),
-                r.authz(),
-                r.feature_flags(),
-                r.refused(),
-                r.connect_failures,
-                r.cpu_seconds,
-                r.rss_peak_mib,
-            );
+            let mode = run.mode.label().to_owned();
+            match &run.outcome {
+                Ok(phases) => table.row(phase_cells(mode, &phases[phase], target)),
+                Err(_) => table.row([mode, "failed (see below)".to_owned()]),
+            }
         }
-        out.push('\n');
-        out
+        table.markdown() + "\n"
     }
 
     pub(crate) fn json(&self, runs: &[ModeRun], problems: &[String]) -> Value {
@@ -251,7 +219,7 @@ impl Summary<'_> {
                 Err(error) => json!({"mode": run.mode, "error": error}),
             })
             .collect();
-        json!({
+        self.header.stamp(json!({
             "scenario": "authz-storm",
             "clients": self.args.subscribers,
             "identities": self.identities,
@@ -259,14 +227,43 @@ impl Summary<'_> {
             "target": self.target(),
             "storm_spread_seconds": self.args.storm_spread.as_secs_f64(),
             "proxy_args": self.args.proxy_arg,
-            "machine": self.machine,
-            "load_before": self.load_before,
-            "load_after": self.load_after,
-            "seconds": self.seconds,
             "modes": modes,
             "problems": problems,
-        })
+        }))
     }
+}
+
+/// The header of a phase's table.
+const COLUMNS: &str = "mode | clients served | time (s) | TokenReviews | SubjectAccessReviews \
+     | pods LIST / WATCH / GET | authorization requests | target | met | FeatureFlag requests \
+     | other API requests | attempts refused | connects retried | proxy CPU (s) \
+     | proxy RSS peak (MiB)";
+
+/// The cells of one mode's row in a phase's table.
+fn phase_cells(mode: String, r: &PhaseResult, target: u64) -> Vec<String> {
+    let others: u64 = r.others().iter().map(|(_, c)| c).sum();
+    vec![
+        mode,
+        format!("{} of {}", r.served, r.clients),
+        fmt_opt(r.seconds, 2),
+        r.count("POST tokenreviews").to_string(),
+        r.count("POST subjectaccessreviews").to_string(),
+        format!(
+            "{} / {} / {}",
+            r.count("LIST pods"),
+            r.count("WATCH pods"),
+            r.count("GET pods")
+        ),
+        r.authz().to_string(),
+        target.to_string(),
+        met_cell(Some(r.authz() <= target)).to_owned(),
+        r.feature_flags().to_string(),
+        others.to_string(),
+        r.refused().to_string(),
+        r.connect_failures.to_string(),
+        format!("{:.2}", r.cpu_seconds),
+        format!("{:.1}", r.rss_peak_mib),
+    ]
 }
 
 /// The other API requests, named, where there were any.

@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::{Assumptions, Cluster, plan, version_ms};
 use crate::costs::UnitCosts;
+use crate::kit::table::{Table, fmt_opt};
 use crate::proxy::SourceKind;
-use crate::report::fmt_opt;
 
 /// The rows of the cluster table: nodes × sidecars × document size.
 pub(crate) const NODES: [usize; 3] = [100, 1_000, 5_000];
@@ -158,12 +158,11 @@ fn kib(bytes: usize) -> String {
 
 /// The cluster table: every row of nodes × sidecars × document, with the node tier.
 pub(crate) fn cluster_table(c: &UnitCosts, a: &Assumptions) -> String {
-    let mut out = String::from(
-        "| row | nodes | sidecars | document | central replicas | streams per replica \
-         | central memory request | node memory request | API watches | API requests/s, steady \
-         | API requests, central rollout | central hop | node hop | p99 |\n\
-         |---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
+    let header = "row | nodes | sidecars | document | central replicas | streams per replica \
+         | central memory request | node memory request | API watches \
+         | API requests/s, steady | API requests, central rollout | central hop | node hop \
+         | p99";
+    let mut table = Table::of(header, "lrrlr");
     let mut row = 0;
     for nodes in NODES {
         for sidecars in SIDECARS {
@@ -176,37 +175,37 @@ pub(crate) fn cluster_table(c: &UnitCosts, a: &Assumptions) -> String {
                     node_tier: true,
                 };
                 let p = plan(c, a, cluster);
-                out.push_str(&format!(
-                    "| C{row} | {nodes} | {sidecars} | {} | {}{} | {:.0} | {:.0} MiB | {:.0} MiB \
-                     | {} | {:.2} | {} | {:.1} ms | {:.1} ms | {:.0} ms |\n",
+                let bound = p
+                    .bound
+                    .as_ref()
+                    .map_or(String::new(), |b| format!(" ({b})"));
+                table.row([
+                    format!("C{row}"),
+                    nodes.to_string(),
+                    sidecars.to_string(),
                     kib(document_bytes),
-                    p.central_replicas,
-                    p.bound
-                        .as_ref()
-                        .map_or(String::new(), |b| format!(" ({b})")),
-                    p.central_streams,
-                    p.central_request_mib,
-                    p.node_request_mib,
-                    p.watches,
-                    p.api_requests_per_second,
-                    p.api_requests_central_rollout,
-                    p.central_hop_ms,
-                    p.node_hop_ms,
-                    p.p99_ms,
-                ));
+                    format!("{}{bound}", p.central_replicas),
+                    format!("{:.0}", p.central_streams),
+                    format!("{:.0} MiB", p.central_request_mib),
+                    format!("{:.0} MiB", p.node_request_mib),
+                    p.watches.to_string(),
+                    format!("{:.2}", p.api_requests_per_second),
+                    p.api_requests_central_rollout.to_string(),
+                    format!("{:.1} ms", p.central_hop_ms),
+                    format!("{:.1} ms", p.node_hop_ms),
+                    format!("{:.0} ms", p.p99_ms),
+                ]);
             }
         }
     }
-    out.push('\n');
-    out
+    table.markdown() + "\n"
 }
 
 /// The headline: 100,000 sidecars on 5,000 nodes, with the node tier and flat.
 fn headline(c: &UnitCosts, a: &Assumptions) -> String {
-    let mut out = String::from(
-        "| 5,000 nodes, 100,000 sidecars | document | central replicas | CPU per edit at a replica \
-         | p99 | RSS per replica | in the way |\n|---|---|---:|---:|---:|---:|---|\n",
-    );
+    let header = "5,000 nodes, 100,000 sidecars | document | central replicas \
+         | CPU per edit at a replica | p99 | RSS per replica | in the way";
+    let mut table = Table::of(header, "llrrrrl");
     for node_tier in [true, false] {
         for document_bytes in DOCUMENTS {
             let cluster = Cluster {
@@ -216,27 +215,24 @@ fn headline(c: &UnitCosts, a: &Assumptions) -> String {
                 node_tier,
             };
             let p = plan(c, a, cluster);
-            out.push_str(&format!(
-                "| {} | {} | {} | {:.0} ms | {:.0} ms | {:.0} MiB | {} |\n",
-                if node_tier { "node tier" } else { "flat" },
+            table.row([
+                (if node_tier { "node tier" } else { "flat" }).to_owned(),
                 kib(document_bytes),
-                p.central_replicas,
-                p.central_cpu_ms,
-                p.p99_ms,
-                p.central_rss_mib,
-                p.bound.as_deref().unwrap_or("nothing"),
-            ));
+                p.central_replicas.to_string(),
+                format!("{:.0} ms", p.central_cpu_ms),
+                format!("{:.0} ms", p.p99_ms),
+                format!("{:.0} MiB", p.central_rss_mib),
+                p.bound.as_deref().unwrap_or("nothing").to_owned(),
+            ]);
         }
     }
-    out.push('\n');
-    out
+    table.markdown() + "\n"
 }
 
 /// Predicted against measured, for the two-tier run's shape.
 pub(crate) fn check_table(c: &UnitCosts, a: &Assumptions) -> String {
-    let mut out = String::from(
-        "| run | quantity | predicted | measured | predicted / measured |\n|---|---|---:|---:|---:|\n",
-    );
+    let header = "run | quantity | predicted | measured | predicted / measured";
+    let mut table = Table::of(header, "llr");
     for m in MEASURED {
         let p = predict(c, a, &m);
         let rows = [
@@ -272,16 +268,16 @@ pub(crate) fn check_table(c: &UnitCosts, a: &Assumptions) -> String {
             ),
         ];
         for (name, predicted, measured, digits) in rows {
-            out.push_str(&format!(
-                "| {} | {name} | {predicted:.digits$} | {} | {} |\n",
-                m.run,
+            table.row([
+                m.run.to_owned(),
+                name.to_owned(),
+                format!("{predicted:.digits$}"),
                 fmt_opt(measured, digits),
                 fmt_opt(measured.map(|m| predicted / m), 2),
-            ));
+            ]);
         }
     }
-    out.push('\n');
-    out
+    table.markdown() + "\n"
 }
 
 #[cfg(test)]

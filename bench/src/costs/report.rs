@@ -2,11 +2,19 @@
 //! from.
 
 use super::{Runs, SHARED, UnitCosts};
-use crate::report::{fmt_opt, loadavg, machine};
+use crate::kit::header::Header;
+use crate::kit::table::Table;
 
 impl UnitCosts {
     /// Every cost with its name and unit, in the order of the report.
     pub(crate) fn named(&self) -> Vec<(&'static str, Option<f64>)> {
+        let mut named = self.memory();
+        named.extend(self.cpu());
+        named
+    }
+
+    /// The memory costs.
+    fn memory(&self) -> Vec<(&'static str, Option<f64>)> {
         vec![
             (
                 "RSS of the process, one resource, no subscriber (MiB)",
@@ -36,6 +44,12 @@ impl UnitCosts {
                 "RSS per watched resource, Kubernetes watch (KiB)",
                 self.kib_per_watch_kubernetes,
             ),
+        ]
+    }
+
+    /// The CPU costs, and the bytes of a delivery.
+    fn cpu(&self) -> Vec<(&'static str, Option<f64>)> {
+        vec![
             (
                 "CPU per version, files, 1 KiB (ms)",
                 Some(self.ms_per_version),
@@ -86,37 +100,29 @@ impl UnitCosts {
 }
 
 /// The Markdown report: the costs, then the probes they come from.
-pub(super) fn report(costs: &UnitCosts, runs: &Runs, load_before: &str, seconds: f64) -> String {
-    let mut out = format!(
-        "## flagd-proxy unit costs\n\nMachine: {}. Load average before: {load_before}; after: {}. \
-         Duration: {seconds:.0} s.\n\n| cost | value |\n|---|---:|\n",
-        machine(),
-        loadavg()
-    );
+pub(super) fn report(costs: &UnitCosts, runs: &Runs, header: &Header) -> String {
+    let mut out = format!("## flagd-proxy unit costs\n\n{}.\n\n", header.sentence());
+    let mut table = Table::new(["cost", "value"], "lr");
     for (name, value) in costs.named() {
-        out.push_str(&format!("| {name} | {} |\n", fmt_opt(value, 3)));
+        table.figure_row(name, &[value], 3);
     }
-    out.push_str(
-        "\n| probe | subscribers | streams per connection | document (B) | CPU per update (s) \
-         | RSS empty → idle (MiB) | connect CPU (s) | bytes written per update |\n\
-         |---|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
+    out.push_str(&table.markdown());
+    let header = "probe | subscribers | streams per connection | document (B) | CPU per update (s) \
+         | RSS empty → idle (MiB) | connect CPU (s) | bytes written per update";
+    let mut table = Table::of(header, "lr");
     for (name, r) in runs {
-        out.push_str(&format!(
-            "| {name} | {} | {} | {} | {:.4} | {:.1} → {:.1} | {:.2} | {:.0} |\n",
-            r.subscribers_connected,
-            if ["shared", "resources", "large-resources", "watches"].contains(name) {
-                SHARED
-            } else {
-                1
-            },
-            r.document_bytes,
-            r.cpu_seconds_per_update,
-            r.rss_empty_mib,
-            r.rss_idle_mib,
-            r.connect_cpu_seconds,
-            r.bytes_written_per_update,
-        ));
+        let shared = ["shared", "resources", "large-resources", "watches"].contains(name);
+        table.row([
+            (*name).to_owned(),
+            r.subscribers_connected.to_string(),
+            (if shared { SHARED } else { 1 }).to_string(),
+            r.document_bytes.to_string(),
+            format!("{:.4}", r.cpu_seconds_per_update),
+            format!("{:.1} → {:.1}", r.rss_empty_mib, r.rss_idle_mib),
+            format!("{:.2}", r.connect_cpu_seconds),
+            format!("{:.0}", r.bytes_written_per_update),
+        ]);
     }
-    out
+    out.push('\n');
+    out + &table.markdown()
 }

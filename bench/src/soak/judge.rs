@@ -13,6 +13,7 @@
 //! update or 290 bytes per connection.
 
 use super::probe::Sample;
+use crate::kit::table::{Table, fmt_opt};
 
 /// RSS: allowed growth in MiB (or [`RSS_FRACTION`] of the baseline, if more).
 pub(crate) const RSS_PLUS_MIB: f64 = 32.0;
@@ -68,67 +69,61 @@ pub(crate) struct Quantity {
 
 /// Every quantity the soak judges, in the order of the table.
 pub(crate) fn quantities() -> Vec<Quantity> {
+    let rss = Quantity {
+        name: "RSS (MiB)",
+        get: |s| s.rss_kib.map(|k| k / 1024.0),
+        digits: 1,
+        unit: " MiB",
+        tolerance: Tolerance::PlusOrFraction {
+            plus: RSS_PLUS_MIB,
+            fraction: RSS_FRACTION,
+        },
+    };
     vec![
-        Quantity {
-            name: "RSS (MiB)",
-            get: |s| s.rss_kib.map(|k| k / 1024.0),
-            digits: 1,
-            unit: " MiB",
-            tolerance: Tolerance::PlusOrFraction {
-                plus: RSS_PLUS_MIB,
-                fraction: RSS_FRACTION,
-            },
-        },
-        Quantity {
-            name: "open file descriptors",
-            get: |s| s.fds,
-            digits: 0,
-            unit: "",
-            tolerance: Tolerance::Plus(FDS_PLUS),
-        },
-        Quantity {
-            name: "threads",
-            get: |s| s.threads,
-            digits: 0,
-            unit: "",
-            tolerance: Tolerance::Plus(THREADS_PLUS),
-        },
-        Quantity {
-            name: "sync streams (`sync_active_streams`)",
-            get: |s| s.streams,
-            digits: 0,
-            unit: "",
-            tolerance: Tolerance::Exact,
-        },
-        Quantity {
-            name: "sync connections (`flagd_proxy_open_connections{port=\"sync\"}`)",
-            get: |s| s.connections,
-            digits: 0,
-            unit: "",
-            tolerance: Tolerance::Exact,
-        },
-        Quantity {
-            name: "watches (`flagd_proxy_upstream_watches`)",
-            get: |s| s.watches,
-            digits: 0,
-            unit: "",
-            tolerance: Tolerance::Exact,
-        },
-        Quantity {
-            name: "resources waited on (`flagd_proxy_waiting_resources`)",
-            get: |s| s.waiting,
-            digits: 0,
-            unit: "",
-            tolerance: Tolerance::Exact,
-        },
-        Quantity {
-            name: "metric series (sample lines of `/metrics`)",
-            get: |s| s.series,
-            digits: 0,
-            unit: "",
-            tolerance: Tolerance::Plus(SERIES_PLUS),
-        },
+        rss,
+        count(
+            "open file descriptors",
+            |s| s.fds,
+            Tolerance::Plus(FDS_PLUS),
+        ),
+        count("threads", |s| s.threads, Tolerance::Plus(THREADS_PLUS)),
+        count(
+            "sync streams (`sync_active_streams`)",
+            |s| s.streams,
+            Tolerance::Exact,
+        ),
+        count(
+            "sync connections (`flagd_proxy_open_connections{port=\"sync\"}`)",
+            |s| s.connections,
+            Tolerance::Exact,
+        ),
+        count(
+            "watches (`flagd_proxy_upstream_watches`)",
+            |s| s.watches,
+            Tolerance::Exact,
+        ),
+        count(
+            "resources waited on (`flagd_proxy_waiting_resources`)",
+            |s| s.waiting,
+            Tolerance::Exact,
+        ),
+        count(
+            "metric series (sample lines of `/metrics`)",
+            |s| s.series,
+            Tolerance::Plus(SERIES_PLUS),
+        ),
     ]
+}
+
+/// A quantity that counts things: no decimals, no unit.
+fn count(name: &'static str, get: fn(&Sample) -> Option<f64>, tolerance: Tolerance) -> Quantity {
+    Quantity {
+        name,
+        get,
+        digits: 0,
+        unit: "",
+        tolerance,
+    }
 }
 
 /// One row of the table: a quantity at the baseline, at its peak during the churn, at the end.
@@ -190,22 +185,20 @@ pub(crate) fn leaks(judged: &[Judged]) -> Vec<String> {
 
 /// The table of the report.
 pub(crate) fn table(judged: &[Judged]) -> String {
-    let mut out = String::from(
-        "| quantity | baseline | peak during churn | end | tolerance | result |\n|---|---:|---:|---:|---|---|\n",
-    );
+    let header = "quantity | baseline | peak during churn | end | tolerance | result";
+    let mut table = Table::of(header, "lrrrl");
     for j in judged {
-        let cell = |v: Option<f64>| v.map(|v| fmt(v, j.digits)).unwrap_or_else(|| "–".into());
-        out.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} |\n",
-            j.name,
+        let cell = |v: Option<f64>| fmt_opt(v, j.digits);
+        table.row([
+            j.name.to_string(),
             cell(j.baseline),
             cell(j.peak),
             cell(j.end),
-            j.tolerance,
-            if j.pass { "pass" } else { "**FAIL**" }
-        ));
+            j.tolerance.to_string(),
+            (if j.pass { "pass" } else { "**FAIL**" }).to_owned(),
+        ]);
     }
-    out
+    table.markdown()
 }
 
 fn fmt(v: f64, digits: usize) -> String {

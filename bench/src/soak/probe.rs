@@ -160,8 +160,11 @@ impl Sampler {
         lock(&self.samples).push(sample);
     }
 
-    pub(crate) fn all(&self) -> Vec<Sample> {
-        lock(&self.samples).clone()
+    /// Stops the sampling; every sample taken.
+    pub(crate) fn stop(self) -> Vec<Sample> {
+        let samples = lock(&self.samples).clone();
+        drop(self);
+        samples
     }
 }
 

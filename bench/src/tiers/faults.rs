@@ -87,69 +87,86 @@ pub(crate) async fn run(t: &mut Topology<'_>, crowd: &mut Crowd, last: u64) -> F
 
 /// What the faults broke, in words.
 fn judge(f: &FaultResult) -> Vec<String> {
-    let mut problems = Vec::new();
-    let mut check = |bad: bool, what: String| {
-        if bad {
-            problems.push(format!("faults: {what}"));
-        }
-    };
-    check(
-        f.outage_streams_ended > 0,
-        format!(
-            "{} stream(s) ended when the central was killed",
-            f.outage_streams_ended
-        ),
-    );
-    check(
-        f.outage_not_on_last_good > 0,
-        format!(
-            "{} subscriber(s) not on the last good version while the central was down",
-            f.outage_not_on_last_good
-        ),
-    );
-    check(
-        !f.outage_new_subscriber.starts_with("version"),
-        format!(
-            "a new subscriber while the central was down got {}",
-            f.outage_new_subscriber
-        ),
-    );
-    check(
-        f.restart_to_all_ms.is_none(),
-        "the version written while the central was down did not reach every subscriber".into(),
-    );
-    check(
-        f.other_streams_ended > 0,
-        format!(
-            "{} stream(s) of other node proxies ended when one was killed",
-            f.other_streams_ended
-        ),
-    );
-    check(
-        f.node_reconnected < f.killed_node_subscribers,
-        format!(
-            "{} of {} subscribers of the killed node proxy were served again",
-            f.node_reconnected, f.killed_node_subscribers
-        ),
-    );
-    check(
-        f.after_node_to_all_ms.is_none(),
-        "the version after the node proxy came back did not reach every subscriber".into(),
-    );
-    check(
+    let mut checks = central_checks(f);
+    checks.extend(node_checks(f));
+    checks.push((
         f.rollout_streams_ended > 0,
         format!(
             "{} stream(s) ended during the rollout",
             f.rollout_streams_ended
         ),
-    );
+    ));
     for step in &f.rollout {
-        check(
+        checks.push((
             step.to_all_ms.is_none() || step.stale > 0,
             format!("rollout, {}: {} subscriber(s) stale", step.step, step.stale),
-        );
+        ));
     }
-    problems
+    checks
+        .into_iter()
+        .filter(|(bad, _)| *bad)
+        .map(|(_, what)| format!("faults: {what}"))
+        .collect()
+}
+
+/// A check of a fault: whether it went wrong, and what then.
+type Check = (bool, String);
+
+/// The central killed: no stream ends, every subscriber keeps the last good version, a new one
+/// gets it, and the version written meanwhile reaches all.
+fn central_checks(f: &FaultResult) -> Vec<Check> {
+    vec![
+        (
+            f.outage_streams_ended > 0,
+            format!(
+                "{} stream(s) ended when the central was killed",
+                f.outage_streams_ended
+            ),
+        ),
+        (
+            f.outage_not_on_last_good > 0,
+            format!(
+                "{} subscriber(s) not on the last good version while the central was down",
+                f.outage_not_on_last_good
+            ),
+        ),
+        (
+            !f.outage_new_subscriber.starts_with("version"),
+            format!(
+                "a new subscriber while the central was down got {}",
+                f.outage_new_subscriber
+            ),
+        ),
+        (
+            f.restart_to_all_ms.is_none(),
+            "the version written while the central was down did not reach every subscriber".into(),
+        ),
+    ]
+}
+
+/// A node proxy killed: the others' streams stay, its subscribers are served again, and the
+/// next version reaches all.
+fn node_checks(f: &FaultResult) -> Vec<Check> {
+    vec![
+        (
+            f.other_streams_ended > 0,
+            format!(
+                "{} stream(s) of other node proxies ended when one was killed",
+                f.other_streams_ended
+            ),
+        ),
+        (
+            f.node_reconnected < f.killed_node_subscribers,
+            format!(
+                "{} of {} subscribers of the killed node proxy were served again",
+                f.node_reconnected, f.killed_node_subscribers
+            ),
+        ),
+        (
+            f.after_node_to_all_ms.is_none(),
+            "the version after the node proxy came back did not reach every subscriber".into(),
+        ),
+    ]
 }
 
 /// Writes version `seq` and waits until every subscriber has it: from the write, in ms.
@@ -198,10 +215,7 @@ async fn kill_central(
 
 /// One stream on `tier` for `selector`: the first version it gets.
 async fn wait_once(tier: &Tier, selector: &str) -> anyhow::Result<u64> {
-    let dial = Dial {
-        port: tier.port,
-        tls: None,
-    };
+    let dial = Dial::plain(tier.port);
     let channel = open_channel(&dial, None).await?;
     let mut stream = open_stream(channel, selector).await?;
     stream.message().await?.context("stream ended")

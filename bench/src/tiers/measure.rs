@@ -6,10 +6,10 @@ use std::sync::atomic::Ordering;
 
 use super::Tier;
 use super::topology::{Crowd, Topology};
-use crate::GIVE_UP_AFTER;
+use crate::kit::latency::Stats;
 use crate::load::Tracker;
-use crate::sampling::{mib, ms, proc_sample};
-use crate::scenario::Stats;
+use crate::pacing::paced;
+use crate::sampling::{mib, proc_sample};
 
 impl Topology<'_> {
     /// The process ids of the node proxies that run.
@@ -70,33 +70,12 @@ impl Topology<'_> {
     /// Paced updates: each is written once the previous one reached every subscriber; the
     /// propagation to all and the CPU per update of each tier.
     pub(crate) async fn paced(&mut self, tracker: &Tracker) -> anyhow::Result<()> {
-        let args = self.args;
         let before = self.cpu();
-        let mut propagation = Vec::new();
-        let mut applied = 0u64;
-        let mut missed_in_a_row = 0;
-        for seq in 1..=args.updates {
-            if missed_in_a_row == GIVE_UP_AFTER {
-                self.result.updates_incomplete += args.updates - seq + 1;
-                break;
-            }
-            let (written, reached) = self
-                .sources
-                .deliver(seq, tracker, args.update_timeout)
-                .await?;
-            applied += 1;
-            if let Some(at) = reached {
-                missed_in_a_row = 0;
-                propagation.push(ms(at - written));
-            } else {
-                missed_in_a_row += 1;
-                self.result.updates_incomplete += 1;
-            }
-            tokio::time::sleep(args.update_gap).await;
-        }
-        let after = self.cpu();
+        let paced = paced(self.args, &self.sources, tracker, || None, |_| {}).await?;
+        let (after, applied) = (self.cpu(), paced.applied);
         let result = &mut self.result;
-        result.propagation = Stats::of(propagation);
+        result.updates_incomplete += paced.incomplete;
+        result.propagation = Stats::of(paced.propagation);
         if applied > 0 {
             let per = |a: f64, b: f64| (a - b) / applied as f64;
             result.central_cpu_per_update = per(after.0, before.0);

@@ -6,15 +6,18 @@ use serde_json::{Value, json};
 use super::topology::TierResult;
 use super::{Shape, SourceRuns, faults};
 use crate::args::Args;
-use crate::report::{fmt_opt, machine};
+use crate::kit::header::Header;
+use crate::kit::latency::Point::{Max, P50, P99};
+use crate::kit::table::{
+    Blank, Figure, Table, absent, count, figure, figure_table, fmt_opt, met_cell,
+};
+use crate::report::watches_figure;
 
 /// What the whole invocation shares.
 pub(crate) struct Summary<'a> {
     pub(crate) args: &'a Args,
     pub(crate) go_note: Option<String>,
-    pub(crate) load_before: String,
-    pub(crate) load_after: String,
-    pub(crate) seconds: f64,
+    pub(crate) header: Header,
 }
 
 /// The problems of this proxy in every run (the Go flagd-proxy's are shown, not counted).
@@ -48,99 +51,96 @@ fn columns(s: &SourceRuns) -> [(&'static str, Option<&TierResult>); 5] {
     ]
 }
 
-type Cell = fn(&TierResult) -> Option<f64>;
+/// The rows of the main table for one run.
+fn figures(r: &TierResult) -> Vec<Figure> {
+    let mut rows = vec![
+        figure("node proxies (0: flat)", count(r.nodes), 0),
+        figure("subscribers connected", count(r.connected), 0),
+        figure("connect all subscribers (s)", Some(r.connect_seconds), 2),
+    ];
+    rows.extend(
+        r.propagation
+            .figures("propagation to all", 1, &[P50, P99, Max]),
+    );
+    rows.extend([
+        figure(
+            "paced updates not delivered to all",
+            count(r.updates_incomplete),
+            0,
+        ),
+        figure(
+            "burst: subscribers not on the final version",
+            count(r.stale_after_burst),
+            0,
+        ),
+        figure(
+            "stream errors (before the faults)",
+            count(r.stream_errors),
+            0,
+        ),
+    ]);
+    rows.extend(cost_figures(r));
+    rows
+}
 
-/// The rows of the main table: name, value, digits.
-const ROWS: &[(&str, Cell, usize)] = &[
-    ("node proxies (0: flat)", |r| Some(r.nodes as f64), 0),
-    ("subscribers connected", |r| Some(r.connected as f64), 0),
-    (
-        "connect all subscribers (s)",
-        |r| Some(r.connect_seconds),
-        2,
-    ),
-    ("propagation to all p50 (ms)", |r| r.propagation.p50_ms, 1),
-    ("propagation to all p99 (ms)", |r| r.propagation.p99_ms, 1),
-    ("propagation to all max (ms)", |r| r.propagation.max_ms, 1),
-    (
-        "paced updates not delivered to all",
-        |r| Some(r.updates_incomplete as f64),
-        0,
-    ),
-    (
-        "burst: subscribers not on the final version",
-        |r| Some(r.stale_after_burst as f64),
-        0,
-    ),
-    (
-        "stream errors (before the faults)",
-        |r| Some(r.stream_errors as f64),
-        0,
-    ),
-    (
-        "CPU per update: central (flat: the proxy) (s)",
-        |r| Some(r.central_cpu_per_update),
-        4,
-    ),
-    (
-        "CPU per update: node proxies together (s)",
-        |r| r.nodes_cpu_per_update,
-        3,
-    ),
-    (
-        "CPU per update: load generator (s)",
-        |r| Some(r.load_generator_cpu_per_update),
-        3,
-    ),
-    (
-        "RSS idle: central (flat: the proxy) (MiB)",
-        |r| Some(r.central_rss_mib),
-        1,
-    ),
-    (
-        "RSS idle per node proxy: mean (MiB)",
-        |r| r.node_rss_mib_mean,
-        1,
-    ),
-    (
-        "RSS idle per node proxy: max (MiB)",
-        |r| r.node_rss_mib_max,
-        1,
-    ),
-    (
-        "central: streams (`sync_active_streams`)",
-        |r| r.central_streams,
-        0,
-    ),
-    ("central: sync connections", |r| r.central_connections, 0),
-    ("central: watches at its source", |r| r.central_watches, 0),
-    ("node proxies: streams, together", |r| r.node_streams, 0),
-    (
-        "API server: FeatureFlag watches open",
-        |r| r.apiserver_watches.map(|v| v as f64),
-        0,
-    ),
-    (
-        "API server: LIST/WATCH/GET on FeatureFlags, start to burst",
-        |r| r.apiserver_requests.map(|v| v as f64),
-        0,
-    ),
-];
+/// The CPU and memory of each tier, what the central serves, and the API server.
+fn cost_figures(r: &TierResult) -> Vec<Figure> {
+    vec![
+        figure(
+            "CPU per update: central (flat: the proxy) (s)",
+            Some(r.central_cpu_per_update),
+            4,
+        ),
+        figure(
+            "CPU per update: node proxies together (s)",
+            r.nodes_cpu_per_update,
+            3,
+        ),
+        figure(
+            "CPU per update: load generator (s)",
+            Some(r.load_generator_cpu_per_update),
+            3,
+        ),
+        figure(
+            "RSS idle: central (flat: the proxy) (MiB)",
+            Some(r.central_rss_mib),
+            1,
+        ),
+        figure(
+            "RSS idle per node proxy: mean (MiB)",
+            r.node_rss_mib_mean,
+            1,
+        ),
+        figure("RSS idle per node proxy: max (MiB)", r.node_rss_mib_max, 1),
+        figure(
+            "central: streams (`sync_active_streams`)",
+            r.central_streams,
+            0,
+        ),
+        figure("central: sync connections", r.central_connections, 0),
+        figure("central: watches at its source", r.central_watches, 0),
+        figure("node proxies: streams, together", r.node_streams, 0),
+        watches_figure(r.apiserver_watches),
+        figure(
+            "API server: LIST/WATCH/GET on FeatureFlags, start to burst",
+            r.apiserver_requests.and_then(count),
+            0,
+        ),
+    ]
+}
 
 impl Summary<'_> {
     pub(crate) fn markdown(&self, sittings: &[SourceRuns], problems: &[String]) -> String {
         let args = self.args;
         let mut out = String::from("## Two tiers\n\n");
         out += &format!(
-            "`--tiers`: {} node proxies; {} updates paced {:?} apart, a burst of {}; {} stream(s) per HTTP/2 connection; {} s in all; load average {} before, {} after.\n\n",
+            "`--tiers`: {} node proxies; {} updates paced {:?} apart, a burst of {}; {} stream(s) per HTTP/2 connection.\n\n{}.\n\n",
             args.tier_nodes,
             args.updates,
             args.update_gap,
             args.burst,
             args.streams_per_connection,
-            self.seconds.round(),
-            self.load_before,
-            self.load_after
+            self.header.sentence()
         );
         if let Some(note) = &self.go_note {
             out += &format!("Note: {note}.\n\n");
@@ -179,28 +179,15 @@ impl Summary<'_> {
             .into_iter()
             .filter_map(|(n, r)| Some((n, r?)))
             .collect();
-        out += &format!(
-            "| | {} |\n|---|{}\n",
-            present
-                .iter()
-                .map(|(n, _)| *n)
-                .collect::<Vec<_>>()
-                .join(" | "),
-            "---|".repeat(present.len())
-        );
-        for (name, cell, digits) in ROWS {
-            let values: Vec<String> = present
-                .iter()
-                .map(|(_, r)| {
-                    if r.failed.is_some() && r.connected == 0 {
-                        "–".to_owned()
-                    } else {
-                        fmt_opt(cell(r), *digits)
-                    }
-                })
-                .collect();
-            out += &format!("| {name} | {} |\n", values.join(" | "));
-        }
+        let columns: Vec<(&str, Vec<Figure>)> = present
+            .iter()
+            .map(|(name, r)| {
+                let values = figures(r);
+                let nothing = r.failed.is_some() && r.connected == 0;
+                (*name, if nothing { absent(values) } else { values })
+            })
+            .collect();
+        out += &figure_table(&columns, Blank::Keep, "l").markdown();
         out += "\n";
         for (name, run) in &present {
             if let Some(error) = &run.failed {
@@ -220,33 +207,29 @@ impl Summary<'_> {
     }
 
     pub(crate) fn json(&self, sittings: &[SourceRuns], problems: &[String]) -> Value {
-        json!({
+        self.header.stamp(json!({
             "scenario": "tiers",
-            "machine": machine(),
-            "load_before": self.load_before,
-            "load_after": self.load_after,
-            "seconds": self.seconds,
             "go_note": self.go_note,
             "sittings": sittings,
             "problems": problems,
-        })
+        }))
     }
 }
 
 fn faults_table(f: &FaultResult) -> String {
     let opt = |v: Option<f64>| fmt_opt(v, 0);
-    let mut out = String::from("| fault | what happened |\n|---|---|\n");
-    out += &format!(
-        "| central killed (SIGKILL), down {:.1} s, a version written meanwhile | streams ended: {}; subscribers off the last good version while down: {}; a new subscriber on a node proxy got {}; every subscriber on the new version {} ms after the central started again ({} ms after the change) |\n",
-        f.outage_seconds,
+    let mut table = Table::new(["fault", "what happened"], "l");
+    table.row([
+        format!("central killed (SIGKILL), down {:.1} s, a version written meanwhile", f.outage_seconds),
+        format!("streams ended: {}; subscribers off the last good version while down: {}; a new subscriber on a node proxy got {}; every subscriber on the new version {} ms after the central started again ({} ms after the change)",
         f.outage_streams_ended,
         f.outage_not_on_last_good,
         f.outage_new_subscriber,
         opt(f.restart_to_all_ms),
         opt(f.change_to_all_ms)
-    );
-    out += &format!(
-        "| one node proxy killed (SIGKILL) and started again | its streams ended: {} of {}; other streams ended: {}; its subscribers served again: {} of {}, {} ms after its start; central streams after: {} (one per node proxy and resource: {}); the next version reached all in {} ms |\n",
+    )]);
+    table.row(["one node proxy killed (SIGKILL) and started again".to_owned(), format!(
+        "its streams ended: {} of {}; other streams ended: {}; its subscribers served again: {} of {}, {} ms after its start; central streams after: {} (one per node proxy and resource: {}); the next version reached all in {} ms",
         f.killed_node_streams_ended,
         f.killed_node_subscribers,
         f.other_streams_ended,
@@ -256,80 +239,96 @@ fn faults_table(f: &FaultResult) -> String {
         fmt_opt(f.central_streams_after, 0),
         f.central_streams_expected,
         opt(f.after_node_to_all_ms)
-    );
+    )]);
     for step in &f.rollout {
-        out += &format!(
-            "| rollout of the central: {} | a version written after the stop reached all in {} ms; stale: {} |\n",
-            step.step,
-            opt(step.to_all_ms),
-            step.stale
-        );
+        table.row([
+            format!("rollout of the central: {}", step.step),
+            format!(
+                "a version written after the stop reached all in {} ms; stale: {}",
+                opt(step.to_all_ms),
+                step.stale
+            ),
+        ]);
     }
-    out += &format!(
-        "| rollout, both steps | streams ended: {} |\n\n",
-        f.rollout_streams_ended
-    );
-    out
+    table.row([
+        "rollout, both steps".to_owned(),
+        format!("streams ended: {}", f.rollout_streams_ended),
+    ]);
+    table.markdown() + "\n"
 }
 
 /// The targets, measured against the runs of one source.
 fn targets(s: &SourceRuns, shape: Shape) -> String {
-    let mut out = String::from("| target | measured | met |\n|---|---|---|\n");
-    let mut row = |target: &str, measured: String, met: Option<bool>| {
-        let met = match met {
-            Some(true) => "yes",
-            Some(false) => "**no**",
-            None => "–",
-        };
-        out += &format!("| {target} | {measured} | {met} |\n");
-    };
     let ok = |r: &Option<TierResult>| r.clone().filter(|r| r.failed.is_none());
     let (tiers, flat) = (ok(&s.tiers), ok(&s.flat));
+    let mut checks = Vec::new();
     if let (Some(t), Some(f)) = (&tiers, &flat) {
-        let ratio = t.central_cpu_per_update / f.central_cpu_per_update;
-        row(
-            "central CPU per update with the node tier ≤ 1/100 of flat",
-            format!(
-                "{:.4} s vs {:.3} s = 1/{:.0}",
-                t.central_cpu_per_update,
-                f.central_cpu_per_update,
-                1.0 / ratio
-            ),
-            Some(ratio <= 0.01),
-        );
-        if let (Some(tp), Some(fp)) = (t.propagation.p99_ms, f.propagation.p99_ms) {
-            row(
-                "propagation p99 through two tiers ≤ 1.25 × flat",
-                format!("{tp:.0} vs {fp:.0} ms = {:.2} ×", tp / fp),
-                Some(tp <= 1.25 * fp),
-            );
-        }
+        checks.extend(against_flat(t, f));
     }
     if let (Some(c), Some(f)) = (ok(&s.share_chained), ok(&s.share_flat))
         && let (Some(cp), Some(fp)) = (c.propagation.p50_ms, f.propagation.p50_ms)
     {
-        row(
-            &format!(
+        checks.push((
+            format!(
                 "the extra hop adds ≤ 20 ms to the median ({} subscribers)",
                 shape.per_node
             ),
             format!("{cp:.1} vs {fp:.1} ms: {:+.1} ms", cp - fp),
             Some(cp - fp <= 20.0),
-        );
+        ));
     }
     if let Some(t) = &tiers {
-        row(
-            &format!("RSS per node proxy with {} subscribers", shape.per_node),
+        checks.extend(tier_checks(t, shape));
+    }
+    let mut table = Table::new(["target", "measured", "met"], "l");
+    for (target, measured, met) in checks {
+        table.row([target.as_str(), &measured, met_cell(met)]);
+    }
+    table.markdown() + "\n"
+}
+
+/// A target: what, the measured value, and whether it is met (`None`: shown, not judged).
+type Check = (String, String, Option<bool>);
+
+/// The two tiers against the flat run: the central's CPU and the propagation.
+fn against_flat(t: &TierResult, f: &TierResult) -> Vec<Check> {
+    let ratio = t.central_cpu_per_update / f.central_cpu_per_update;
+    let mut checks = vec![(
+        "central CPU per update with the node tier ≤ 1/100 of flat".to_owned(),
+        format!(
+            "{:.4} s vs {:.3} s = 1/{:.0}",
+            t.central_cpu_per_update,
+            f.central_cpu_per_update,
+            1.0 / ratio
+        ),
+        Some(ratio <= 0.01),
+    )];
+    if let (Some(tp), Some(fp)) = (t.propagation.p99_ms, f.propagation.p99_ms) {
+        checks.push((
+            "propagation p99 through two tiers ≤ 1.25 × flat".to_owned(),
+            format!("{tp:.0} vs {fp:.0} ms = {:.2} ×", tp / fp),
+            Some(tp <= 1.25 * fp),
+        ));
+    }
+    checks
+}
+
+/// The two tiers alone: node proxies' memory, the central's streams and the API server's
+/// watches.
+fn tier_checks(t: &TierResult, shape: Shape) -> Vec<Check> {
+    let streams = (shape.nodes * shape.per_node.min(shape.resources)) as f64;
+    let mut checks = vec![
+        (
+            format!("RSS per node proxy with {} subscribers", shape.per_node),
             format!(
                 "mean {} MiB, max {} MiB",
                 fmt_opt(t.node_rss_mib_mean, 1),
                 fmt_opt(t.node_rss_mib_max, 1)
             ),
             None,
-        );
-        let streams = (shape.nodes * shape.per_node.min(shape.resources)) as f64;
-        row(
-            "central: one stream per node proxy and resource in use, over one connection per node proxy",
+        ),
+        (
+            "central: one stream per node proxy and resource in use, over one connection per node proxy".to_owned(),
             format!(
                 "{} streams over {} connections (expected {streams} over {})",
                 fmt_opt(t.central_streams, 0),
@@ -340,14 +339,14 @@ fn targets(s: &SourceRuns, shape: Shape) -> String {
                 t.central_streams == Some(streams)
                     && t.central_connections == Some(shape.nodes as f64),
             ),
-        );
-        if let Some(watches) = t.apiserver_watches {
-            row(
-                "API server: one watch per resource",
-                format!("{watches} watches, {} resources", shape.resources),
-                Some(watches == shape.resources as u64),
-            );
-        }
+        ),
+    ];
+    if let Some(watches) = t.apiserver_watches {
+        checks.push((
+            "API server: one watch per resource".to_owned(),
+            format!("{watches} watches, {} resources", shape.resources),
+            Some(watches == shape.resources as u64),
+        ));
     }
-    out + "\n"
+    checks
 }

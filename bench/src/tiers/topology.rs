@@ -15,9 +15,10 @@ use tonic::transport::Channel;
 
 use super::{BALANCER_COMMAND, Shape, Tier, faults, stable_port};
 use crate::args::Args;
+use crate::kit::latency::Stats;
 use crate::load::{Dial, Tracker, open_channel, open_stream};
 use crate::proxy::{Kind, ProxyProcess};
-use crate::scenario::{RunResult, Stats, start_cluster};
+use crate::scenario::{RunResult, start_cluster};
 use crate::sources::{Sources, api_requests};
 
 /// What one column of the table measured: a run of the two tiers, or a flat run on one proxy.
@@ -180,6 +181,44 @@ pub(crate) struct Topology<'a> {
     requests_before: Option<u64>,
 }
 
+/// The source flags of the central: the API server of `cluster`, or the manifests under
+/// `source_dir`; and room for every resource's watch.
+fn central_source(cluster: Option<&ControlPlane>, source_dir: &Path) -> Vec<String> {
+    let mut source = match cluster {
+        Some(cluster) => cluster.proxy_args(&[]),
+        None => vec![
+            "--manifests".to_owned(),
+            source_dir.join("manifests").display().to_string(),
+        ],
+    };
+    source.extend(["--max-watches".to_owned(), "10000".to_owned()]);
+    source
+}
+
+/// `count` node proxies reading from the balancer at `balancer_port`; not started yet.
+fn node_tiers(
+    bin: &Path,
+    dir: &Path,
+    balancer_port: u16,
+    count: usize,
+    extra: &[String],
+) -> anyhow::Result<Vec<Tier>> {
+    let upstream = [
+        "--upstream".to_owned(),
+        format!("127.0.0.1:{balancer_port}"),
+    ];
+    (0..count)
+        .map(|i| {
+            Tier::new(
+                bin,
+                dir.join(format!("node-{i}.log")),
+                upstream.to_vec(),
+                extra,
+            )
+        })
+        .collect()
+}
+
 impl<'a> Topology<'a> {
     /// The source with version 0, the central and the balancer, and every node proxy serving.
     pub(crate) async fn start(
@@ -203,29 +242,14 @@ impl<'a> Topology<'a> {
         )?;
         sources.write(0, || {}).await?;
         let requests_before = api_requests(cluster.as_ref()).await;
-        let mut source = match &cluster {
-            Some(cluster) => cluster.proxy_args(&[]),
-            None => vec![
-                "--manifests".to_owned(),
-                source_dir.join("manifests").display().to_string(),
-            ],
-        };
-        source.extend(["--max-watches".to_owned(), "10000".to_owned()]);
+        let source = central_source(cluster.as_ref(), &source_dir);
         let extra = &args.proxy_arg;
         let mut central = Tier::new(bin, dir.join("central.log"), source.clone(), extra)?;
         let replica = Tier::new(bin, dir.join("replica.log"), source, extra)?;
         let balancer_port = stable_port()?;
         let balancer = start_balancer(dir, balancer_port, &[central.port, replica.port])?;
         central.start()?;
-        let upstream = vec![
-            "--upstream".to_owned(),
-            format!("127.0.0.1:{balancer_port}"),
-        ];
-        let mut nodes = Vec::with_capacity(shape.nodes);
-        for i in 0..shape.nodes {
-            let log = dir.join(format!("node-{i}.log"));
-            nodes.push(Tier::new(bin, log, upstream.clone(), extra)?);
-        }
+        let nodes = node_tiers(bin, dir, balancer_port, shape.nodes, extra)?;
         let result = TierResult {
             label: "two tiers (this proxy)".to_owned(),
             nodes: shape.nodes,
@@ -324,10 +348,7 @@ fn start_balancer(dir: &Path, port: u16, backends: &[u16]) -> anyhow::Result<Pro
 /// Waits until a probe stream on `tier` for `selector` gets a version; which one.
 pub(crate) async fn wait_serving(tier: &Tier, selector: &str) -> anyhow::Result<u64> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let dial = Dial {
-        port: tier.port,
-        tls: None,
-    };
+    let dial = Dial::plain(tier.port);
     loop {
         let probe = async {
             let channel = open_channel(&dial, None).await?;
@@ -396,10 +417,7 @@ impl Topology<'_> {
         let ports = &ports;
         let mut opened = futures::stream::iter(jobs)
             .map(|(k, c)| async move {
-                let dial = Dial {
-                    port: ports[k],
-                    tls: None,
-                };
+                let dial = Dial::plain(ports[k]);
                 (k, c, open_channel(&dial, None).await)
             })
             .buffer_unordered(self.args.connect_concurrency.max(1));
