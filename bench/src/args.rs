@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use clap::Parser;
 
-use crate::authz_storm;
-use crate::proxy::SourceKind;
-use crate::sources::Documents;
+use crate::documents::Documents;
+use crate::options::{AuthzMode, SourceKind};
 
 #[derive(Clone, Debug, Parser)]
 #[command(
@@ -328,7 +327,7 @@ pub(crate) struct Args {
         value_delimiter = ',',
         default_value = "none,namespace-token,rbac-token,namespace-pod-ip,rbac-pod-ip"
     )]
-    pub(crate) authz_modes: Vec<authz_storm::Mode>,
+    pub(crate) authz_modes: Vec<AuthzMode>,
 
     /// The hostile attacks of docs/security.md ("The attacks, one by one") instead of the
     /// fan-out scenarios (see docs/benchmarks.md, "Attacks"): each against a fresh proxy on

@@ -23,6 +23,7 @@ use flagd_proxy_testkit::control_plane::RequestCounts;
 use crate::args::Args;
 use crate::kit::header::Clock;
 use crate::load::Dial;
+use crate::options::AuthzMode;
 use crate::proxy::{Kind, ProxyProcess};
 use crate::sampling::{RssGuard, mib, proc_sample};
 use crate::sitting::rust_bin;
@@ -39,52 +40,6 @@ use report::{ModeRun, PhaseResult, Summary};
 
 /// How long a proxy may take to answer `/readyz`.
 const READY_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// An authorization mode of the proxy, and how its clients identify.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub(crate) enum Mode {
-    /// `--authz none`: no identity asked for.
-    None,
-    /// `--authz namespace`, clients present their ServiceAccount token.
-    NamespaceToken,
-    /// `--authz rbac`, clients present their ServiceAccount token.
-    RbacToken,
-    /// `--authz namespace --authz-pod-ip`: clients are known by their pod's address.
-    NamespacePodIp,
-    /// `--authz rbac --authz-pod-ip`: clients are known by their pod's address.
-    RbacPodIp,
-}
-
-impl Mode {
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Mode::None => "none",
-            Mode::NamespaceToken => "namespace, token",
-            Mode::RbacToken => "rbac, token",
-            Mode::NamespacePodIp => "namespace, pod address",
-            Mode::RbacPodIp => "rbac, pod address",
-        }
-    }
-
-    fn proxy_args(self) -> &'static [&'static str] {
-        match self {
-            Mode::None => &["--authz", "none"],
-            Mode::NamespaceToken => &["--authz", "namespace"],
-            Mode::RbacToken => &["--authz", "rbac"],
-            Mode::NamespacePodIp => &["--authz", "namespace", "--authz-pod-ip"],
-            Mode::RbacPodIp => &["--authz", "rbac", "--authz-pod-ip"],
-        }
-    }
-
-    fn tokens(self) -> bool {
-        matches!(self, Mode::NamespaceToken | Mode::RbacToken)
-    }
-
-    fn pod_ip(self) -> bool {
-        matches!(self, Mode::NamespacePodIp | Mode::RbacPodIp)
-    }
-}
 
 /// `--authz-storm`: every mode of `--authz-modes`, printed and written; the exit status (1 when
 /// a client was not served or a phase missed its target).
@@ -138,7 +93,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
 }
 
 /// The clients: `--subscribers` of them, dealt round-robin to the identities.
-fn clients(args: &Args, cluster: &Cluster, mode: Mode) -> Vec<Client> {
+fn clients(args: &Args, cluster: &Cluster, mode: AuthzMode) -> Vec<Client> {
     let identities = &cluster.identities;
     (0..args.subscribers)
         .map(|slot| {
@@ -158,7 +113,7 @@ async fn run_mode(
     cluster: &Cluster,
     bin: &Path,
     dir: &Path,
-    mode: Mode,
+    mode: AuthzMode,
 ) -> anyhow::Result<[PhaseResult; 2]> {
     let mut extra: Vec<String> = mode.proxy_args().iter().map(|a| (*a).to_owned()).collect();
     // Each identity's clients share one address: more than the per-address default of pending

@@ -15,12 +15,13 @@ use std::time::Duration;
 use serde_json::json;
 
 use crate::args::Args;
+use crate::documents::Documents;
 use crate::kit::header::Clock;
 use crate::load;
-use crate::proxy::{Kind, SourceKind};
+use crate::options::SourceKind;
+use crate::proxy::Kind;
 use crate::scenario::{RunResult, Scenario, run_one};
 use crate::sitting::rust_bin;
-use crate::sources::Documents;
 
 mod report;
 

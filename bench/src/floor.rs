@@ -143,7 +143,7 @@ fn handshake(mut stream: TcpStream, state: &Mutex<State>) -> io::Result<()> {
 
 /// A gRPC length-prefixed `SyncFlagsResponse` carrying version `seq`'s document.
 fn grpc_message(seq: u64, payload: usize) -> Vec<u8> {
-    let document = crate::sources::document(seq, payload);
+    let document = crate::documents::document(seq, payload);
     let mut proto = vec![0x0a];
     let mut len = document.len() as u64;
     while len >= 0x80 {

@@ -47,10 +47,12 @@ mod authz_storm;
 mod capacity;
 mod churn;
 mod costs;
+mod documents;
 mod floor;
 mod kit;
 mod load;
 mod messages;
+mod options;
 mod pacing;
 mod phases;
 mod proxy;
@@ -180,9 +182,9 @@ async fn run(args: Args) -> anyhow::Result<Verdict> {
 mod tests {
     use serde_json::json;
 
+    use crate::documents::flags;
     use crate::kit::latency::Stats;
     use crate::messages::find_seq;
-    use crate::sources::flags;
 
     #[test]
     fn finds_the_sequence_number() {

@@ -12,22 +12,6 @@ use crate::args::Args;
 use crate::floor;
 use crate::load::BenchTls;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum SourceKind {
-    Files,
-    Kubernetes,
-}
-
-impl SourceKind {
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            SourceKind::Files => "files",
-            SourceKind::Kubernetes => "kubernetes",
-        }
-    }
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Kind {
     Rust,

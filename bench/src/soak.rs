@@ -27,13 +27,13 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 
 use crate::args::Args;
+use crate::documents::document;
 use crate::kit::header::{Clock, Header};
 use crate::kit::table::Table;
 use crate::load::{Dial, open_channel, open_stream};
 use crate::proxy::{Kind, ProxyProcess};
 use crate::sampling::RssGuard;
 use crate::sitting::rust_bin;
-use crate::sources::document;
 use crate::verdict::EXIT_INCORRECT;
 
 mod clients;

@@ -19,7 +19,8 @@ use anyhow::{Context, bail};
 
 use crate::args::Args;
 use crate::kit::header::Clock;
-use crate::proxy::{Kind, ProxyProcess, SourceKind};
+use crate::options::SourceKind;
+use crate::proxy::{Kind, ProxyProcess};
 use crate::scenario::{Scenario, run_one};
 use crate::sitting::{proxies, rust_bin};
 use crate::soak;

@@ -193,7 +193,7 @@ mod tests {
     use clap::Parser;
 
     use super::*;
-    use crate::proxy::SourceKind;
+    use crate::options::SourceKind;
     use crate::scenario::{RunResult, Scenario};
 
     const SUBSCRIBERS: usize = 50;

@@ -136,7 +136,7 @@ impl Cluster {
 /// every ServiceAccount of `ns` get the FeatureFlags there.
 async fn namespace_with_flag(cp: &ControlPlane, ns: &str) -> anyhow::Result<()> {
     cp.create_namespace(ns).await;
-    let flags = serde_json::Value::Object(crate::sources::flags(0, 1024));
+    let flags = serde_json::Value::Object(crate::documents::flags(0, 1024));
     Api::<DynamicObject>::namespaced_with(cp.admin_client(), ns, &feature_flag_resource())
         .create(
             &PostParams::default(),

@@ -6,9 +6,10 @@ use std::fmt::Write as _;
 
 use serde_json::{Value, json};
 
-use super::{Args, Mode};
+use super::Args;
 use crate::kit::header::Header;
 use crate::kit::table::{Table, fmt_opt, met_cell};
+use crate::options::AuthzMode;
 
 /// The requests authorization makes, as the API server counts them (verb, resource).
 const AUTHZ_REQUESTS: [&str; 5] = [
@@ -80,7 +81,7 @@ impl PhaseResult {
 
 /// One mode: its two phases (cold, storm), or why its run failed.
 pub(crate) struct ModeRun {
-    pub(crate) mode: Mode,
+    pub(crate) mode: AuthzMode,
     pub(crate) outcome: Result<[PhaseResult; 2], String>,
 }
 

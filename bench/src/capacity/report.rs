@@ -10,7 +10,7 @@ use serde_json::Value;
 use super::{Assumptions, Cluster, plan, version_ms};
 use crate::costs::UnitCosts;
 use crate::kit::table::{Table, fmt_opt};
-use crate::proxy::SourceKind;
+use crate::options::SourceKind;
 
 /// The rows of the cluster table: nodes × sidecars × document size.
 pub(crate) const NODES: [usize; 3] = [100, 1_000, 5_000];

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 use serde_json::Value;
 
-use crate::sources::{NAMESPACE, flags};
+use crate::documents::flags;
+use crate::sources::NAMESPACE;
 
 /// Stands for the sequence number in a rendered manifest; found once and replaced.
 const SEQ_PLACEHOLDER: u64 = 9_876_543_210_123;

@@ -1,0 +1,65 @@
+//! The choices of the command line that the scenarios read: which source the proxies watch, and
+//! which authorization mode the authorization storm runs the proxy in.
+
+/// Where the proxies read their flags from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum SourceKind {
+    Files,
+    Kubernetes,
+}
+
+impl SourceKind {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            SourceKind::Files => "files",
+            SourceKind::Kubernetes => "kubernetes",
+        }
+    }
+}
+
+/// An authorization mode of the proxy, and how its clients identify.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum AuthzMode {
+    /// `--authz none`: no identity asked for.
+    None,
+    /// `--authz namespace`, clients present their ServiceAccount token.
+    NamespaceToken,
+    /// `--authz rbac`, clients present their ServiceAccount token.
+    RbacToken,
+    /// `--authz namespace --authz-pod-ip`: clients are known by their pod's address.
+    NamespacePodIp,
+    /// `--authz rbac --authz-pod-ip`: clients are known by their pod's address.
+    RbacPodIp,
+}
+
+impl AuthzMode {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            AuthzMode::None => "none",
+            AuthzMode::NamespaceToken => "namespace, token",
+            AuthzMode::RbacToken => "rbac, token",
+            AuthzMode::NamespacePodIp => "namespace, pod address",
+            AuthzMode::RbacPodIp => "rbac, pod address",
+        }
+    }
+
+    pub(crate) fn proxy_args(self) -> &'static [&'static str] {
+        match self {
+            AuthzMode::None => &["--authz", "none"],
+            AuthzMode::NamespaceToken => &["--authz", "namespace"],
+            AuthzMode::RbacToken => &["--authz", "rbac"],
+            AuthzMode::NamespacePodIp => &["--authz", "namespace", "--authz-pod-ip"],
+            AuthzMode::RbacPodIp => &["--authz", "rbac", "--authz-pod-ip"],
+        }
+    }
+
+    pub(crate) fn tokens(self) -> bool {
+        matches!(self, AuthzMode::NamespaceToken | AuthzMode::RbacToken)
+    }
+
+    pub(crate) fn pod_ip(self) -> bool {
+        matches!(self, AuthzMode::NamespacePodIp | AuthzMode::RbacPodIp)
+    }
+}
