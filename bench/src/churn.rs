@@ -153,6 +153,19 @@ async fn serve(
     }
 }
 
+/// A subscriber; with `churn`, its stream reopens when its deadline passes (see [`follow`]).
+pub(crate) async fn subscriber(
+    channel: Channel,
+    selector: Arc<str>,
+    slot: usize,
+    tracker: Arc<Tracker>,
+    churn: Option<Arc<Churn>>,
+) {
+    let record = |seq, reopened| tracker.record_from(slot, seq, reopened);
+    let error = follow(channel, &selector, slot, churn.as_deref(), record).await;
+    tracker.failed(&error);
+}
+
 /// CPU of one process (or group of processes) in both windows.
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub(crate) struct ChurnCpu {

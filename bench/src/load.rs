@@ -4,7 +4,6 @@
 use std::io;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
@@ -321,19 +320,6 @@ impl Tracker {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
-}
-
-/// A subscriber; with `churn`, its stream reopens when its deadline passes (see `churn.rs`).
-pub(crate) async fn subscriber(
-    channel: Channel,
-    selector: Arc<str>,
-    slot: usize,
-    tracker: Arc<Tracker>,
-    churn: Option<Arc<crate::churn::Churn>>,
-) {
-    let record = |seq, reopened| tracker.record_from(slot, seq, reopened);
-    let error = crate::churn::follow(channel, &selector, slot, churn.as_deref(), record).await;
-    tracker.failed(&error);
 }
 
 /// Opens a stream for `selector` and hands each version's sequence number to `record` until the

@@ -14,9 +14,10 @@ use futures::StreamExt;
 use tonic::transport::Channel;
 
 use crate::args::Args;
+use crate::churn::subscriber;
 use crate::kit::latency::Stats;
 use crate::kit::table::fmt_opt;
-use crate::load::{Dial, Tracker, open_channel, open_stream, subscriber};
+use crate::load::{Dial, Tracker, open_channel, open_stream};
 use crate::pacing::paced;
 use crate::proxy::{Kind, ProxyProcess};
 use crate::sampling::{RssGuard, mib, ms, proc_sample, written_bytes};

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use flagd_proxy::introspection::Process;
 
+use crate::churn::subscriber;
 use crate::kit::latency::Stats;
-use crate::load::{Dial, Tracker, open_channel, open_stream, subscriber};
+use crate::load::{Dial, Tracker, open_channel, open_stream};
 use crate::sampling::{mib, ms, proc_sample};
 use crate::sources::Sources;
 
