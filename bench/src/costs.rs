@@ -20,7 +20,8 @@ use crate::kit::header::Clock;
 use crate::load;
 use crate::options::SourceKind;
 use crate::proxy::Kind;
-use crate::scenario::{RunResult, Scenario, run_one};
+use crate::run::run_one;
+use crate::scenario::{RunResult, Scenario};
 use crate::sitting::rust_bin;
 
 mod report;

@@ -57,6 +57,7 @@ mod pacing;
 mod phases;
 mod proxy;
 mod report;
+mod run;
 mod sampling;
 mod scenario;
 mod sitting;

@@ -18,7 +18,8 @@ use crate::args::Args;
 use crate::kit::latency::Stats;
 use crate::load::{Dial, Tracker, open_channel, open_stream};
 use crate::proxy::{Kind, ProxyProcess};
-use crate::scenario::{RunResult, start_cluster};
+use crate::run::start_cluster;
+use crate::scenario::RunResult;
 use crate::sources::{Sources, api_requests};
 
 /// What one column of the table measured: a run of the two tiers, or a flat run on one proxy.
