@@ -48,6 +48,7 @@ mod capacity;
 mod churn;
 mod costs;
 mod documents;
+mod figures;
 mod floor;
 mod kit;
 mod load;

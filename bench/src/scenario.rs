@@ -1,6 +1,8 @@
 //! A scenario (its subscribers, resources, payload, source and TLS) and what one run of it
 //! against one proxy found: first snapshots, paced updates and the burst, the process sampled.
 
+use std::collections::BTreeMap;
+
 use crate::kit::latency::Stats;
 use crate::options::SourceKind;
 use crate::proxy::Kind;
@@ -210,4 +212,13 @@ fn nonzero(failures: Vec<(u64, String)>) -> impl Iterator<Item = String> {
         .into_iter()
         .filter(|(count, _)| *count > 0)
         .map(|(_, what)| what)
+}
+
+/// One scenario's results, by proxy key, and why a proxy has none.
+pub(crate) struct ScenarioRuns {
+    pub(crate) scenario: Scenario,
+    pub(crate) results: BTreeMap<&'static str, RunResult>,
+    pub(crate) skipped: BTreeMap<&'static str, String>,
+    /// Why a proxy's run failed, by proxy key.
+    pub(crate) failed: BTreeMap<&'static str, String>,
 }

@@ -9,9 +9,8 @@ use anyhow::{Context, bail};
 
 use crate::args::Args;
 use crate::proxy::Kind;
-use crate::report::ScenarioRuns;
 use crate::run::run_one;
-use crate::scenario::{RunResult, Scenario};
+use crate::scenario::{RunResult, Scenario, ScenarioRuns};
 
 /// The Go flagd-proxy when none is given: `FLAGD_PROXY_GO_BIN`, else `../shared/bin/flagd-proxy-go`
 /// beside this repository, else the one scripts/install-go-proxy.sh installs in the cache.

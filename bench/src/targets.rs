@@ -1,8 +1,8 @@
 //! The targets, checked against the scenarios of this run.
 
+use crate::figures::{Groups, figures};
 use crate::kit::table::{Table, fmt_opt, met_cell};
-use crate::report::{Groups, ScenarioRuns, figures};
-use crate::scenario::RunResult;
+use crate::scenario::{RunResult, ScenarioRuns};
 use crate::storm;
 
 /// Targets of one scenario: what, the measured value, and whether it is met.

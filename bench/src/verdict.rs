@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::args::Args;
 use crate::proxy::Kind;
-use crate::report::ScenarioRuns;
+use crate::scenario::ScenarioRuns;
 
 /// The exit status of a run that found the proxy under test incorrect.
 pub(crate) const EXIT_INCORRECT: u8 = 1;

@@ -6,12 +6,12 @@ use serde_json::{Value, json};
 use super::topology::TierResult;
 use super::{Shape, SourceRuns, faults};
 use crate::args::Args;
+use crate::figures::watches_figure;
 use crate::kit::header::Header;
 use crate::kit::latency::Point::{Max, P50, P99};
 use crate::kit::table::{
     Blank, Figure, Table, absent, count, figure, figure_table, fmt_opt, met_cell,
 };
-use crate::report::watches_figure;
 
 /// What the whole invocation shares.
 pub(crate) struct Summary<'a> {
