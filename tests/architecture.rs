@@ -1,9 +1,10 @@
 //! The crate's shape, checked: the hub is a core that knows no adapter, the transport knows no
 //! protocol above it, and no two top-level modules import each other, directly or around a
-//! circle.
+//! circle; nor do those of the benchmark (`bench`) and of the test kit (`testkit`).
 //!
 //! Read from the sources: every `crate::<module>` path in code (comments left out) is an edge
-//! from the file's top-level module to `<module>`. `testing` (unit-test support) is left out.
+//! from the file's top-level module to `<module>`. `testing` (unit-test support) is left out; in
+//! the benchmark and the test kit, so are inline test modules (`mod tests {`).
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
@@ -102,9 +103,24 @@ fn kubernetes_knows_neither_the_wire_nor_the_transport() {
 
 #[test]
 fn no_import_circle_among_modules() {
-    let graph = module_graph();
+    assert_no_circle(&module_graph());
+}
+
+/// The benchmark is built in layers too: the command line at the bottom, the proxy processes and
+/// the load generator below the scenarios, the reports above the results (see its `main.rs`).
+#[test]
+fn no_import_circle_among_the_benchs_modules() {
+    assert_no_circle(&package_graph(&package_src("bench"), Code::BeforeTests));
+}
+
+#[test]
+fn no_import_circle_among_the_test_kits_modules() {
+    assert_no_circle(&package_graph(&package_src("testkit"), Code::BeforeTests));
+}
+
+fn assert_no_circle(graph: &Graph) {
     for start in graph.keys() {
-        if let Some(circle) = circle_from(&graph, start) {
+        if let Some(circle) = circle_from(graph, start) {
             panic!("import circle: {}", circle.join(" -> "));
         }
     }
@@ -189,24 +205,51 @@ fn circle_from(graph: &Graph, start: &str) -> Option<Vec<String>> {
     walk(graph, start, &mut path).then_some(path)
 }
 
-/// Top-level module -> the top-level modules its files import.
+/// Top-level module -> the top-level modules its files import, for the proxy's `src`.
 fn module_graph() -> Graph {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    package_graph(&package_src("."), Code::All)
+}
+
+/// The `src` folder of the workspace's package in `folder` (`.` is the proxy itself).
+fn package_src(folder: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join(folder)
+        .join("src")
+}
+
+/// How much of a file is read for its imports.
+#[derive(Clone, Copy)]
+enum Code {
+    /// The whole file.
+    All,
+    /// What comes before its inline test module (`mod tests {`).
+    BeforeTests,
+}
+
+/// Top-level module -> the top-level modules its files import, for the package with sources in
+/// `src`. The crate roots (`lib`, `main`), separate binaries (`bin`) and unit-test support
+/// (`testing`) are left out.
+fn package_graph(src: &Path, code: Code) -> Graph {
+    let left_out = ["lib", "main", "bin", "testing"];
     let mut graph = Graph::new();
-    for file in rust_files(&src) {
-        let relative = file.strip_prefix(&src).expect("under src");
+    for file in rust_files(src) {
+        let relative = file.strip_prefix(src).expect("under src");
         let first = relative.components().next().expect("a component");
         let module = first.as_os_str().to_string_lossy();
         let module = module.trim_end_matches(".rs").to_owned();
-        if ["lib", "main", "testing"].contains(&module.as_str()) {
+        if left_out.contains(&module.as_str()) {
             continue;
         }
         let text = std::fs::read_to_string(&file).expect("read a source file");
+        let text = match code {
+            Code::All => text.as_str(),
+            Code::BeforeTests => text.split("\nmod tests {").next().unwrap_or_default(),
+        };
         let edges = graph.entry(module.clone()).or_default();
         edges.extend(
-            imports(&text)
+            imports(text)
                 .into_iter()
-                .filter(|m| *m != module && m != "testing"),
+                .filter(|m| *m != module && !left_out.contains(&m.as_str())),
         );
     }
     assert!(graph.len() > 5, "found the modules: {graph:?}");
@@ -266,7 +309,7 @@ fn ident(c: char) -> bool {
 /// The files of top-level `module`, by module (`net`, `net::h2`, `net::h2::reader`) -> those of
 /// them that its paths name, read outside comments and before an inline test module.
 fn file_graph(module: &str) -> Graph {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = package_src(".");
     let files: BTreeMap<String, PathBuf> = module_files(module)
         .into_iter()
         .map(|file| (module_path(&src, &file), file))
@@ -346,7 +389,7 @@ fn path_roots(text: &str) -> BTreeSet<String> {
 
 /// The files of a top-level module: `src/<module>.rs` and those under `src/<module>/`.
 fn module_files(module: &str) -> Vec<PathBuf> {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let src = package_src(".");
     let folder = src.join(module);
     let mut files = if folder.is_dir() {
         rust_files(&folder)

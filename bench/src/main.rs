@@ -26,6 +26,25 @@
 //! The load generator shares the machine with the proxy, so it is kept cheap: one tokio runtime,
 //! one task per stream, and responses are not decoded: the sequence number every version carries
 //! is found by searching the raw message bytes.
+//!
+//! The modules are built in layers, each importing only from the layers below it (checked by
+//! `tests/architecture.rs`), from the bottom:
+//!
+//! - leaves: `kit`, `sampling`, `messages`, `options` (the values the command line chooses),
+//!   `documents` (the flag documents of each version);
+//! - the command line (`args`), the load generator's streams (`load`), the floor (`floor`);
+//! - the proxy processes (`proxy`);
+//! - where the flags live (`sources`);
+//! - subscribers and their reconnects (`churn`), paced updates (`pacing`);
+//! - the reconnect storm (`storm`);
+//! - a scenario and its result (`scenario`);
+//! - its phases (`phases`);
+//! - one run of a scenario against one proxy (`run`);
+//! - the runs of a sitting (`sitting`), a result's rows (`figures`), the verdict (`verdict`);
+//! - the targets (`targets`);
+//! - the report (`report`);
+//! - the other modes: `attacks`, `authz_storm`, `costs`, `soak`;
+//! - the modes built on those: `capacity` (on `costs`), `tiers` (on `soak`).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
