@@ -53,12 +53,13 @@ impl Ctx {
         if !args.iter().any(|a| a.starts_with("--memory-budget")) {
             args.extend(["--memory-budget".to_owned(), tier.budget().to_owned()]);
         }
-        let proxy = ProxyProcess::launch_as(cgroup.command(program), &args, log)?;
+        let mut proxy = ProxyProcess::launch_as(cgroup.command(program), &args, log)?;
         if program == self.bin {
             let bin = std::fs::canonicalize(&self.bin)?;
             let exe = PathBuf::from(format!("/proc/{}/exe", proxy.pid));
             let deadline = Instant::now() + Duration::from_secs(10);
-            while std::fs::read_link(&exe).ok().as_ref() != Some(&bin) {
+            // A proxy that exits at once (a flag it refuses) may be gone before it is seen.
+            while std::fs::read_link(&exe).ok().as_ref() != Some(&bin) && proxy.exited().is_none() {
                 if Instant::now() > deadline {
                     bail!("process {} never became {}", proxy.pid, bin.display());
                 }
