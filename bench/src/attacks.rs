@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use flagd_proxy_testkit::attacks::{self as catalogue, ROWS};
 
 use crate::args::Args;
 use crate::report::loadavg;
@@ -37,51 +38,6 @@ mod table;
 
 use kernel::Kernel;
 use scene::{Ctx, Measured};
-
-/// The attacks: number and what it is, as docs/security.md names them.
-pub(crate) const ATTACKS: [(u8, &str); 14] = [
-    (
-        1,
-        "flag-set `metadata` of 2.3 MB, under `--max-document-bytes`",
-    ),
-    (
-        2,
-        "one connection, stream windows never opened, a new stream per version of a large document",
-    ),
-    (
-        3,
-        "connections × 1,000 requests ending at once, then idle, from 4 addresses",
-    ),
-    (
-        4,
-        "header-only streams from many addresses, held to the request deadline",
-    ),
-    (
-        5,
-        "8 addresses × 32 idle HTTP/2 connections to the management port",
-    ),
-    (
-        6,
-        "idle reconnects filling `--max-connections` from 4 addresses",
-    ),
-    (7, "one 100 KB YAML anchor referenced 20,000 times"),
-    (
-        8,
-        "brackets inside quoted YAML scalars; another file edited meanwhile",
-    ),
-    (9, "unix socket `--sync-socket-mode 0600` under umask 000"),
-    (
-        10,
-        "gRPC C-core `:authority` (percent-encoded socket path) on the unix socket",
-    ),
-    (11, "TLS finished late, then the preface after the deadline"),
-    (12, "SIGHUP and SIGUSR1 in the first 0.2 s of start-up"),
-    (
-        13,
-        "`--context-value`: a large value, reserved and look-alike keys",
-    ),
-    (14, "memory after every attack above"),
-];
 
 /// How large each attack is: the full sitting, or a smoke run's tiny one.
 #[derive(Clone, Copy, Debug)]
@@ -229,7 +185,7 @@ async fn in_tiers(args: &Args, builds: &[Build], workdir: &Path) -> anyhow::Resu
     let chosen: Vec<u8> = chosen(args).into_iter().filter(|&n| n != 14).collect();
     let runs: Vec<(String, String)> = chosen
         .iter()
-        .map(|&n| (n.to_string(), kernel::attack_name(n)))
+        .map(|&n| (n.to_string(), catalogue::name(n).to_owned()))
         .chain(
             ["plaintext", "TLS"]
                 .map(|kind| {
@@ -302,9 +258,8 @@ async fn honest_run(tls: bool, ctx: Ctx) -> Measured {
 
 /// The attacks `--attacks-rows` chooses (all when it names none).
 fn chosen(args: &Args) -> Vec<u8> {
-    ATTACKS
-        .iter()
-        .map(|(n, _)| *n)
+    ROWS.iter()
+        .map(|row| row.number)
         .filter(|n| args.attacks_rows.is_empty() || args.attacks_rows.contains(n))
         .collect()
 }

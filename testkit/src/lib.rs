@@ -3,10 +3,12 @@
 //! Kubernetes control plane ([`control_plane`]) with client identities on it ([`identities`]) or
 //! a cluster ([`cluster`]), run a real Prometheus ([`prometheus`]) or OpenTelemetry Collector
 //! ([`otelcol`]), break the path to a server ([`relay`]), and run a proxy in a memory cgroup of
-//! its own ([`memory_cgroup`]).
+//! its own ([`memory_cgroup`]); the hostile attacks, one catalogue for the tests and the
+//! benchmark ([`attacks`]).
 //!
 //! Integration tests take it in as `use flagd_proxy_testkit as support;`.
 
+pub mod attacks;
 pub mod client;
 pub mod cluster;
 pub mod control_plane;

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use flagd_proxy_testkit::memory_cgroup::MemoryCgroup;
 use serde::Serialize;
 
-use super::ATTACKS;
 use super::scene::Measured;
 
 /// A tier of the chart: its container's memory limit, and the budget the chart derives.
@@ -111,14 +110,6 @@ pub(crate) fn markdown(tier: Tier, rows: &[(String, String, Measured)]) -> Strin
     }
     out.push('\n');
     out
-}
-
-/// The name of attack `row`, as docs/security.md gives it.
-pub(crate) fn attack_name(row: u8) -> String {
-    ATTACKS
-        .iter()
-        .find(|(n, _)| *n == row)
-        .map_or_else(String::new, |(_, a)| (*a).to_owned())
 }
 
 #[cfg(test)]
