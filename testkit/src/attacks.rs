@@ -3,11 +3,15 @@
 //! (`flagd-proxy-bench --attacks`): each row's number and name ([`ROWS`]), and, for the attacks
 //! defined here, the attack itself (the client code, its size) and the bound it must meet.
 //!
+//! - [`pinned`]: row 2, versions pinned by streams that cannot be written to.
 //! - [`unfinished`]: row 4, streams whose request never comes, from many addresses.
 //! - [`streams`]: the raw HTTP/2 streams rows 2 to 4 open, and reading until they end.
 
+pub mod pinned;
 pub mod streams;
 pub mod unfinished;
+
+use flagd_proxy::introspection::Samples;
 
 /// One row of the attacks' table.
 #[derive(Clone, Copy, Debug)]
@@ -71,4 +75,13 @@ pub fn name(number: u8) -> &'static str {
     ROWS.iter()
         .find(|row| row.number == number)
         .map_or("", |row| row.attack)
+}
+
+/// The value of `sample` on the proxy's `/metrics` (0 when it has none); the error when the
+/// management port does not answer.
+pub(crate) async fn sample(management_port: u16, sample: &str) -> Result<f64, String> {
+    let (_, body) = crate::http_get(management_port, "/metrics")
+        .await
+        .map_err(|error| format!("the proxy does not answer: {error}"))?;
+    Ok(Samples::parse(&body).get(sample).unwrap_or(0.0))
 }

@@ -3,20 +3,17 @@
 //! request never comes, from many addresses (4).
 
 use std::net::Ipv4Addr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use flagd_proxy_testkit::attacks::pinned::Pinned;
 use flagd_proxy_testkit::attacks::streams::{open_from, read_ends};
 use flagd_proxy_testkit::attacks::unfinished::Unfinished;
 use flagd_proxy_testkit::client::v1;
-use flagd_proxy_testkit::raw_h2::{self, DATA, END_STREAM};
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
 
 use super::scene::{Ctx, Measured, Scene, color, next_within, subscribe, thousands};
-use crate::SYNC_PATH;
 use crate::sampling::proc_sample;
 
 /// How long a client waits for a version or a status that must come.
@@ -95,49 +92,34 @@ async fn large_version(
 }
 
 /// Row 2: one connection that opens the connection's window but no stream's, and opens a new
-/// SyncFlags stream for each version of a large document, written every 100 ms: each stream
-/// holds the version it cannot send. Then the attacker leaves.
+/// SyncFlags stream for each version of a large document, written once the one before was
+/// published: each stream holds the version it cannot send (the test kit's [`Pinned`]). Then
+/// the attacker leaves.
 pub(crate) async fn pinned_versions(ctx: &Ctx) -> anyhow::Result<Measured> {
-    const SELECTOR: &str = "core.openfeature.dev/default/big";
     let scene = Scene::start(ctx, &[]).await?;
-    let big = |i: usize| {
-        let value = format!("{i}-{}", "x".repeat(ctx.sizes.pinned_bytes));
-        json!({"big": {"state": "ENABLED", "variants": {"a": value}, "defaultVariant": "a"}})
+    let attack = Pinned {
+        versions: ctx.sizes.pinned_versions,
+        bytes: ctx.sizes.pinned_bytes,
     };
-    let (mut read, mut write) =
-        raw_h2::try_connect_from(Ipv4Addr::LOCALHOST, scene.proxy.port).await?;
-    write
-        .write_all(&raw_h2::window_update(0, 0x7fff_ffff - 65_535))
-        .await?;
-    // Whatever the proxy sends is read: only the streams' windows stay shut.
-    let ended = Arc::new(AtomicU32::new(0));
-    let counted = ended.clone();
-    let reader = tokio::spawn(async move { read_ends(&mut read, u32::MAX, &counted).await });
-    let request = prost::Message::encode_to_vec(&v1::SyncFlagsRequest {
-        provider_id: String::new(),
-        selector: SELECTOR.into(),
-    });
-    let body = raw_h2::grpc_message(&request);
-    let versions = ctx.sizes.pinned_versions;
-    for i in 0..versions {
-        flagd_proxy_testkit::write_manifest(&scene.manifests, "default", "big", big(i));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let stream = 2 * u32::try_from(i)? + 1;
-        let mut bytes = raw_h2::grpc_headers(stream, SYNC_PATH, false);
-        bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
-        write.write_all(&bytes).await?;
-    }
-    // The last streams get their versions.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let peak = proc_sample(scene.proxy.pid).rss_kib;
-    let published = scene.metric("flagd_proxy_versions_published_total").await;
-    drop(write);
-    reader.abort();
-    let ended = ended.load(Ordering::Relaxed);
+    let (outcome, attacker) = attack
+        .run(
+            &scene.manifests,
+            scene.proxy.port,
+            scene.proxy.management_port,
+        )
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let held = proc_sample(scene.proxy.pid).rss_kib;
+    let ended = attacker.ended();
+    drop(attacker);
     let outcome = format!(
-        "{versions} streams of {} KiB versions ({published} published): {ended} refused or ended; {} MiB held at the end",
-        ctx.sizes.pinned_bytes / 1024,
-        peak / 1024
+        "{} streams of {} KiB versions ({} published): {ended} refused or ended, {} refused by the budget, {:.0} MiB pinned at most; {} MiB held at the end",
+        attack.versions,
+        attack.bytes / 1024,
+        outcome.published,
+        outcome.refused,
+        outcome.peak_pinned / 1048576.0,
+        held / 1024
     );
     Ok(scene.measure(ctx, outcome).await)
 }
