@@ -4,11 +4,14 @@ use flagd_proxy_testkit as support;
 
 use std::net::IpAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use flagd_proxy::introspection::{Process, TcpSocket};
 use serde_json::Value;
+use support::attacks::pinned::{PINNED, Pinned};
+use support::attacks::streams::{read_ends, sync_headers};
+use support::attacks::unfinished::Unfinished;
 use support::client::{Client, assert_status, default_variant, next, open, v1, with_selector};
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_color, write_manifest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -482,46 +485,20 @@ async fn all_streams_end(read: &mut tokio::net::tcp::OwnedReadHalf, streams: u32
     );
 }
 
-/// Reads until `streams` streams have ended (true), or the proxy closes the connection (false).
+/// Reads until `streams` streams have ended (true), or the proxy closes the connection (false);
+/// panics when no frame comes for [`EVENT_TIMEOUT`].
 async fn streams_end_or_connection_closes(
     read: &mut tokio::net::tcp::OwnedReadHalf,
     streams: u32,
 ) -> bool {
-    use support::raw_h2::{self, END_STREAM, HEADERS, RST_STREAM};
-    let mut ended = std::collections::HashSet::new();
-    while ended.len() < streams as usize {
-        let Some(frame) = tokio::time::timeout(EVENT_TIMEOUT, raw_h2::read_frame(read))
-            .await
-            .unwrap_or_else(|_| panic!("only {} of {streams} streams ended", ended.len()))
-        else {
-            return false;
-        };
-        let ends =
-            (frame.kind == HEADERS && frame.flags & END_STREAM != 0) || frame.kind == RST_STREAM;
-        if ends && frame.stream != 0 {
-            ended.insert(frame.stream);
-        }
-    }
-    true
+    read_ends(read, streams, &AtomicU32::new(0))
+        .await
+        .unwrap_or_else(|error| panic!("{error}"))
 }
 
 /// HEADERS frames opening `streams` SyncFlags streams whose request never comes.
 fn unfinished_sync_streams(streams: u32) -> Vec<u8> {
     sync_headers(streams, false)
-}
-
-/// HEADERS frames opening `streams` SyncFlags streams (odd ids from 1), each ended at once
-/// (`end_stream`: no message) or left open.
-fn sync_headers(streams: u32, end_stream: bool) -> Vec<u8> {
-    (0..streams)
-        .flat_map(|i| {
-            support::raw_h2::grpc_headers(
-                2 * i + 1,
-                "/flagd.sync.v1.FlagSyncService/SyncFlags",
-                end_stream,
-            )
-        })
-        .collect()
 }
 
 /// A request is charged to the memory budget for the message it may still send (as large as
@@ -627,46 +604,19 @@ async fn streams_that_never_finish_their_request_end_at_the_deadline() {
 /// what its burst keeps), and established subscribers keep being served.
 #[tokio::test]
 async fn unfinished_streams_from_many_addresses_are_bounded_by_the_memory_budget() {
-    use support::raw_h2;
-    const ADDRESSES: u8 = 8;
-    const STREAMS: u32 = 500;
     const BUDGET: f64 = 4.0 * 1024.0 * 1024.0;
-    const STREAMS_HELD: &str = "flagd_proxy_memory_charged_bytes{kind=\"streams\"}";
-    const CONNECTIONS_HELD: &str = "flagd_proxy_memory_charged_bytes{kind=\"connections\"}";
     let mut scene = Scene::start_with(&["--request-timeout", "2s", "--memory-budget", "4Mi"]).await;
-    let port = scene.proxy.port;
-    let mut attackers = tokio::task::JoinSet::new();
-    for host in 2..2 + ADDRESSES {
-        attackers.spawn(async move {
-            let from = std::net::Ipv4Addr::new(127, 0, 0, host);
-            let (mut read, mut write) = raw_h2::connect_from(from, port).await;
-            write
-                .write_all(&unfinished_sync_streams(STREAMS))
-                .await
-                .expect("open the streams");
-            streams_end_or_connection_closes(&mut read, STREAMS).await;
-        });
+    let attack = Unfinished {
+        addresses: 8,
+        streams: 500,
+    };
+    let outcome = attack
+        .run(scene.proxy.port, scene.proxy.management_port)
+        .await
+        .unwrap_or_else(|error| panic!("{error}"));
+    if let Err(error) = outcome.bounded_by(BUDGET) {
+        panic!("{error}: {outcome:?}");
     }
-    let (mut peak, mut charged): (f64, f64) = (0.0, 0.0);
-    while !attackers.is_empty() {
-        let streams = scene.metric(STREAMS_HELD).await;
-        peak = peak.max(streams);
-        charged = charged.max(streams + scene.metric(CONNECTIONS_HELD).await);
-        if let Ok(Some(done)) =
-            tokio::time::timeout(Duration::from_millis(100), attackers.join_next()).await
-        {
-            done.expect("attacker");
-        }
-    }
-    assert!(
-        scene.rejected("memory_budget").await > 0.0,
-        "nothing refused"
-    );
-    assert!(peak <= BUDGET, "streams held {peak} bytes");
-    assert!(
-        charged > BUDGET / 2.0,
-        "streams and connections held {charged} bytes: not counted?"
-    );
     scene.change().await;
 }
 
@@ -1638,67 +1588,27 @@ async fn metadata_that_would_double_a_message_past_the_clients_limit_is_refused(
 /// refused, what is held stays near the budget, and reading subscribers keep being served.
 #[tokio::test]
 async fn streams_that_pin_versions_they_cannot_send_are_bounded_by_the_memory_budget() {
-    use support::raw_h2::{self, DATA, END_STREAM};
     const MIB: f64 = 1024.0 * 1024.0;
-    const BUDGET_MIB: f64 = 16.0;
-    const VERSIONS: usize = 40;
-    const PINNED: &str = "flagd_proxy_memory_charged_bytes{kind=\"versions\"}";
-    const PUBLISHED: &str = "flagd_proxy_versions_published_total";
     let mut scene = Scene::start_with(&["--memory-budget", "16Mi"]).await;
-    let (mut read, mut write) = raw_h2::connect(scene.proxy.port).await;
-    write
-        .write_all(&raw_h2::window_update(0, 0x7fff_ffff - 65_535))
+    let attack = Pinned {
+        versions: 40,
+        bytes: 1024 * 1024,
+    };
+    let (outcome, attacker) = attack
+        .run(
+            scene.dir.path(),
+            scene.proxy.port,
+            scene.proxy.management_port,
+        )
         .await
-        .expect("connection window");
-    // Whatever the proxy sends is read: only the streams' windows stay shut.
-    let drain = tokio::spawn(async move {
-        let mut buf = vec![0u8; 1 << 16];
-        while matches!(read.read(&mut buf).await, Ok(n) if n > 0) {}
-    });
-    let mut peak: f64 = 0.0;
-    for i in 0..VERSIONS {
-        let published = scene.metric(PUBLISHED).await;
-        let value = format!("{i}-{}", "x".repeat(1024 * 1024));
-        let flags = serde_json::json!({"big": {"state": "ENABLED", "variants": {"a": value}, "defaultVariant": "a"}});
-        write_manifest(scene.dir.path(), "default", "big", flags);
-        // The first stream starts the watch; later ones each take a version of their own.
-        if i > 0 {
-            published_after(&scene, published).await;
-        }
-        let stream = 2 * u32::try_from(i).expect("small") + 1;
-        let body = raw_h2::sync_request("core.openfeature.dev/default/big");
-        let mut bytes =
-            raw_h2::grpc_headers(stream, "/flagd.sync.v1.FlagSyncService/SyncFlags", false);
-        bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
-        write.write_all(&bytes).await.expect("request");
-        if i == 0 {
-            published_after(&scene, published).await;
-        }
-        peak = peak.max(scene.metric(PINNED).await);
+        .unwrap_or_else(|error| panic!("{error}"));
+    if let Err(error) = outcome.bounded_by(16.0) {
+        panic!("{error}: {outcome:?}");
     }
-    let refused = scene.rejected("memory_budget").await;
-    assert!(
-        refused > 0.0,
-        "no stream was refused; pinned peak {} MiB",
-        peak / MIB
-    );
-    // What is charged is what is held: the pinned versions were counted, and bounded (the
-    // budget, plus the newest version, which is always taken).
-    assert!(
-        peak > BUDGET_MIB / 2.0 * MIB,
-        "pinned peak {} MiB",
-        peak / MIB
-    );
-    assert!(
-        peak < (BUDGET_MIB + 4.0) * MIB,
-        "pinned peak {} MiB",
-        peak / MIB
-    );
     // Established subscribers are served at the budget; new ones are let in once the attacker
     // has gone and its pinned versions with it.
     scene.change().await;
-    drop(write);
-    drain.abort();
+    drop(attacker);
     support::eventually("the attacker's versions are let go", || async {
         let pinned = scene.metric(PINNED).await;
         if pinned < 4.0 * MIB {
@@ -1710,19 +1620,6 @@ async fn streams_that_pin_versions_they_cannot_send_are_bounded_by_the_memory_bu
     .await;
     scene.subscribe().await;
     scene.change().await;
-}
-
-/// Waits until more versions than `before` have been published.
-async fn published_after(scene: &Scene, before: f64) {
-    support::eventually("a new version is published", || async {
-        let now = scene.metric("flagd_proxy_versions_published_total").await;
-        if now > before {
-            Ok(())
-        } else {
-            Err(format!("{now} published"))
-        }
-    })
-    .await;
 }
 
 /// An HTTP/2 connection whose streams' windows open only as the test reads (the connection's

@@ -353,6 +353,24 @@ pub(crate) struct Args {
     #[arg(long, value_delimiter = ',')]
     pub(crate) attacks_rows: Vec<u8>,
 
+    /// Attacks: run each attack in a memory cgroup of its own at each of these tiers' chart
+    /// limits (comma-separated: node, 64 MiB; central, 544 MiB), the proxy started inside it
+    /// with the tier's `--memory-budget` (36Mi, 396Mi) unless the attack sets one; then honest
+    /// subscribers, plaintext and TLS, until the budget refuses. Reports per tier the cgroup's
+    /// peak, its OOM kills, the budget's refusals, and whether a subscriber and a new client
+    /// were served after each attack. Needs root and cgroup v1 or v2 with the memory controller.
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        conflicts_with = "baseline_bin"
+    )]
+    pub(crate) attacks_tiers: Vec<crate::attacks::kernel::Tier>,
+
+    /// Attacks in tiers: without the honest subscribers.
+    #[arg(long, requires = "attacks_tiers")]
+    pub(crate) attacks_no_honest: bool,
+
     /// A quick correctness run: 50 subscribers, 3 paced updates, a 3-update burst, 1 KiB, this
     /// project's proxy only (unless --go-proxy-bin is given). Exits non-zero if a subscriber
     /// missed an update, ended stale or lost its stream. With `--soak`: a soak of a few seconds

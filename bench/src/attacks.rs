@@ -11,12 +11,17 @@
 //! The attacks themselves live in `attacks/`: memory (rows 1 to 4), connections (5, 6, 10,
 //! 11), files (7, 8) and start-up (9, 12, 13). Row 14 (memory given back) is read from the
 //! others.
+//!
+//! With `--attacks-tiers`, each attack runs in a memory cgroup of its own at a tier's limit,
+//! with the tier's budget, and the kernel judges it (`attacks/kernel.rs`); honest subscribers
+//! then fill the budget in the same cgroups (`attacks/honest.rs`).
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use flagd_proxy_testkit::attacks::{self as catalogue, ROWS};
 
 use crate::args::Args;
 use crate::report::loadavg;
@@ -24,57 +29,15 @@ use crate::sitting::rust_bin;
 
 mod connections;
 mod files;
+mod honest;
+pub(crate) mod kernel;
 mod memory;
 mod scene;
 mod startup;
 mod table;
 
+use kernel::Kernel;
 use scene::{Ctx, Measured};
-
-/// The attacks: number and what it is, as docs/security.md names them.
-pub(crate) const ATTACKS: [(u8, &str); 14] = [
-    (
-        1,
-        "flag-set `metadata` of 2.3 MB, under `--max-document-bytes`",
-    ),
-    (
-        2,
-        "one connection, stream windows never opened, a new stream per version of a large document",
-    ),
-    (
-        3,
-        "connections × 1,000 requests ending at once, then idle, from 4 addresses",
-    ),
-    (
-        4,
-        "header-only streams from many addresses, held to the request deadline",
-    ),
-    (
-        5,
-        "8 addresses × 32 idle HTTP/2 connections to the management port",
-    ),
-    (
-        6,
-        "idle reconnects filling `--max-connections` from 4 addresses",
-    ),
-    (7, "one 100 KB YAML anchor referenced 20,000 times"),
-    (
-        8,
-        "brackets inside quoted YAML scalars; another file edited meanwhile",
-    ),
-    (9, "unix socket `--sync-socket-mode 0600` under umask 000"),
-    (
-        10,
-        "gRPC C-core `:authority` (percent-encoded socket path) on the unix socket",
-    ),
-    (11, "TLS finished late, then the preface after the deadline"),
-    (12, "SIGHUP and SIGUSR1 in the first 0.2 s of start-up"),
-    (
-        13,
-        "`--context-value`: a large value, reserved and look-alike keys",
-    ),
-    (14, "memory after every attack above"),
-];
 
 /// How large each attack is: the full sitting, or a smoke run's tiny one.
 #[derive(Clone, Copy, Debug)]
@@ -148,14 +111,17 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
     let builds = builds(args)?;
     let workdir = std::env::temp_dir().join(format!("flagd-proxy-attacks-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
+    if !args.attacks_tiers.is_empty() {
+        let status = in_tiers(args, &builds, &workdir).await;
+        if !args.keep_workdir {
+            let _ = std::fs::remove_dir_all(&workdir);
+        }
+        return status;
+    }
     let started = Instant::now();
     let load_before = loadavg();
     let sizes = Sizes::of(args);
-    let chosen: Vec<u8> = ATTACKS
-        .iter()
-        .map(|(n, _)| *n)
-        .filter(|n| args.attacks_rows.is_empty() || args.attacks_rows.contains(n))
-        .collect();
+    let chosen = chosen(args);
     let mut results: BTreeMap<(u8, &'static str), Measured> = BTreeMap::new();
     for build in &builds {
         for &row in chosen.iter().filter(|&&n| n != 14) {
@@ -170,6 +136,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
                 } else {
                     Vec::new()
                 },
+                tier: None,
             };
             eprintln!("{}: attack {row}", build.label);
             let measured = run(row, ctx).await;
@@ -189,15 +156,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
         load: (load_before, loadavg()),
         quiet: args.attacks_quiet,
     };
-    let markdown = report.markdown();
-    println!("{markdown}");
-    if let Some(path) = &args.markdown {
-        std::fs::write(path, &markdown).with_context(|| format!("writing {}", path.display()))?;
-    }
-    if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_string_pretty(&report.json())?)
-            .with_context(|| format!("writing {}", path.display()))?;
-    }
+    publish(args, &report.markdown(), &report.json())?;
     if !args.keep_workdir {
         let _ = std::fs::remove_dir_all(&workdir);
     }
@@ -212,6 +171,110 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
         eprintln!("flagd-proxy-bench: attacks without a figure for this build: {missing:?}");
         Ok(1)
     }
+}
+
+/// `--attacks-tiers`: every chosen attack, then honest subscribers (plaintext, TLS), each in a
+/// cgroup of its own at each tier's limit; a table per tier. 1 when a row has no figure.
+async fn in_tiers(args: &Args, builds: &[Build], workdir: &Path) -> anyhow::Result<u8> {
+    let build = builds.last().context("no build to attack")?;
+    crate::sampling::raise_fd_limit(honest::FILES)?;
+    let started = Instant::now();
+    let load_before = loadavg();
+    let sizes = Sizes::of(args);
+    // Row 14 reads RSS from the others; in cgroups, each attack has its own peak.
+    let chosen: Vec<u8> = chosen(args).into_iter().filter(|&n| n != 14).collect();
+    let runs: Vec<(String, String)> = chosen
+        .iter()
+        .map(|&n| (n.to_string(), catalogue::name(n).to_owned()))
+        .chain(
+            ["plaintext", "TLS"]
+                .map(|kind| {
+                    (
+                        "–".to_owned(),
+                        format!("honest {kind} subscribers until the budget refuses"),
+                    )
+                })
+                .into_iter()
+                .filter(|_| !args.attacks_no_honest),
+        )
+        .collect();
+    let mut markdown = format!(
+        "# Attacks in memory cgroups\n\n- `{}`\n- machine: {}; load average {load_before} \
+         before\n\n",
+        build.bin.display(),
+        crate::report::machine(),
+    );
+    let mut json = Vec::new();
+    let mut missing = Vec::new();
+    for &tier in &args.attacks_tiers {
+        let mut rows = Vec::new();
+        for (i, (row, attack)) in runs.iter().enumerate() {
+            let cgroup = tier.cgroup(&format!("run{i}"))?;
+            let ctx = Ctx {
+                bin: build.bin.clone(),
+                dir: workdir.join(format!("{}-{i}", tier.label())),
+                sizes,
+                quiet: args.attacks_quiet,
+                max_rss_mib: args.max_rss_mib,
+                extra: args.proxy_arg.clone(),
+                tier: Some((tier, cgroup.clone())),
+            };
+            eprintln!("{} tier: {attack}", tier.label());
+            let mut measured = match chosen.get(i) {
+                Some(&n) => run(n, ctx).await,
+                None => honest_run(i - chosen.len() == 1, ctx).await,
+            };
+            Kernel::read(&cgroup, &mut measured);
+            drop(cgroup);
+            eprintln!("  {}", measured.summary());
+            if measured.failed.is_some() {
+                missing.push(format!("{} {row}", tier.label()));
+            }
+            json.push(serde_json::json!({"tier": tier, "row": row, "attack": attack, "measured": measured}));
+            rows.push((row.clone(), attack.clone(), measured));
+        }
+        markdown.push_str(&kernel::markdown(tier, &rows));
+    }
+    markdown.push_str(&format!(
+        "{:.0} s in all; load average {} after\n",
+        started.elapsed().as_secs_f64(),
+        loadavg()
+    ));
+    publish(args, &markdown, &serde_json::Value::from(json))?;
+    if missing.is_empty() {
+        Ok(0)
+    } else {
+        eprintln!("flagd-proxy-bench: runs without a figure: {missing:?}");
+        Ok(1)
+    }
+}
+
+/// Honest subscribers in a task of their own, as [`run`] runs an attack.
+async fn honest_run(tls: bool, ctx: Ctx) -> Measured {
+    std::fs::create_dir_all(&ctx.dir).ok();
+    let task = tokio::spawn(async move { honest::subscribers(&ctx, tls).await });
+    supervise(task, Duration::from_secs(1200)).await
+}
+
+/// The attacks `--attacks-rows` chooses (all when it names none).
+fn chosen(args: &Args) -> Vec<u8> {
+    ROWS.iter()
+        .map(|row| row.number)
+        .filter(|n| args.attacks_rows.is_empty() || args.attacks_rows.contains(n))
+        .collect()
+}
+
+/// Prints the report, and writes it where `--markdown` and `--json` say.
+fn publish(args: &Args, markdown: &str, json: &serde_json::Value) -> anyhow::Result<()> {
+    println!("{markdown}");
+    if let Some(path) = &args.markdown {
+        std::fs::write(path, markdown).with_context(|| format!("writing {}", path.display()))?;
+    }
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(json)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(())
 }
 
 /// The builds to attack: `--baseline-bin` first, if given, then `--proxy-bin`.
@@ -258,10 +321,24 @@ async fn run(row: u8, ctx: Ctx) -> Measured {
         }
     });
     // A generous bound: no attack takes more than a few tens of seconds.
-    match tokio::time::timeout(Duration::from_secs(300), task).await {
+    supervise(task, Duration::from_secs(300)).await
+}
+
+/// What `task` measured, or why it did not: an error, a panic (a helper that panics on a
+/// connection the proxy refused), or no result within `bound` (the task is then stopped, so
+/// what it holds, a cgroup among them, goes).
+async fn supervise(
+    mut task: tokio::task::JoinHandle<anyhow::Result<Measured>>,
+    bound: Duration,
+) -> Measured {
+    match tokio::time::timeout(bound, &mut task).await {
         Ok(Ok(Ok(measured))) => measured,
         Ok(Ok(Err(error))) => Measured::failed(format!("{error:#}")),
         Ok(Err(panic)) => Measured::failed(format!("the attack failed: {panic}")),
-        Err(_) => Measured::failed("no result within 300 s".to_owned()),
+        Err(_) => {
+            task.abort();
+            let _ = task.await;
+            Measured::failed(format!("no result within {} s", bound.as_secs()))
+        }
     }
 }

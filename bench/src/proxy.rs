@@ -133,10 +133,19 @@ impl ProxyProcess {
     /// Starts `bin start` on free loopback ports with only `args` added (this proxy's flags as
     /// given, every other setting its default), logging to `log`.
     pub(crate) fn launch(bin: &Path, args: &[String], log: PathBuf) -> anyhow::Result<Self> {
+        Self::launch_as(Command::new(bin), args, log)
+    }
+
+    /// [`ProxyProcess::launch`] through `command`, which runs the proxy's binary (in a memory
+    /// cgroup, for one).
+    pub(crate) fn launch_as(
+        mut command: Command,
+        args: &[String],
+        log: PathBuf,
+    ) -> anyhow::Result<Self> {
         let port = free_port()?;
         let management_port = free_port()?;
         let out = std::fs::File::create(&log)?;
-        let mut command = Command::new(bin);
         command
             .arg("start")
             .args(["--bind-address", "127.0.0.1"])

@@ -2,16 +2,20 @@
 //! manifests, make certificates, talk to the proxy with a gRPC sync client, and run a
 //! Kubernetes control plane ([`control_plane`]) with client identities on it ([`identities`]) or
 //! a cluster ([`cluster`]), run a real Prometheus ([`prometheus`]) or OpenTelemetry Collector
-//! ([`otelcol`]), and break the path to a server ([`relay`]).
+//! ([`otelcol`]), break the path to a server ([`relay`]), and run a proxy in a memory cgroup of
+//! its own ([`memory_cgroup`]); the hostile attacks, one catalogue for the tests and the
+//! benchmark ([`attacks`]).
 //!
 //! Integration tests take it in as `use flagd_proxy_testkit as support;`.
 
+pub mod attacks;
 pub mod client;
 pub mod cluster;
 pub mod control_plane;
 pub mod flag_sets;
 pub mod helm;
 pub mod identities;
+pub mod memory_cgroup;
 pub mod otelcol;
 pub mod prometheus;
 pub mod raw_h2;
@@ -463,11 +467,9 @@ pub(crate) async fn wait_answering(
 }
 
 /// A command that runs `program`. With `FLAGD_PROXY_TEST_MEMORY_CGROUP` set to a memory cgroup's
-/// directory (v1, or a v2 group), it runs in that cgroup from its first instruction: a shell
-/// joins the cgroup and then becomes `program` (the same process). The kernel then judges all of
-/// its memory at that cgroup's limit (see docs/security.md for a run); a process moved in after
-/// it started would leave what it touched before outside (cgroup v1 keeps pages charged where
-/// they were first touched).
+/// directory (v1, or a v2 group), it runs in that cgroup from its first instruction
+/// ([`memory_cgroup::join_command`]), so the kernel judges all of its memory at that cgroup's
+/// limit (see docs/security.md for a run).
 fn in_memory_cgroup(program: PathBuf) -> Command {
     let Some(dir) = std::env::var_os("FLAGD_PROXY_TEST_MEMORY_CGROUP") else {
         return Command::new(program);
@@ -477,13 +479,7 @@ fn in_memory_cgroup(program: PathBuf) -> Command {
         "FLAGD_PROXY_TEST_MEMORY_CGROUP={} is not a cgroup's directory",
         Path::new(&dir).display()
     );
-    let mut command = Command::new("sh");
-    command
-        .arg("-c")
-        .arg(r#"echo $$ > "$0/cgroup.procs" && exec "$@""#)
-        .arg(dir)
-        .arg(program);
-    command
+    memory_cgroup::join_command(Path::new(&dir), program)
 }
 
 /// A minimal HTTP/1.1 GET against 127.0.0.1:`port`: (status, body).

@@ -194,7 +194,7 @@ pub(crate) async fn late_tls(ctx: &Ctx) -> anyhow::Result<Measured> {
     let mut extra = ca.proxy_args();
     extra.extend(["--handshake-timeout", "2s", "--keepalive-interval", "1h"].map(String::from));
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-    let scene = Scene::start(ctx, &extra).await?;
+    let scene = Scene::start_tls(ctx, &extra, &ca).await?;
     let tcp = tokio::net::TcpStream::connect(("127.0.0.1", scene.proxy.port)).await?;
     tokio::time::sleep(STEP).await;
     let outcome = match ca.tls_connect(tcp).await {

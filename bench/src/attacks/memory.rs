@@ -3,19 +3,17 @@
 //! request never comes, from many addresses (4).
 
 use std::net::Ipv4Addr;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::AtomicU32;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use flagd_proxy_testkit::attacks::pinned::Pinned;
+use flagd_proxy_testkit::attacks::streams::{open_from, read_ends};
+use flagd_proxy_testkit::attacks::unfinished::Unfinished;
 use flagd_proxy_testkit::client::v1;
-use flagd_proxy_testkit::raw_h2::{self, DATA, END_STREAM, GOAWAY, HEADERS, RST_STREAM};
 use serde_json::json;
-use tokio::io::AsyncWriteExt;
-use tokio::net::tcp::OwnedReadHalf;
 
 use super::scene::{Ctx, Measured, Scene, color, next_within, subscribe, thousands};
-use crate::SYNC_PATH;
 use crate::sampling::proc_sample;
 
 /// How long a client waits for a version or a status that must come.
@@ -94,49 +92,34 @@ async fn large_version(
 }
 
 /// Row 2: one connection that opens the connection's window but no stream's, and opens a new
-/// SyncFlags stream for each version of a large document, written every 100 ms: each stream
-/// holds the version it cannot send. Then the attacker leaves.
+/// SyncFlags stream for each version of a large document, written once the one before was
+/// published: each stream holds the version it cannot send (the test kit's [`Pinned`]). Then
+/// the attacker leaves.
 pub(crate) async fn pinned_versions(ctx: &Ctx) -> anyhow::Result<Measured> {
-    const SELECTOR: &str = "core.openfeature.dev/default/big";
     let scene = Scene::start(ctx, &[]).await?;
-    let big = |i: usize| {
-        let value = format!("{i}-{}", "x".repeat(ctx.sizes.pinned_bytes));
-        json!({"big": {"state": "ENABLED", "variants": {"a": value}, "defaultVariant": "a"}})
+    let attack = Pinned {
+        versions: ctx.sizes.pinned_versions,
+        bytes: ctx.sizes.pinned_bytes,
     };
-    let (mut read, mut write) =
-        raw_h2::try_connect_from(Ipv4Addr::LOCALHOST, scene.proxy.port).await?;
-    write
-        .write_all(&raw_h2::window_update(0, 0x7fff_ffff - 65_535))
-        .await?;
-    // Whatever the proxy sends is read: only the streams' windows stay shut.
-    let ended = Arc::new(AtomicU32::new(0));
-    let counted = ended.clone();
-    let reader = tokio::spawn(async move { count_ends(&mut read, u32::MAX, None, &counted).await });
-    let request = prost::Message::encode_to_vec(&v1::SyncFlagsRequest {
-        provider_id: String::new(),
-        selector: SELECTOR.into(),
-    });
-    let body = raw_h2::grpc_message(&request);
-    let versions = ctx.sizes.pinned_versions;
-    for i in 0..versions {
-        flagd_proxy_testkit::write_manifest(&scene.manifests, "default", "big", big(i));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let stream = 2 * u32::try_from(i)? + 1;
-        let mut bytes = raw_h2::grpc_headers(stream, SYNC_PATH, false);
-        bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
-        write.write_all(&bytes).await?;
-    }
-    // The last streams get their versions.
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let peak = proc_sample(scene.proxy.pid).rss_kib;
-    let published = scene.metric("flagd_proxy_versions_published_total").await;
-    drop(write);
-    reader.abort();
-    let ended = ended.load(Ordering::Relaxed);
+    let (outcome, attacker) = attack
+        .run(
+            &scene.manifests,
+            scene.proxy.port,
+            scene.proxy.management_port,
+        )
+        .await
+        .map_err(anyhow::Error::msg)?;
+    let held = proc_sample(scene.proxy.pid).rss_kib;
+    let ended = attacker.ended();
+    drop(attacker);
     let outcome = format!(
-        "{versions} streams of {} KiB versions ({published} published): {ended} refused or ended; {} MiB held at the end",
-        ctx.sizes.pinned_bytes / 1024,
-        peak / 1024
+        "{} streams of {} KiB versions ({} published): {ended} refused or ended, {} refused by the budget, {:.0} MiB pinned at most; {} MiB held at the end",
+        attack.versions,
+        attack.bytes / 1024,
+        outcome.published,
+        outcome.refused,
+        outcome.peak_pinned / 1048576.0,
+        held / 1024
     );
     Ok(scene.measure(ctx, outcome).await)
 }
@@ -156,13 +139,13 @@ pub(crate) async fn burst(ctx: &Ctx) -> anyhow::Result<Measured> {
             let (tx, mut left) = (tx.clone(), left.clone());
             attackers.spawn(async move {
                 let from = Ipv4Addr::new(127, 0, 0, host);
-                let Some((mut read, _write)) = open_streams(from, port, requests, true).await
-                else {
+                let Ok((mut read, _write)) = open_from(from, port, requests, true).await else {
                     let _ = tx.send(None);
                     return;
                 };
-                let ends = count_ends(&mut read, requests, Some(WAIT), &AtomicU32::new(0)).await;
-                let _ = tx.send(Some(ends));
+                let ends = AtomicU32::new(0);
+                let _ = read_ends(&mut read, requests, &ends).await;
+                let _ = tx.send(Some(ends.into_inner()));
                 // Idle, connected, until every attacker leaves together.
                 let _ = left.wait_for(|leave| *leave).await;
             });
@@ -193,84 +176,28 @@ pub(crate) async fn burst(ctx: &Ctx) -> anyhow::Result<Measured> {
     Ok(scene.measure(ctx, outcome).await)
 }
 
-/// Row 4: one connection from each of many addresses opens streams whose request never comes;
-/// they are held until the proxy ends them (at `--request-timeout`, or refused at once).
+/// Row 4: one connection from each of many addresses opens streams whose request never comes
+/// (the test kit's [`Unfinished`]); they are held until the proxy ends them (at
+/// `--request-timeout`, or refused at once).
 pub(crate) async fn unfinished(ctx: &Ctx) -> anyhow::Result<Measured> {
     let scene = Scene::start(ctx, &[]).await?;
-    let port = scene.proxy.port;
-    let streams = ctx.sizes.unfinished_streams;
-    let mut attackers = tokio::task::JoinSet::new();
-    for host in 2..2 + ctx.sizes.unfinished_addresses {
-        attackers.spawn(async move {
-            let from = Ipv4Addr::new(127, 0, 0, host);
-            let Some((mut read, _write)) = open_streams(from, port, streams, false).await else {
-                return 0;
-            };
-            let within = Some(Duration::from_secs(60));
-            count_ends(&mut read, streams, within, &AtomicU32::new(0)).await
-        });
-    }
-    let mut ended = 0u64;
-    while let Some(done) = attackers.join_next().await {
-        ended += u64::from(done.unwrap_or(0));
-    }
-    let total = u64::from(ctx.sizes.unfinished_addresses) * u64::from(streams);
+    let attack = Unfinished {
+        addresses: ctx.sizes.unfinished_addresses,
+        streams: ctx.sizes.unfinished_streams,
+    };
+    let outcome = attack
+        .run(scene.proxy.port, scene.proxy.management_port)
+        .await
+        .map_err(anyhow::Error::msg)?;
     let outcome = format!(
-        "{} addresses × {} streams: {} ended by the proxy, {} requests refused (all reasons)",
-        ctx.sizes.unfinished_addresses,
-        thousands(u64::from(streams)),
-        thousands(ended.min(total)),
+        "{} addresses × {} streams: {} ended by the proxy, {} connections closed first, {} refused by the budget (streams charged at most {} MiB), {} requests refused (all reasons)",
+        attack.addresses,
+        thousands(u64::from(attack.streams)),
+        thousands(outcome.ended),
+        outcome.closed,
+        thousands(outcome.refused as u64),
+        (outcome.peak_streams_charged / 1048576.0).round(),
         thousands(scene.rejected().await as u64)
     );
     Ok(scene.measure(ctx, outcome).await)
-}
-
-/// A connection from `from` that opens `streams` SyncFlags streams at once: with `end_stream`
-/// their requests end with their HEADERS (no message), else they never end. `None` when the
-/// proxy refused the connection.
-async fn open_streams(
-    from: Ipv4Addr,
-    port: u16,
-    streams: u32,
-    end_stream: bool,
-) -> Option<(OwnedReadHalf, tokio::net::tcp::OwnedWriteHalf)> {
-    let (read, mut write) = raw_h2::try_connect_from(from, port).await.ok()?;
-    let bytes: Vec<u8> = (0..streams)
-        .flat_map(|i| raw_h2::grpc_headers(2 * i + 1, SYNC_PATH, end_stream))
-        .collect();
-    write.write_all(&bytes).await.ok()?;
-    Some((read, write))
-}
-
-/// Reads the server's frames until `want` streams have ended (a frame with END_STREAM, or a
-/// reset), the connection ends (or gets GOAWAY), or `within` passes; how many ended (also
-/// counted in `ended` as they end).
-pub(crate) async fn count_ends(
-    read: &mut OwnedReadHalf,
-    want: u32,
-    within: Option<Duration>,
-    ended: &AtomicU32,
-) -> u32 {
-    let reading = async {
-        while ended.load(Ordering::Relaxed) < want {
-            let Some(frame) = raw_h2::read_frame(read).await else {
-                break;
-            };
-            match frame.kind {
-                RST_STREAM => ended.fetch_add(1, Ordering::Relaxed),
-                HEADERS | DATA if frame.flags & END_STREAM != 0 => {
-                    ended.fetch_add(1, Ordering::Relaxed)
-                }
-                GOAWAY => break,
-                _ => 0,
-            };
-        }
-    };
-    match within {
-        Some(within) => {
-            let _ = tokio::time::timeout(within, reading).await;
-        }
-        None => reading.await,
-    }
-    ended.load(Ordering::Relaxed)
 }

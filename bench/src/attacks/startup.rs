@@ -9,7 +9,6 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use super::scene::{Ctx, Measured, wait_ready};
-use crate::proxy::ProxyProcess;
 
 /// The attack's manifests folder, as an argument.
 fn demo_manifests(ctx: &Ctx) -> anyhow::Result<String> {
@@ -44,7 +43,7 @@ pub(crate) async fn socket_mode(ctx: &Ctx) -> anyhow::Result<Measured> {
             "0600".to_owned(),
         ];
         let log = ctx.dir.join(format!("proxy-{i}.log"));
-        let proxy = ProxyProcess::launch(&wrapper, &args, log)?;
+        let proxy = ctx.launch(&wrapper, &args, log).await?;
         let first = tokio::task::spawn_blocking(move || first_mode(&socket)).await?;
         drop(proxy);
         let seen = match first {
@@ -85,7 +84,7 @@ pub(crate) async fn early_signals(ctx: &Ctx) -> anyhow::Result<Measured> {
     for i in 0..starts {
         let args = ["--manifests".to_owned(), manifests.clone()];
         let log = ctx.dir.join(format!("proxy-{i}.log"));
-        let mut proxy = ProxyProcess::launch(&ctx.bin, &args, log)?;
+        let mut proxy = ctx.launch(&ctx.bin, &args, log).await?;
         let delay = 200 * i as u64 / starts as u64;
         tokio::time::sleep(Duration::from_millis(delay)).await;
         for signal in ["-HUP", "-USR1"] {
@@ -134,7 +133,7 @@ pub(crate) async fn context_values(ctx: &Ctx) -> anyhow::Result<Measured> {
             entry.clone(),
         ];
         let log = ctx.dir.join(format!("proxy-{i}.log"));
-        let mut proxy = ProxyProcess::launch(&ctx.bin, &args, log)?;
+        let mut proxy = ctx.launch(&ctx.bin, &args, log).await?;
         let answer = match wait_ready(&mut proxy).await {
             Ok(()) => "served".to_owned(),
             Err(_) => match proxy.exited().and_then(|s| s.code()) {

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 
+use super::Build;
 use super::scene::Measured;
-use super::{ATTACKS, Build};
 use crate::report::machine;
 use crate::sampling::mib;
 
@@ -99,10 +99,7 @@ impl Report<'_> {
         out.push_str(&"---|---|---|".repeat(self.builds.len()));
         out.push('\n');
         for &row in self.rows {
-            let attack = ATTACKS
-                .iter()
-                .find(|(n, _)| *n == row)
-                .map_or("", |(_, a)| a);
+            let attack = flagd_proxy_testkit::attacks::name(row);
             out.push_str(&format!("| {row} | {attack} |"));
             for build in self.builds {
                 out.push_str(&match self.results.get(&(row, build.label)) {
