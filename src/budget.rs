@@ -187,6 +187,12 @@ impl Charge {
         }
     }
 
+    /// Takes `other` (charged to the same budget, of the same kind) into this charge; the
+    /// budget's total is unchanged.
+    pub fn absorb(&mut self, mut other: Charge) {
+        self.bytes += std::mem::take(&mut other.bytes);
+    }
+
     /// Charges `bytes` more to this charge, whether or not they fit (for what is held anyway).
     pub fn grow(&mut self, bytes: usize) {
         self.budget.used.fetch_add(bytes, Ordering::SeqCst);

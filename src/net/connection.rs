@@ -65,7 +65,7 @@ impl Connection {
 
     /// An HTTP/2 connection, closed unless the preface arrives in time. What its stream store
     /// keeps of each burst of new streams is charged to its memory budget (see
-    /// [`Activity::retain_peak`]).
+    /// [`Activity::retain_burst`]).
     pub(crate) fn with_preface(mut self, preface: PrefaceDeadline) -> Self {
         self.preface = Some(preface);
         self.arrivals = Some(StreamArrivals::default());
@@ -104,24 +104,32 @@ impl Connection {
         self
     }
 
-    /// Counts the streams `read` opens; once the client has nothing more to read (`pending`),
-    /// the HTTP/2 layer holds the whole batch at once beside the streams still open.
-    fn count_arrivals(&mut self, read: &[u8], pending: bool) {
+    /// Counts the streams `read` opens and charges what the HTTP/2 layer will keep for them
+    /// before it reads them: it holds a whole batch at once (the streams opened since the
+    /// client last had nothing more to read) beside the streams still open. A burst that does
+    /// not fit in the budget is an error: its bytes never reach the HTTP/2 layer, and the
+    /// connection ends.
+    fn count_arrivals(&mut self, read: &[u8], pending: bool) -> io::Result<()> {
         let Some(arrivals) = &mut self.arrivals else {
-            return;
+            return Ok(());
         };
         if arrivals.feed(read) > 0 {
             // A request on its way: not a connection to close as idle.
             self.activity.heard();
+            if let Some(memory) = &self.memory {
+                let held = self.activity.streams() + arrivals.batch();
+                if !self.activity.retain_burst(held, memory.budget()) {
+                    return Err(io::Error::other(format!(
+                        "a burst of {} new streams does not fit in the memory budget",
+                        arrivals.batch()
+                    )));
+                }
+            }
         }
-        if !pending {
-            return;
+        if pending {
+            arrivals.take_batch();
         }
-        let batch = arrivals.take_batch();
-        if let (true, Some(memory)) = (batch > 0, &self.memory) {
-            let held = self.activity.streams() + batch;
-            self.activity.retain_peak(held, memory.budget());
-        }
+        Ok(())
     }
 }
 
@@ -209,8 +217,12 @@ impl AsyncRead for Connection {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         let before = buf.filled().len();
-        let result = this.stream.io().poll_read(cx, buf);
-        this.count_arrivals(&buf.filled()[before..], result.is_pending());
+        let mut result = this.stream.io().poll_read(cx, buf);
+        if let Err(refused) = this.count_arrivals(&buf.filled()[before..], result.is_pending()) {
+            tracing::debug!(error = %refused, "closing a sync connection");
+            buf.set_filled(before);
+            result = Poll::Ready(Err(refused));
+        }
         let result = match (&mut this.preface, &this.arrivals) {
             (Some(preface), Some(arrivals)) => preface.check(cx, arrivals.preface_passed(), result),
             _ => result,

@@ -62,14 +62,46 @@ impl Activity {
     /// budget refuses.
     pub fn retain_peak(&self, streams: usize, budget: &Arc<MemoryBudget>) {
         let grown = streams.saturating_sub(self.peak.fetch_max(streams, Ordering::SeqCst));
-        if grown == 0 {
-            return;
+        if grown > 0 {
+            self.keep(budget.charge(grown * budget::RETAINED_STREAM_BYTES, Kind::Connections));
         }
-        let bytes = grown * budget::RETAINED_STREAM_BYTES;
+    }
+
+    /// As [`Activity::retain_peak`], for `streams` the HTTP/2 layer is about to hold: a single
+    /// new stream is charged whether or not it fits (the services refuse it at the budget), a
+    /// burst of them only if it fits beside what its streams will be charged once the services
+    /// take them. `false` when it does not (the budget counts a refusal): the bytes that open
+    /// them must not reach the HTTP/2 layer.
+    pub fn retain_burst(&self, streams: usize, budget: &Arc<MemoryBudget>) -> bool {
+        let grown = self.growth(streams);
+        if grown <= 1 {
+            self.retain_peak(streams, budget);
+            return true;
+        }
+        let kept = grown * budget::RETAINED_STREAM_BYTES;
+        let admitted = grown * budget::STREAM_BYTES;
+        let Some(mut charge) = budget.try_charge(kept + admitted, Kind::Connections) else {
+            return false;
+        };
+        drop(charge.split_off(admitted));
+        // Another stream may have raised the peak since: only what this one adds is kept.
+        let added = streams.saturating_sub(self.peak.fetch_max(streams, Ordering::SeqCst));
+        drop(charge.split_off((grown - added.min(grown)) * budget::RETAINED_STREAM_BYTES));
+        self.keep(charge);
+        true
+    }
+
+    /// How many places holding `streams` adds to the most the connection held.
+    fn growth(&self, streams: usize) -> usize {
+        streams.saturating_sub(self.peak.load(Ordering::SeqCst))
+    }
+
+    /// Keeps `charge` (for places a new peak added) until the connection closes.
+    fn keep(&self, charge: Charge) {
         let mut retained = crate::locks::lock(&self.retained);
         match retained.as_mut() {
-            Some(charge) => charge.grow(bytes),
-            None => *retained = Some(budget.charge(bytes, Kind::Connections)),
+            Some(held) => held.absorb(charge),
+            None => *retained = Some(charge),
         }
     }
 
@@ -151,5 +183,33 @@ mod tests {
         assert_eq!(budget.used(), 4 * budget::RETAINED_STREAM_BYTES);
         drop(activity);
         assert_eq!(budget.used(), 0, "given back when the connection goes");
+    }
+
+    /// A burst is charged before the HTTP/2 layer holds it, only if it fits beside what its
+    /// streams will be charged; a single new stream is charged anyway (the services refuse it).
+    #[test]
+    fn a_burst_that_does_not_fit_is_refused_and_a_single_stream_is_charged_anyway() {
+        let per_stream = budget::RETAINED_STREAM_BYTES + budget::STREAM_BYTES;
+        let budget = MemoryBudget::new(8 * per_stream, Arc::new(Metrics::new()));
+        let activity = Activity::default();
+        assert!(activity.retain_burst(8, &budget), "8 streams fit exactly");
+        assert_eq!(budget.used(), 8 * budget::RETAINED_STREAM_BYTES);
+        assert!(!activity.retain_burst(16, &budget), "8 more do not fit");
+        assert_eq!(
+            budget.used(),
+            8 * budget::RETAINED_STREAM_BYTES,
+            "nothing charged for them"
+        );
+        assert!(activity.retain_burst(8, &budget), "no new place");
+        let _full = budget.charge(budget.limit(), Kind::Streams);
+        assert!(
+            activity.retain_burst(9, &budget),
+            "one new stream is charged anyway"
+        );
+        assert_eq!(
+            budget.used(),
+            budget.limit() + 9 * budget::RETAINED_STREAM_BYTES,
+            "its place kept"
+        );
     }
 }

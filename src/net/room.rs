@@ -101,10 +101,11 @@ impl Room {
     /// Sheds connections for the memory budget: every hoarder (a connection that keeps at least
     /// [`HOARDED_PLACES`] stream places it does not use) with no stream open that has been quiet
     /// for `quiet`, and the [`SHED_AT_ONCE`] other hoarders that keep the most; when there is no
-    /// hoarder, every connection with no stream open that has been quiet for `quiet`. With
-    /// `wait_for_ending`, nothing while connections closed before are still ending: what they
-    /// give back may be enough.
-    pub(crate) fn shed(&self, quiet: Duration, wait_for_ending: bool) -> Shed {
+    /// hoarder and the budget is `full`, every connection with no stream open that has been
+    /// quiet for `quiet` (a refusal with room left, of a burst too big for it, sheds hoarders
+    /// only). With `wait_for_ending`, nothing while connections closed before are still ending:
+    /// what they give back may be enough.
+    pub(crate) fn shed(&self, quiet: Duration, wait_for_ending: bool, full: bool) -> Shed {
         let connections = self.lock();
         if wait_for_ending && connections.values().any(|entry| entry.close.is_cancelled()) {
             return Shed::Ending;
@@ -123,6 +124,9 @@ impl Room {
             return Shed::Hoarders(idle.into_iter().map(|entry| entry.close.cancel()).count());
         }
         drop(connections);
+        if !full {
+            return Shed::Nothing;
+        }
         match self.close_idle(quiet) {
             0 => Shed::Nothing,
             closed => Shed::Idle(closed),
@@ -142,8 +146,9 @@ impl Room {
     }
 
     /// Whenever the memory budget refuses new work, sheds connections ([`Room::shed`]; what
-    /// they keep, see [`Activity::retain_peak`], is charged to the budget) every `PAUSE`, until
-    /// the budget has room for a new client again or nothing is left to shed; until `shutdown`.
+    /// they keep, see [`Activity::retain_burst`], is charged to the budget) every `PAUSE`, until
+    /// no hoarder is left and the budget has room for a new client again, or nothing is left to
+    /// shed; until `shutdown`.
     pub(crate) async fn close_idle_when_refused(
         self: Arc<Self>,
         budget: Arc<MemoryBudget>,
@@ -156,8 +161,9 @@ impl Room {
                 () = budget.refused() => {}
             }
             let mut waited = 0;
-            while !budget.has_room(ROOM_FOR_A_CLIENT) {
-                let pass = self.shed(PAUSE, waited < MOST_PASSES_WAITED);
+            loop {
+                let full = !budget.has_room(ROOM_FOR_A_CLIENT);
+                let pass = self.shed(PAUSE, waited < MOST_PASSES_WAITED, full);
                 waited = if pass == Shed::Ending { waited + 1 } else { 0 };
                 match pass {
                     Shed::Nothing => break,

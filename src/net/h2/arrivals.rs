@@ -37,6 +37,11 @@ impl StreamArrivals {
         self.batch - before
     }
 
+    /// The streams opened since the last [`StreamArrivals::take_batch`].
+    pub(crate) fn batch(&self) -> usize {
+        self.batch
+    }
+
     /// The streams opened since the last call.
     pub(crate) fn take_batch(&mut self) -> usize {
         std::mem::take(&mut self.batch)

@@ -86,7 +86,7 @@ async fn only_connections_quiet_for_long_enough_are_closed_as_idle() {
 
 /// At the budget, connections that keep many more stream places than they use go first,
 /// the biggest first, even with a stream open; the idle one (an honest poller between its
-/// calls) stays while any is left, and goes only after.
+/// calls) stays while any is left, and goes only after, and only if the budget is full.
 #[tokio::test]
 async fn hoarders_are_shed_before_idle_connections() {
     let metrics = Arc::new(Metrics::new());
@@ -108,18 +108,24 @@ async fn hoarders_are_shed_before_idle_connections() {
     let (subscriber, _stream) = hoarder(HOARDED_PLACES);
     let poller = room.enter(limit.admit().expect("place"));
     let quiet = Duration::ZERO;
-    assert_eq!(room.shed(quiet, true), Shed::Hoarders(2));
+    assert_eq!(room.shed(quiet, true, true), Shed::Hoarders(2));
     assert!(big.close.is_cancelled() && small.close.is_cancelled());
     assert_eq!(
-        room.shed(quiet, true),
+        room.shed(quiet, true, true),
         Shed::Ending,
         "until they have ended"
     );
-    assert_eq!(room.shed(quiet, false), Shed::Idle(1));
+    assert_eq!(
+        room.shed(quiet, false, false),
+        Shed::Nothing,
+        "with room left in the budget, no hoarder: nothing"
+    );
+    assert!(!poller.close.is_cancelled());
+    assert_eq!(room.shed(quiet, false, true), Shed::Idle(1));
     assert!(poller.close.is_cancelled());
     assert!(!subscriber.close.is_cancelled(), "few unused places: kept");
     drop((big, small, poller));
-    assert_eq!(room.shed(quiet, true), Shed::Nothing);
+    assert_eq!(room.shed(quiet, true, true), Shed::Nothing);
 }
 
 #[tokio::test]
