@@ -8,7 +8,7 @@
 //! both builds accept are passed, and only where the attack names one; everything else is at
 //! its default (the memory budget too: half the machine's memory when no cgroup limit is set).
 //!
-//! The attacks themselves live in `attacks/`: memory (rows 1 to 4), connections (5, 6, 10,
+//! The attacks themselves live in `attacks/`: memory (rows 1 to 4, 15), connections (5, 6, 10,
 //! 11), files (7, 8) and start-up (9, 12, 13). Row 14 (memory given back) is read from the
 //! others.
 //!
@@ -58,6 +58,11 @@ pub(crate) struct Sizes {
     /// Row 7: the anchor's bytes and its references.
     pub(crate) anchor_bytes: usize,
     pub(crate) anchor_refs: usize,
+    /// Row 15: connections (at the node tier, and elsewhere) from one address, and the
+    /// requests of each one's burst.
+    pub(crate) hold_connections_node: usize,
+    pub(crate) hold_connections: usize,
+    pub(crate) hold_requests: u32,
     /// Row 8: bytes of nested flow mappings.
     pub(crate) quoted_bytes: usize,
     /// Rows 9 and 12: starts.
@@ -79,6 +84,9 @@ impl Sizes {
                 anchor_bytes: 10 * 1024,
                 anchor_refs: 2_000,
                 quoted_bytes: 8 * 1024,
+                hold_connections_node: 2,
+                hold_connections: 3,
+                hold_requests: 50,
                 starts: 2,
             };
         }
@@ -94,6 +102,9 @@ impl Sizes {
             anchor_bytes: 100 * 1024,
             anchor_refs: 20_000,
             quoted_bytes: 200 * 1024,
+            hold_connections_node: 40,
+            hold_connections: 240,
+            hold_requests: 1_200,
             starts: 20,
         }
     }
@@ -317,6 +328,7 @@ async fn run(row: u8, ctx: Ctx) -> Measured {
             11 => connections::late_tls(&ctx).await,
             12 => startup::early_signals(&ctx).await,
             13 => startup::context_values(&ctx).await,
+            15 => memory::burst_then_hold(&ctx).await,
             _ => Err(anyhow::anyhow!("no attack {row}")),
         }
     });

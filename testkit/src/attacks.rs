@@ -22,7 +22,7 @@ pub struct Row {
 }
 
 /// The attacks, as docs/security.md numbers and names them.
-pub const ROWS: [Row; 14] = [
+pub const ROWS: [Row; 15] = [
     row(
         1,
         "flag-set `metadata` of 2.3 MB, under `--max-document-bytes`",
@@ -64,6 +64,10 @@ pub const ROWS: [Row; 14] = [
         "`--context-value`: a large value, reserved and look-alike keys",
     ),
     row(14, "memory after every attack above"),
+    row(
+        15,
+        "connections from one address × a burst of 1,200 requests, then one stream held on each",
+    ),
 ];
 
 const fn row(number: u8, attack: &'static str) -> Row {

@@ -3,17 +3,21 @@
 //! request never comes, from many addresses (4).
 
 use std::net::Ipv4Addr;
-use std::sync::atomic::AtomicU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use flagd_proxy_testkit::attacks::pinned::Pinned;
-use flagd_proxy_testkit::attacks::streams::{open_from, read_ends};
+use flagd_proxy_testkit::attacks::streams::{SYNC_PATH, open_from, read_ends};
 use flagd_proxy_testkit::attacks::unfinished::Unfinished;
 use flagd_proxy_testkit::client::v1;
+use flagd_proxy_testkit::raw_h2;
 use serde_json::json;
+use tokio::io::AsyncWriteExt;
 
-use super::scene::{Ctx, Measured, Scene, color, next_within, subscribe, thousands};
+use super::kernel::Tier;
+use super::scene::{Ctx, Measured, SELECTOR, Scene, color, next_within, subscribe, thousands};
 use crate::sampling::proc_sample;
 
 /// How long a client waits for a version or a status that must come.
@@ -174,6 +178,69 @@ pub(crate) async fn burst(ctx: &Ctx) -> anyhow::Result<Measured> {
         held / 1024
     );
     Ok(scene.measure(ctx, outcome).await)
+}
+
+/// Row 15: connections from one address, each sending a burst of requests that end at once and
+/// then holding one subscription open (read, so it is served), one connection after the
+/// other; the connections stay while the proxy is judged, so a new client must get in beside
+/// them. The outcome says how many the proxy closed (shed) by then.
+pub(crate) async fn burst_then_hold(ctx: &Ctx) -> anyhow::Result<Measured> {
+    let scene = Scene::start(ctx, &[]).await?;
+    let (port, requests) = (scene.proxy.port, ctx.sizes.hold_requests);
+    let connections = match &ctx.tier {
+        Some((Tier::Node, _)) => ctx.sizes.hold_connections_node,
+        _ => ctx.sizes.hold_connections,
+    };
+    let shed = Arc::new(AtomicU32::new(0));
+    let (mut answered, mut refused, mut holders) = (0u64, 0, tokio::task::JoinSet::new());
+    for _ in 0..connections {
+        let Ok((mut read, mut write)) = open_from(HOARDER, port, requests, true).await else {
+            refused += 1;
+            continue;
+        };
+        let ends = AtomicU32::new(0);
+        let served = read_ends(&mut read, requests, &ends).await == Ok(true);
+        answered += u64::from(ends.into_inner());
+        if !served
+            || write
+                .write_all(&held_stream(2 * requests + 1))
+                .await
+                .is_err()
+        {
+            refused += 1;
+            continue;
+        }
+        let shed = shed.clone();
+        holders.spawn(async move {
+            while raw_h2::read_frame(&mut read).await.is_some() {}
+            shed.fetch_add(1, Ordering::Relaxed);
+            drop(write);
+        });
+    }
+    let outcome = format!(
+        "{connections} connections × {} requests from one address, each then holding a stream: {} answered, {refused} refused or closed during their burst, {} closed while holding",
+        thousands(u64::from(requests)),
+        thousands(answered),
+        shed.load(Ordering::Relaxed),
+    );
+    let measured = scene.measure(ctx, outcome).await;
+    holders.abort_all();
+    Ok(measured)
+}
+
+/// The address row 15's connections come from.
+const HOARDER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+/// A SyncFlags stream `id` for the scene's resource, its request sent and ended.
+fn held_stream(id: u32) -> Vec<u8> {
+    let mut stream = raw_h2::grpc_headers(id, SYNC_PATH, false);
+    stream.extend(raw_h2::frame(
+        raw_h2::DATA,
+        raw_h2::END_STREAM,
+        id,
+        &raw_h2::sync_request(SELECTOR),
+    ));
+    stream
 }
 
 /// Row 4: one connection from each of many addresses opens streams whose request never comes
