@@ -10,7 +10,7 @@ use std::time::Duration;
 use flagd_proxy::introspection::{Process, TcpSocket};
 use serde_json::Value;
 use support::attacks::pinned::{PINNED, Pinned};
-use support::attacks::streams::{read_ends, sync_headers};
+use support::attacks::streams::{read_ends, subscription, sync_headers};
 use support::attacks::unfinished::Unfinished;
 use support::client::{Client, assert_status, default_variant, next, open, v1, with_selector};
 use support::{EVENT_TIMEOUT, Proxy, string_flag, write_color, write_manifest};
@@ -678,13 +678,7 @@ async fn bursts_until_refused(
     use support::raw_h2;
     let burst = burst_of(REQUESTS);
     let held = 2 * REQUESTS + 1;
-    let mut stream = raw_h2::grpc_headers(held, "/flagd.sync.v1.FlagSyncService/SyncFlags", false);
-    stream.extend(raw_h2::frame(
-        raw_h2::DATA,
-        raw_h2::END_STREAM,
-        held,
-        &raw_h2::sync_request(SELECTOR),
-    ));
+    let stream = subscription(held, SELECTOR);
     let mut connections = Vec::new();
     for i in 0..MOST_CONNECTIONS {
         let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + i % 4);
@@ -1168,26 +1162,26 @@ fn cpu_ticks(pid: u32) -> u64 {
 /// proxy's peak memory and CPU time stay small, and another file's edit is served meanwhile.
 #[tokio::test]
 async fn yaml_aliases_and_brackets_in_quoted_scalars_cost_nothing_out_of_proportion() {
+    use support::attacks::yaml;
     let mut scene = Scene::start().await;
     let dir = scene.dir.path().to_owned();
     let pid = scene.proxy.pid();
     let ticks_before = cpu_ticks(pid);
-    let mut aliases = format!("a: &a \"{}\"\nrefs: [", "x".repeat(100 * 1024));
-    aliases.push_str(&vec!["*a"; 20_000].join(", "));
-    aliases.push_str("]\n");
+    let aliases = yaml::aliases(100 * 1024, 20_000);
     std::fs::write(dir.join("aliases.yaml"), aliases).expect("write");
-    let level = "{a: \"}\", b: ";
-    let levels = 800 * 1024 / level.len();
-    let quoted = format!("{}1{}", level.repeat(levels), "}".repeat(levels));
+    let quoted = yaml::quoted_brackets(800 * 1024);
     std::fs::write(dir.join("quoted.yaml"), quoted).expect("write");
     scene.change().await;
     wait_for_problems(&scene, &["aliases.yaml", "quoted.yaml"]).await;
     scene.change().await;
     // Expanded, the aliases alone are 2 GB; parsed, the nesting took tens of CPU seconds.
     let peak_mib = proc_status_kib(pid, "VmHWM") / 1024;
-    assert!(peak_mib < 256, "peak RSS {peak_mib} MiB");
+    assert!(peak_mib < yaml::PEAK_MIB_AT_MOST, "peak RSS {peak_mib} MiB");
     let cpu_seconds = (cpu_ticks(pid) - ticks_before) / 100;
-    assert!(cpu_seconds < 10, "{cpu_seconds} s of CPU");
+    assert!(
+        cpu_seconds < yaml::CPU_SECONDS_AT_MOST,
+        "{cpu_seconds} s of CPU"
+    );
     scene.assert_healthy().await;
 }
 

@@ -6,10 +6,12 @@
 //! - [`pinned`]: row 2, versions pinned by streams that cannot be written to.
 //! - [`unfinished`]: row 4, streams whose request never comes, from many addresses.
 //! - [`streams`]: the raw HTTP/2 streams rows 2 to 4 open, and reading until they end.
+//! - [`yaml`]: rows 7 and 8, the YAML files and the bounds on what reading them may cost.
 
 pub mod pinned;
 pub mod streams;
 pub mod unfinished;
+pub mod yaml;
 
 use flagd_proxy::introspection::Samples;
 

@@ -5,6 +5,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use flagd_proxy::introspection::StatusPage;
+use flagd_proxy_testkit::attacks::yaml;
 use flagd_proxy_testkit::write_atomically;
 
 use super::scene::{self, Ctx, Measured, Scene, color, next_within, subscribe};
@@ -16,9 +17,7 @@ const REPORTED_WITHIN: Duration = Duration::from_secs(90);
 /// Row 7: one anchor referenced many times (100 KB × 20,000: 2 GB expanded, a 369 KB file).
 pub(crate) async fn aliases(ctx: &Ctx) -> anyhow::Result<Measured> {
     let scene = Scene::start(ctx, &[]).await?;
-    let mut yaml = format!("a: &a \"{}\"\nrefs: [", "x".repeat(ctx.sizes.anchor_bytes));
-    yaml.push_str(&vec!["*a"; ctx.sizes.anchor_refs].join(", "));
-    yaml.push_str("]\n");
+    let yaml = yaml::aliases(ctx.sizes.anchor_bytes, ctx.sizes.anchor_refs);
     write_atomically(&scene.manifests.join("aliases.yaml"), &yaml);
     let reported = reported(&scene, "aliases.yaml").await;
     let outcome = format!(
@@ -41,9 +40,7 @@ pub(crate) async fn quoted_brackets(ctx: &Ctx) -> anyhow::Result<Measured> {
         .await?
         .context("no first version")?;
     let cpu_before = proc_sample(scene.proxy.pid).cpu_seconds;
-    let level = "{a: \"}\", b: ";
-    let levels = ctx.sizes.quoted_bytes / level.len();
-    let quoted = format!("{}1{}", level.repeat(levels), "}".repeat(levels));
+    let quoted = yaml::quoted_brackets(ctx.sizes.quoted_bytes);
     write_atomically(&scene.manifests.join("quoted.yaml"), &quoted);
     let written = Instant::now();
     scene.change("v1");

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use flagd_proxy_testkit::attacks::pinned::Pinned;
-use flagd_proxy_testkit::attacks::streams::{SYNC_PATH, open_from, read_ends};
+use flagd_proxy_testkit::attacks::streams::{open_from, read_ends, subscription};
 use flagd_proxy_testkit::attacks::unfinished::Unfinished;
 use flagd_proxy_testkit::client::v1;
 use flagd_proxy_testkit::raw_h2;
@@ -203,7 +203,7 @@ pub(crate) async fn burst_then_hold(ctx: &Ctx) -> anyhow::Result<Measured> {
         answered += u64::from(ends.into_inner());
         if !served
             || write
-                .write_all(&held_stream(2 * requests + 1))
+                .write_all(&subscription(2 * requests + 1, SELECTOR))
                 .await
                 .is_err()
         {
@@ -230,18 +230,6 @@ pub(crate) async fn burst_then_hold(ctx: &Ctx) -> anyhow::Result<Measured> {
 
 /// The address row 15's connections come from.
 const HOARDER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
-
-/// A SyncFlags stream `id` for the scene's resource, its request sent and ended.
-fn held_stream(id: u32) -> Vec<u8> {
-    let mut stream = raw_h2::grpc_headers(id, SYNC_PATH, false);
-    stream.extend(raw_h2::frame(
-        raw_h2::DATA,
-        raw_h2::END_STREAM,
-        id,
-        &raw_h2::sync_request(SELECTOR),
-    ));
-    stream
-}
 
 /// Row 4: one connection from each of many addresses opens streams whose request never comes
 /// (the test kit's [`Unfinished`]); they are held until the proxy ends them (at

@@ -24,6 +24,19 @@ pub fn sync_headers(streams: u32, end_stream: bool) -> Vec<u8> {
         .collect()
 }
 
+/// A SyncFlags stream `id` for `selector`, its request sent whole and ended: a subscription
+/// (rows 3 and 15: what a connection holds after its burst).
+pub fn subscription(id: u32, selector: &str) -> Vec<u8> {
+    let mut stream = raw_h2::grpc_headers(id, SYNC_PATH, false);
+    stream.extend(raw_h2::frame(
+        DATA,
+        END_STREAM,
+        id,
+        &raw_h2::sync_request(selector),
+    ));
+    stream
+}
+
 /// A connection from `from` that opens `streams` SyncFlags streams at once ([`sync_headers`]);
 /// the error when the proxy refused the connection.
 pub async fn open_from(
