@@ -365,7 +365,7 @@ pub(crate) struct Args {
         value_delimiter = ',',
         conflicts_with = "baseline_bin"
     )]
-    pub(crate) attacks_tiers: Vec<crate::attacks::kernel::Tier>,
+    pub(crate) attacks_tiers: Vec<crate::options::Tier>,
 
     /// Attacks in tiers: without the honest subscribers.
     #[arg(long, requires = "attacks_tiers")]

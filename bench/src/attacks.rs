@@ -220,7 +220,7 @@ async fn in_tiers(args: &Args, builds: &[Build], workdir: &Path) -> anyhow::Resu
     for &tier in &args.attacks_tiers {
         let mut rows = Vec::new();
         for (i, (row, attack)) in runs.iter().enumerate() {
-            let cgroup = tier.cgroup(&format!("run{i}"))?;
+            let cgroup = kernel::cgroup(tier, &format!("run{i}"))?;
             let ctx = Ctx {
                 bin: build.bin.clone(),
                 dir: workdir.join(format!("{}-{i}", tier.label())),

@@ -1,5 +1,6 @@
-//! The choices of the command line that the scenarios read: which source the proxies watch, and
-//! which authorization mode the authorization storm runs the proxy in.
+//! The choices of the command line that the scenarios read: which source the proxies watch,
+//! which authorization mode the authorization storm runs the proxy in, and the chart's tiers
+//! the attacks run at.
 
 /// Where the proxies read their flags from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
@@ -61,5 +62,39 @@ impl AuthzMode {
 
     pub(crate) fn pod_ip(self) -> bool {
         matches!(self, AuthzMode::NamespacePodIp | AuthzMode::RbacPodIp)
+    }
+}
+
+/// A tier of the chart: its container's memory limit, and the budget the chart derives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum Tier {
+    /// The node tier: 64 MiB, budget 36Mi.
+    Node,
+    /// The central tier: 544 MiB, budget 396Mi.
+    Central,
+}
+
+impl Tier {
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Tier::Node => "node",
+            Tier::Central => "central",
+        }
+    }
+
+    pub(crate) fn limit_bytes(self) -> u64 {
+        match self {
+            Tier::Node => 64 << 20,
+            Tier::Central => 544 << 20,
+        }
+    }
+
+    /// `--memory-budget`, as the chart derives it from the limit.
+    pub(crate) fn budget(self) -> &'static str {
+        match self {
+            Tier::Node => "36Mi",
+            Tier::Central => "396Mi",
+        }
     }
 }

@@ -65,7 +65,7 @@ pub const ROWS: [Row; 15] = [
         13,
         "`--context-value`: a large value, reserved and look-alike keys",
     ),
-    row(14, "memory after every attack above"),
+    row(14, "memory after every attack on a running proxy"),
     row(
         15,
         "connections from one address × a burst of 1,200 requests, then one stream held on each",

@@ -9,45 +9,12 @@ use flagd_proxy_testkit::memory_cgroup::MemoryCgroup;
 use serde::Serialize;
 
 use super::scene::Measured;
+use crate::options::Tier;
 
-/// A tier of the chart: its container's memory limit, and the budget the chart derives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum, Serialize)]
-#[serde(rename_all = "lowercase")]
-pub(crate) enum Tier {
-    /// The node tier: 64 MiB, budget 36Mi.
-    Node,
-    /// The central tier: 544 MiB, budget 396Mi.
-    Central,
-}
-
-impl Tier {
-    pub(crate) fn label(self) -> &'static str {
-        match self {
-            Tier::Node => "node",
-            Tier::Central => "central",
-        }
-    }
-
-    pub(crate) fn limit_bytes(self) -> u64 {
-        match self {
-            Tier::Node => 64 << 20,
-            Tier::Central => 544 << 20,
-        }
-    }
-
-    /// `--memory-budget`, as the chart derives it from the limit.
-    pub(crate) fn budget(self) -> &'static str {
-        match self {
-            Tier::Node => "36Mi",
-            Tier::Central => "396Mi",
-        }
-    }
-
-    /// A fresh memory cgroup at this tier's limit, for one run.
-    pub(crate) fn cgroup(self, what: &str) -> anyhow::Result<Arc<MemoryCgroup>> {
-        let prefix = format!("flagd-proxy-bench-{}-{what}", self.label());
-        Ok(Arc::new(MemoryCgroup::create(&prefix, self.limit_bytes())?))
-    }
+/// A fresh memory cgroup at `tier`'s limit, for one run.
+pub(crate) fn cgroup(tier: Tier, what: &str) -> anyhow::Result<Arc<MemoryCgroup>> {
+    let prefix = format!("flagd-proxy-bench-{}-{what}", tier.label());
+    Ok(Arc::new(MemoryCgroup::create(&prefix, tier.limit_bytes())?))
 }
 
 /// The sample counting the budget's refusals.

@@ -16,8 +16,8 @@ use flagd_proxy_testkit::raw_h2;
 use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
-use super::kernel::Tier;
 use super::scene::{Ctx, Measured, SELECTOR, Scene, color, next_within, subscribe, thousands};
+use crate::options::Tier;
 use crate::sampling::proc_sample;
 
 /// How long a client waits for a version or a status that must come.

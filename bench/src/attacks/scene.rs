@@ -12,8 +12,9 @@ use serde_json::Value;
 use tonic::Status;
 use tonic::transport::{Certificate, ClientTlsConfig, Endpoint};
 
-use super::kernel::{BUDGET_REFUSALS, Kernel, Tier};
+use super::kernel::{BUDGET_REFUSALS, Kernel};
 use super::{Sizes, table};
+use crate::options::Tier;
 use crate::proxy::ProxyProcess;
 use crate::sampling::{RssGuard, proc_sample};
 
