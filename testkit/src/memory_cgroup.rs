@@ -290,16 +290,21 @@ mod tests {
             Err(error) => panic!("{error}"),
         };
         let dir = group.dir().to_path_buf();
+        // The program says when it runs, which is after the group took it in: no waiting.
         let mut child = group
-            .command("sleep")
-            .arg("600")
+            .command("sh")
+            .args(["-c", "echo running && exec sleep 600"])
+            .stdout(Stdio::piped())
             .spawn()
             .expect("spawn sleep");
-        let deadline = Instant::now() + EMPTY_TIMEOUT;
-        while !group.pids().expect("pids").contains(&child.id()) {
-            assert!(Instant::now() < deadline, "sleep never joined {dir:?}");
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        let mut line = String::new();
+        let stdout = child.stdout.take().expect("stdout");
+        std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line).expect("read");
+        assert_eq!(line, "running\n");
+        assert!(
+            group.pids().expect("pids").contains(&child.id()),
+            "sleep is not in {dir:?}"
+        );
         assert_eq!(group.oom_kills().expect("oom_kill"), 0);
         assert!(group.peak_bytes().expect("peak") > 0);
         drop(group);
