@@ -14,8 +14,10 @@ pub struct MemoryArgs {
     /// streams (with their request message, as large as --max-request-bytes allows, until the
     /// request has arrived) and watches (at what their source's watch holds), at their measured
     /// size. Above it, new connections are closed, new streams and streams that would start a
-    /// new watch get RESOURCE_EXHAUSTED, and sync connections with no stream open are closed;
-    /// established streams keep being served. Bytes, or with a unit (512Mi, 2Gi). Default: three
+    /// new watch get RESOURCE_EXHAUSTED, and a burst of new streams that would not fit closes
+    /// its connection; sync connections that keep many stream places they do not use are
+    /// closed, then (while the budget is full) those with no stream open; established streams
+    /// keep being served. Bytes, or with a unit (512Mi, 2Gi). Default: three
     /// quarters of what the container's memory limit (cgroup) leaves above the process's 16 MiB
     /// base, else half the machine's memory. 0 means no limit. Under 192Mi (a memory limit
     /// under about 272Mi) the allocator also gives freed memory back to the system at once
