@@ -1408,7 +1408,7 @@ async fn memory_taken_by_a_burst_of_clients_goes_back_once_they_leave() {
 /// to send it: the connection itself is closed, not only its streams.
 #[tokio::test]
 async fn a_client_that_stops_reading_is_disconnected() {
-    use support::raw_h2::{self, DATA, END_STREAM, SETTINGS};
+    use support::raw_h2::{self, SETTINGS};
     const RESOURCES: usize = 8;
     let scene =
         Scene::start_with(&["--keepalive-interval", "1s", "--keepalive-timeout", "1s"]).await;
@@ -1443,13 +1443,7 @@ async fn a_client_that_stops_reading_is_disconnected() {
     for i in 0..RESOURCES {
         let stream = 2 * u32::try_from(i).expect("small") + 1;
         let selector = format!("core.openfeature.dev/default/big-{i}");
-        let body = raw_h2::sync_request(&selector);
-        bytes.extend(raw_h2::grpc_headers(
-            stream,
-            "/flagd.sync.v1.FlagSyncService/SyncFlags",
-            false,
-        ));
-        bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
+        bytes.extend(subscription(stream, &selector));
     }
     write.write_all(&bytes).await.expect("requests");
     // Never read: the proxy's writes stall, its pings go unanswered, and it hangs up. Its end of

@@ -12,8 +12,8 @@ use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::OwnedWriteHalf;
 
 use super::sample;
-use super::streams::{SYNC_PATH, read_ends};
-use crate::raw_h2::{self, DATA, END_STREAM};
+use super::streams::{read_ends, subscription};
+use crate::raw_h2;
 
 /// The resource the attacker writes and asks for.
 pub const SELECTOR: &str = "core.openfeature.dev/default/big";
@@ -84,7 +84,6 @@ impl Pinned {
         let ended = Arc::new(AtomicU32::new(0));
         let counted = ended.clone();
         let reader = tokio::spawn(async move { read_ends(&mut read, u32::MAX, &counted).await });
-        let body = raw_h2::sync_request(SELECTOR);
         let mut outcome = Outcome::default();
         for i in 0..self.versions {
             let published = sample(management_port, PUBLISHED).await?;
@@ -96,9 +95,10 @@ impl Pinned {
                 published_after(management_port, published).await?;
             }
             let stream = 2 * u32::try_from(i).map_err(|e| e.to_string())? + 1;
-            let mut bytes = raw_h2::grpc_headers(stream, SYNC_PATH, false);
-            bytes.extend(raw_h2::frame(DATA, END_STREAM, stream, &body));
-            write.write_all(&bytes).await.map_err(gone)?;
+            write
+                .write_all(&subscription(stream, SELECTOR))
+                .await
+                .map_err(gone)?;
             if i == 0 {
                 published_after(management_port, published).await?;
             }
