@@ -278,6 +278,17 @@ pub(crate) fn check_node(case: &Case, objects: &[Value]) {
         assert_eq!(update["maxUnavailable"], json!(0), "{what}");
 
         let args = args(ds);
+        // A deleted node pod's replacement is Ready before the old one's streams end.
+        assert_eq!(
+            arg_value(&args, "--drain-delay"),
+            Some("20s"),
+            "{what}: --drain-delay"
+        );
+        assert_eq!(
+            ds["spec"]["template"]["spec"]["terminationGracePeriodSeconds"],
+            json!(40),
+            "{what}: the drain and the shutdown timeout fit the grace period"
+        );
         assert_eq!(
             arg_value(&args, "--upstream"),
             Some(case.expected_upstream().as_str()),
