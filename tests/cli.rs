@@ -277,6 +277,32 @@ fn oversized_context_values_exit_64() {
     assert!(stderr.contains("over the limit of 2048"), "{stderr}");
 }
 
+/// Row 13 of docs/security.md: the `--context-value` entries of the attack (a 100 KB value,
+/// keys naming the message's own fields, a look-alike of the proxy's own) are refused at start;
+/// `rev`, an ordinary label, is served.
+#[tokio::test]
+async fn the_context_values_of_the_attack_are_refused_at_start_and_an_ordinary_label_is_served() {
+    use flagd_proxy_testkit::attacks::context;
+    for entry in context::entries() {
+        let argument = ["--context-value".as_ref(), entry.entry.as_ref()];
+        if entry.refused {
+            let (code, log) = refused_at_start(&argument);
+            assert_eq!(code, Some(context::EXIT_STATUS), "{}: {log}", entry.what);
+        } else {
+            let manifests = tempfile::tempdir().expect("a manifests folder");
+            let dir = manifests.path().to_str().expect("utf-8");
+            let proxy = flagd_proxy_testkit::Proxy::start(&[
+                "--manifests",
+                dir,
+                "--context-value",
+                &entry.entry,
+            ])
+            .await;
+            drop(proxy);
+        }
+    }
+}
+
 /// OTLP settings that cannot work are refused before anything listens, with exit status 64 and
 /// the flag named; the collector is never needed to start.
 #[test]

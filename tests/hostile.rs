@@ -930,20 +930,17 @@ async fn idle_http2_management_connections_from_many_addresses_cannot_lock_out_p
         &per_address,
     ])
     .await;
-    let target = ("127.0.0.1", scene.proxy.management_port);
-    let mut held = Vec::new();
-    for host in 2..2 + ADDRESSES {
-        let address = IpAddr::from([127, 0, 0, host]);
-        for _ in 0..PER_ADDRESS {
-            held.push(idle_http2(address, target.1).await);
-        }
-    }
-    for _ in 0..5 {
-        assert_eq!(scene.probe("/healthz").await, 200);
-        assert_eq!(scene.probe("/readyz").await, 200);
-    }
+    let port = scene.proxy.management_port;
+    let filled = support::attacks::management::fill(port, ADDRESSES, PER_ADDRESS).await;
+    assert_eq!(
+        filled.refused, 0,
+        "every idle connection is admitted at first"
+    );
+    const PROBES: usize = 10;
+    let answered = support::attacks::management::probes(port, PROBES, EVENT_TIMEOUT).await;
+    assert_eq!(answered, PROBES, "every probe gets in");
     assert!(scene.rejected("max_management_connections").await > 0.0);
-    drop(held);
+    drop(filled);
 }
 
 /// An HTTP/2 connection from `address` to `port` that is admitted and then opens no stream.

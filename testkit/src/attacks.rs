@@ -5,9 +5,15 @@
 //!
 //! - [`pinned`]: row 2, versions pinned by streams that cannot be written to.
 //! - [`unfinished`]: row 4, streams whose request never comes, from many addresses.
-//! - [`streams`]: the raw HTTP/2 streams rows 2 to 4 open, and reading until they end.
+//! - [`management`]: row 5, idle HTTP/2 connections filling the management port, and probes.
 //! - [`yaml`]: rows 7 and 8, the YAML files and the bounds on what reading them may cost.
+//! - [`late_tls`]: row 11, the TLS handshake and the preface each late by most of the deadline.
+//! - [`context`]: row 13, `--context-value` entries that must be refused at start.
+//! - [`streams`]: the raw HTTP/2 streams rows 2 to 4 open, and reading until they end.
 
+pub mod context;
+pub mod late_tls;
+pub mod management;
 pub mod pinned;
 pub mod streams;
 pub mod unfinished;

@@ -8,10 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use flagd_proxy_testkit::attacks;
 use flagd_proxy_testkit::client::v1;
-use flagd_proxy_testkit::raw_h2::{
-    self, ACK, DATA, END_STREAM, GOAWAY, PING, RST_STREAM, SETTINGS,
-};
+use flagd_proxy_testkit::raw_h2::{self, ACK, DATA, END_STREAM, GOAWAY, RST_STREAM, SETTINGS};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 
 use super::scene::{self, Ctx, Measured, Scene, next_within, subscribe};
@@ -25,28 +24,14 @@ const PROBES: usize = 20;
 pub(crate) async fn management(ctx: &Ctx) -> anyhow::Result<Measured> {
     let scene = Scene::start(ctx, &[]).await?;
     let port = scene.proxy.management_port;
-    let (mut held, mut refused) = (Vec::new(), 0);
-    for host in 2..10u8 {
-        for _ in 0..32 {
-            match raw_h2::idle_from(IpAddr::from([127, 0, 0, host]), port).await {
-                Ok(tcp) => held.push(tcp),
-                Err(_) => refused += 1,
-            }
-        }
-    }
-    let mut answered = 0;
-    for i in 0..PROBES {
-        let path = if i % 2 == 0 { "/healthz" } else { "/readyz" };
-        let probe = flagd_proxy_testkit::http_get(port, path);
-        if let Ok(Ok((200, _))) = tokio::time::timeout(Duration::from_secs(1), probe).await {
-            answered += 1;
-        }
-    }
+    let filled = attacks::management::fill(port, 8, 32).await;
+    let answered = attacks::management::probes(port, PROBES, Duration::from_secs(1)).await;
     let outcome = format!(
-        "{} idle connections admitted, {refused} refused; probes answered: {answered} of {PROBES}",
-        held.len()
+        "{} idle connections admitted, {} refused; probes answered: {answered} of {PROBES}",
+        filled.held.len(),
+        filled.refused
     );
-    drop(held);
+    drop(filled);
     Ok(scene.measure(ctx, outcome).await)
 }
 
@@ -187,38 +172,22 @@ fn error_code(payload: &[u8]) -> String {
 
 /// Row 11: with `--handshake-timeout 2s`, a client that finishes TLS 1.5 s after connecting
 /// and sends the preface 1.5 s later: past the deadline, but within a fresh one counted from
-/// the handshake. A PING after the preface is answered only if the connection is served.
+/// the handshake.
 pub(crate) async fn late_tls(ctx: &Ctx) -> anyhow::Result<Measured> {
+    use attacks::late_tls::Outcome;
     const STEP: Duration = Duration::from_millis(1500);
     let ca = flagd_proxy_testkit::TestCa::new();
     let mut extra = ca.proxy_args();
     extra.extend(["--handshake-timeout", "2s", "--keepalive-interval", "1h"].map(String::from));
     let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
     let scene = Scene::start_tls(ctx, &extra, &ca).await?;
-    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", scene.proxy.port)).await?;
-    tokio::time::sleep(STEP).await;
-    let outcome = match ca.tls_connect(tcp).await {
-        Err(error) => format!("TLS handshake failed: {error}"),
-        Ok(mut tls) => {
-            tokio::time::sleep(STEP).await;
-            let mut hello = [raw_h2::PREFACE, &raw_h2::frame(SETTINGS, 0, 0, &[])].concat();
-            hello.extend(raw_h2::ping(*b"late-tls"));
-            let _ = tls.write_all(&hello).await;
-            let _ = tls.flush().await;
-            let answered = async {
-                while let Some(frame) = raw_h2::read_frame(&mut tls).await {
-                    if frame.kind == PING && frame.flags & ACK != 0 {
-                        return true;
-                    }
-                }
-                false
-            };
-            match tokio::time::timeout(Duration::from_secs(10), answered).await {
-                Ok(true) => "served: the preface 3 s after connecting was answered".to_owned(),
-                Ok(false) => "closed at the deadline, never served".to_owned(),
-                Err(_) => "neither served nor closed within 10 s".to_owned(),
-            }
-        }
-    };
+    let within = Duration::from_secs(10);
+    let outcome =
+        match attacks::late_tls::attempt(&ca, scene.proxy.port, STEP, STEP, within).await? {
+            Outcome::HandshakeFailed(error) => format!("TLS handshake failed: {error}"),
+            Outcome::Served => "served: the preface 3 s after connecting was answered".to_owned(),
+            Outcome::Closed => "closed at the deadline, never served".to_owned(),
+            Outcome::Undecided => "neither served nor closed within 10 s".to_owned(),
+        };
     Ok(scene.measure(ctx, outcome).await)
 }

@@ -112,25 +112,19 @@ pub(crate) async fn early_signals(ctx: &Ctx) -> anyhow::Result<Measured> {
     )))
 }
 
-/// Row 13: `--context-value` entries the proxy should refuse (a value of 100 KB: one argument
-/// cannot be longer than 128 KiB, so not the 5 MB of the original report), and keys that name
-/// the message's own fields or look like the proxy's own keys. For each, the exit status, or
-/// `served` when the proxy started with it.
+/// Row 13: the `--context-value` entries of `attacks::context`: a value of 100 KB, keys that
+/// name the message's own fields or look like the proxy's own keys, and `rev`. For each, the
+/// exit status, or `served` when the proxy started with it.
 pub(crate) async fn context_values(ctx: &Ctx) -> anyhow::Result<Measured> {
     let manifests = demo_manifests(ctx)?;
-    let cases = [
-        ("100 KB value", format!("notes={}", "n".repeat(100_000))),
-        ("flagSetId", "flagSetId=x".to_owned()),
-        ("rev", "rev=1".to_owned()),
-        ("look-alike Selector", "Selector=x".to_owned()),
-    ];
+    let cases = flagd_proxy_testkit::attacks::context::entries();
     let mut outcomes = Vec::new();
-    for (i, (what, entry)) in cases.iter().enumerate() {
+    for (i, case) in cases.iter().enumerate() {
         let args = [
             "--manifests".to_owned(),
             manifests.clone(),
             "--context-value".to_owned(),
-            entry.clone(),
+            case.entry.clone(),
         ];
         let log = ctx.dir.join(format!("proxy-{i}.log"));
         let mut proxy = ctx.launch(&ctx.bin, &args, log).await?;
@@ -141,7 +135,20 @@ pub(crate) async fn context_values(ctx: &Ctx) -> anyhow::Result<Measured> {
                 None => "neither served nor exited".to_owned(),
             },
         };
-        outcomes.push(format!("{what}: {answer}"));
+        let expected = if case.refused {
+            format!(
+                "exit {}",
+                flagd_proxy_testkit::attacks::context::EXIT_STATUS
+            )
+        } else {
+            "served".to_owned()
+        };
+        let unexpected = if answer == expected {
+            String::new()
+        } else {
+            format!(" (expected: {expected})")
+        };
+        outcomes.push(format!("{}: {answer}{unexpected}", case.what));
     }
     Ok(Measured::outcome(outcomes.join("; ")))
 }
