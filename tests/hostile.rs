@@ -8,12 +8,11 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use flagd_proxy::introspection::{Process, TcpSocket};
-use serde_json::Value;
 use support::attacks::pinned::{PINNED, Pinned};
 use support::attacks::streams::{read_ends, subscription, sync_headers};
 use support::attacks::unfinished::Unfinished;
 use support::client::{Client, assert_status, default_variant, next, open, v1, with_selector};
-use support::{EVENT_TIMEOUT, Proxy, string_flag, write_color, write_manifest};
+use support::{EVENT_TIMEOUT, Proxy, write_color, write_manifest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tonic::Code;
@@ -1529,20 +1528,15 @@ async fn a_request_message_that_never_arrives_ends_with_deadline_exceeded() {
 /// version, then gets the next valid one.
 #[tokio::test]
 async fn metadata_that_would_double_a_message_past_the_clients_limit_is_refused() {
+    use support::attacks::metadata::{NOTES_BYTES, manifest};
     let dir = tempfile::tempdir().expect("tempdir");
-    let manifest = |metadata: Value, default: &str| {
-        let mut object = support::feature_flag(
-            "default",
-            "demo",
-            string_flag("color", default, &["red", "blue", "green"]),
-        );
-        object["spec"]["flagSpec"]["metadata"] = metadata;
+    let write = |default: &str, notes_bytes: usize| {
         support::write_atomically(
             &dir.path().join("default-demo.yaml"),
-            &serde_norway::to_string(&object).expect("yaml"),
+            &manifest(default, &["red", "blue", "green"], notes_bytes),
         );
     };
-    manifest(serde_json::json!({"team": "checkout"}), "red");
+    write("red", 0);
     let manifests = dir.path().to_str().expect("utf-8").to_owned();
     let proxy = Proxy::start(&["--manifests", &manifests]).await;
     let mut client = support::client::client(&proxy).await;
@@ -1552,14 +1546,11 @@ async fn metadata_that_would_double_a_message_past_the_clients_limit_is_refused(
     assert_eq!(color(&next(&mut stream).await), "red");
 
     // 2.3 MB of metadata: the document is under the limit, the message would not be.
-    manifest(
-        serde_json::json!({"team": "checkout", "notes": "n".repeat(2_300_000)}),
-        "blue",
-    );
+    write("blue", NOTES_BYTES);
     proxy
         .wait_for_log("sent again in every message's sync_context")
         .await;
-    manifest(serde_json::json!({"team": "checkout"}), "green");
+    write("green", 0);
     assert_eq!(
         color(&next(&mut stream).await),
         "green",

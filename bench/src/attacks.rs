@@ -73,7 +73,7 @@ impl Sizes {
     fn of(args: &Args) -> Self {
         if args.smoke {
             return Self {
-                metadata_bytes: 2_300_000,
+                metadata_bytes: flagd_proxy_testkit::attacks::metadata::NOTES_BYTES,
                 pinned_versions: 4,
                 pinned_bytes: 256 * 1024,
                 burst_connections: 2,
@@ -91,7 +91,7 @@ impl Sizes {
             };
         }
         Self {
-            metadata_bytes: 2_300_000,
+            metadata_bytes: flagd_proxy_testkit::attacks::metadata::NOTES_BYTES,
             pinned_versions: 60,
             pinned_bytes: 1024 * 1024,
             burst_connections: 16,

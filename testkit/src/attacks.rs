@@ -3,6 +3,7 @@
 //! (`flagd-proxy-bench --attacks`): each row's number and name ([`ROWS`]), and, for the attacks
 //! defined here, the attack itself (the client code, its size) and the bound it must meet.
 //!
+//! - [`metadata`]: row 1, flag-set metadata that would double a message past clients' limit.
 //! - [`pinned`]: row 2, versions pinned by streams that cannot be written to.
 //! - [`unfinished`]: row 4, streams whose request never comes, from many addresses.
 //! - [`management`]: row 5, idle HTTP/2 connections filling the management port, and probes.
@@ -14,6 +15,7 @@
 pub mod context;
 pub mod late_tls;
 pub mod management;
+pub mod metadata;
 pub mod pinned;
 pub mod streams;
 pub mod unfinished;

@@ -8,12 +8,12 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
+use flagd_proxy_testkit::attacks;
 use flagd_proxy_testkit::attacks::pinned::Pinned;
 use flagd_proxy_testkit::attacks::streams::{open_from, read_ends, subscription};
 use flagd_proxy_testkit::attacks::unfinished::Unfinished;
 use flagd_proxy_testkit::client::v1;
 use flagd_proxy_testkit::raw_h2;
-use serde_json::json;
 use tokio::io::AsyncWriteExt;
 
 use super::scene::{Ctx, Measured, SELECTOR, Scene, color, next_within, subscribe, thousands};
@@ -23,8 +23,9 @@ use crate::sampling::proc_sample;
 /// How long a client waits for a version or a status that must come.
 const WAIT: Duration = Duration::from_secs(30);
 
-/// Row 1: a version whose flag-set metadata, sent again in every `flagd.sync.v1` message's
-/// `sync_context`, doubles the message past the 4 MiB a default gRPC client accepts. What a
+/// Row 1 (`attacks::metadata`): a version whose flag-set metadata, sent again in every
+/// `flagd.sync.v1` message's `sync_context`, doubles the message past the 4 MiB a default gRPC
+/// client accepts. What a
 /// client that accepts any size receives, and what becomes of a default client's stream.
 pub(crate) async fn metadata(ctx: &Ctx) -> anyhow::Result<Measured> {
     let scene = Scene::start(ctx, &[]).await?;
@@ -37,17 +38,8 @@ pub(crate) async fn metadata(ctx: &Ctx) -> anyhow::Result<Measured> {
             .await?
             .context("no first version")?;
     }
-    let mut object = flagd_proxy_testkit::feature_flag(
-        "default",
-        "demo",
-        flagd_proxy_testkit::string_flag("color", "v1", &["v1", "v0"]),
-    );
-    object["spec"]["flagSpec"]["metadata"] =
-        json!({"team": "checkout", "notes": "n".repeat(ctx.sizes.metadata_bytes)});
-    flagd_proxy_testkit::write_atomically(
-        &scene.manifests.join("default-demo.yaml"),
-        &serde_norway::to_string(&object)?,
-    );
+    let manifest = attacks::metadata::manifest("v1", &["v1", "v0"], ctx.sizes.metadata_bytes);
+    flagd_proxy_testkit::write_atomically(&scene.manifests.join("default-demo.yaml"), &manifest);
     let sent = large_version(&scene, &mut large_stream).await?;
     scene.change("v2");
     let default = loop {
