@@ -178,7 +178,11 @@ async fn the_handshake_timeout_covers_tls_and_the_preface_together() {
     let outcome = late_tls::attempt(&ca, proxy.port, BEFORE, AFTER, support::EVENT_TIMEOUT)
         .await
         .expect("connect");
-    assert_eq!(outcome, Outcome::Closed, "a preface after the budget");
+    // A handshake slowed past the budget (a loaded machine) is cut short: never served either.
+    assert!(
+        matches!(outcome, Outcome::Closed | Outcome::HandshakeFailed(_)),
+        "a preface after the budget: {outcome:?}"
+    );
 }
 
 #[tokio::test]
