@@ -153,38 +153,6 @@ async fn a_silent_client_after_the_tls_handshake_is_closed() {
     support::wait_closed(&mut tls, "a silent TLS client was kept").await;
 }
 
-/// --handshake-timeout covers the TLS handshake and the preface together: a client that spends
-/// most of it before its handshake and then sends the preface within a fresh --handshake-timeout
-/// of the handshake (but after the first one has run out) is closed, never served (a PING after
-/// its preface is never answered). Row 11 of docs/security.md.
-#[tokio::test]
-async fn the_handshake_timeout_covers_tls_and_the_preface_together() {
-    use support::attacks::late_tls::{self, Outcome};
-    const TIMEOUT: Duration = Duration::from_secs(3);
-    // Before the handshake: most of the budget. After it: the budget less a little, so that the
-    // preface would be in time if the budget began again at the handshake.
-    const BEFORE: Duration = Duration::from_millis(2500);
-    const AFTER: Duration = Duration::from_millis(2500);
-    let ca = TestCa::new();
-    let timeout = format!("{}s", TIMEOUT.as_secs());
-    // No keepalive pings during the test: a served connection stays open.
-    let extra = [
-        "--handshake-timeout",
-        &timeout,
-        "--keepalive-interval",
-        "1h",
-    ];
-    let (_dir, proxy) = tls_proxy(&ca, &extra).await;
-    let outcome = late_tls::attempt(&ca, proxy.port, BEFORE, AFTER, support::EVENT_TIMEOUT)
-        .await
-        .expect("connect");
-    // A handshake slowed past the budget (a loaded machine) is cut short: never served either.
-    assert!(
-        matches!(outcome, Outcome::Closed | Outcome::HandshakeFailed(_)),
-        "a preface after the budget: {outcome:?}"
-    );
-}
-
 #[tokio::test]
 async fn broken_certificate_files_keep_the_previous_certificate() {
     let ca = TestCa::new();

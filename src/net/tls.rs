@@ -16,6 +16,30 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::net::deadlines::PrefaceDeadline;
+
+/// The TLS handshake of a sync connection accepted now, under `limit` (`--handshake-timeout`):
+/// the same deadline then bounds the HTTP/2 preface ([`PrefaceDeadline`]), so that the handshake
+/// and the preface together take at most `limit`.
+pub(crate) async fn handshake<IO>(
+    acceptor: &TlsAcceptor,
+    io: IO,
+    limit: Duration,
+) -> std::io::Result<(tokio_rustls::server::TlsStream<IO>, PrefaceDeadline)>
+where
+    IO: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    match tokio::time::timeout_at(deadline, acceptor.accept(io)).await {
+        Ok(Ok(stream)) => Ok((stream, PrefaceDeadline::until(deadline))),
+        Ok(Err(error)) => Err(error),
+        Err(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "TLS handshake timed out",
+        )),
+    }
+}
+
 /// How often the files are checked for changes.
 const RELOAD_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -237,4 +261,93 @@ fn build(files: &TlsFiles, contents: &[Vec<u8>]) -> Result<Arc<ServerConfig>, Tl
     let mut config = builder.with_single_cert(certs, key)?;
     config.alpn_protocols = vec![b"h2".to_vec()];
     Ok(Arc::new(config))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    use tokio::io::AsyncWriteExt;
+
+    use super::handshake;
+    use crate::net::h2::PREFACE;
+
+    /// An acceptor with a self-signed certificate, and a connector that trusts it.
+    fn pair() -> (tokio_rustls::TlsAcceptor, tokio_rustls::TlsConnector) {
+        let certified =
+            rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).expect("certificate");
+        let cert: CertificateDer<'static> = certified.cert.der().clone();
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let server = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_no_client_auth()
+            .with_single_cert(
+                vec![cert.clone()],
+                PrivateKeyDer::Pkcs8(certified.signing_key.serialize_der().into()),
+            )
+            .expect("server config");
+        let mut roots = rustls::RootCertStore::empty();
+        roots.add(cert).expect("a root");
+        let client = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        (
+            tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+            tokio_rustls::TlsConnector::from(Arc::new(client)),
+        )
+    }
+
+    /// Row 11 of docs/security.md, on the runtime's paused clock: a client that spends most of
+    /// the limit before its handshake, then sends the preface within a fresh limit counted from
+    /// the handshake (but after the first one has run out), is refused: the server's read fails
+    /// with the deadline before the preface comes. With the same waits but the preface in time,
+    /// the server reads it.
+    #[tokio::test(start_paused = true)]
+    async fn the_handshake_and_the_preface_share_one_deadline() {
+        const LIMIT: Duration = Duration::from_secs(3);
+        const BEFORE: Duration = Duration::from_millis(2500);
+        for (after, in_time) in [(Duration::from_millis(2500), false), (Duration::ZERO, true)] {
+            let (acceptor, connector) = pair();
+            let (server_io, client_io) = tokio::io::duplex(64 * 1024);
+            let server = tokio::spawn(async move {
+                let (tls, mut deadline) = handshake(&acceptor, server_io, LIMIT).await?;
+                let mut tls = Box::pin(tls);
+                let mut buf = [0u8; PREFACE.len()];
+                let mut filled = 0;
+                while filled < buf.len() {
+                    let mut read = tokio::io::ReadBuf::new(&mut buf[filled..]);
+                    std::future::poll_fn(|cx| {
+                        let result = tokio::io::AsyncRead::poll_read(tls.as_mut(), cx, &mut read);
+                        deadline.check(cx, false, result)
+                    })
+                    .await?;
+                    if read.filled().is_empty() {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    filled += read.filled().len();
+                }
+                Ok::<_, std::io::Error>(buf)
+            });
+            tokio::time::sleep(BEFORE).await;
+            let name = ServerName::try_from("localhost").expect("a name");
+            let mut tls = connector.connect(name, client_io).await.expect("handshake");
+            tokio::time::sleep(after).await;
+            // The server may have given up already: what it read is the verdict.
+            let _ = tls.write_all(PREFACE).await;
+            let _ = tls.flush().await;
+            let read = server.await.expect("the server task");
+            match (in_time, read) {
+                (true, Ok(bytes)) => assert_eq!(bytes, PREFACE),
+                (false, Err(error)) => {
+                    assert_eq!(error.kind(), std::io::ErrorKind::TimedOut, "{error}")
+                }
+                (in_time, read) => panic!("preface in time: {in_time}; the server read {read:?}"),
+            }
+        }
+    }
 }

@@ -19,7 +19,7 @@ use crate::net::deadlines::PrefaceDeadline;
 use crate::net::h2::AuthorityFilter;
 use crate::net::limits::AddressSlot;
 use crate::net::listener::{SyncListener, UnixSocket, next_accepted};
-use crate::net::tls::ReloadingTls;
+use crate::net::tls::{self, ReloadingTls};
 
 /// Starts accepting on every listener; the accepted connections, admitted and with their TLS
 /// handshakes done, come out of the returned stream.
@@ -108,21 +108,19 @@ async fn accept(
             Some(tls) => {
                 let acceptor = tls.acceptor();
                 let (tx, admission) = (tx.clone(), admission.clone());
-                // One deadline for the handshake and the preface together.
-                let deadline = tokio::time::Instant::now() + deadline;
                 tasks.spawn(async move {
-                    match tokio::time::timeout_at(deadline, acceptor.accept(tcp)).await {
-                        Ok(Ok(stream)) => {
+                    // One deadline for the handshake and the preface together.
+                    match tls::handshake(&acceptor, tcp, deadline).await {
+                        Ok((stream, preface_deadline)) => {
                             let connection = admission.connection(
                                 Stream::Tls(Box::new(stream)),
-                                PrefaceDeadline::until(deadline),
+                                preface_deadline,
                                 slot,
                                 total,
                             );
                             let _ = tx.send(Ok(connection)).await;
                         }
-                        Ok(Err(error)) => tracing::debug!(%peer, %error, "TLS handshake failed"),
-                        Err(_) => tracing::debug!(%peer, "TLS handshake timed out"),
+                        Err(error) => tracing::debug!(%peer, %error, "TLS handshake failed"),
                     }
                 });
             }

@@ -33,5 +33,6 @@ pub fn entries() -> [Entry; 4] {
     ]
 }
 
-/// The exit status of a proxy started with an entry it refuses.
+/// The exit status of a proxy started with an entry it refuses (sysexits' EX_USAGE, the
+/// proxy's status for a configuration that cannot work).
 pub const EXIT_STATUS: i32 = 64;

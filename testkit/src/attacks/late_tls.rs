@@ -1,6 +1,8 @@
 //! Row 11: a TLS client that spends most of `--handshake-timeout` before its handshake and
 //! sends the preface after as long again: past the deadline, though within a fresh one counted
-//! from the handshake. The proxy must close it, never serve it.
+//! from the handshake. The proxy must close it, never serve it. The bench runs it against the
+//! proxy; the tests assert the property on a paused clock (`net::tls` of the proxy), since
+//! these waits race the deadline on the wall clock.
 
 use std::time::Duration;
 
