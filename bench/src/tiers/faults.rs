@@ -25,35 +25,53 @@ use crate::sampling::ms;
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
 pub(crate) struct FaultResult {
-    /// Central killed: how long it stayed down.
-    pub(crate) outage_seconds: f64,
+    pub(crate) outage: Outage,
+    pub(crate) node: NodeKill,
+    pub(crate) rollout: Rollout,
+    pub(crate) problems: Vec<String>,
+}
+
+/// Fault 1: the central killed, a version written, the central started again.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(crate) struct Outage {
+    /// How long the central stayed down.
+    pub(crate) seconds: f64,
     /// Subscriber streams that ended from the kill until every subscriber had the new version.
-    pub(crate) outage_streams_ended: usize,
+    pub(crate) streams_ended: usize,
     /// Subscribers not on the last good version while the central was down.
-    pub(crate) outage_not_on_last_good: usize,
+    pub(crate) not_on_last_good: usize,
     /// A new subscriber on a node proxy while the central was down: what it got.
-    pub(crate) outage_new_subscriber: String,
+    pub(crate) new_subscriber: String,
     /// From the central's start until every subscriber has the version written while it was down.
     pub(crate) restart_to_all_ms: Option<f64>,
     /// From that version's write (while the central was down) until every subscriber has it.
     pub(crate) change_to_all_ms: Option<f64>,
-    /// Node proxy killed: streams of its own subscribers that ended.
-    pub(crate) killed_node_streams_ended: usize,
-    pub(crate) killed_node_subscribers: usize,
+}
+
+/// Fault 2: one node proxy killed and started again.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(crate) struct NodeKill {
+    /// Its own subscribers, and how many of their streams ended.
+    pub(crate) subscribers: usize,
+    pub(crate) streams_ended: usize,
     /// Streams of the other node proxies' subscribers that ended.
-    pub(crate) other_streams_ended: usize,
+    pub(crate) others_ended: usize,
     /// Its subscribers that reconnected and got a snapshot, and how long after its start.
-    pub(crate) node_reconnected: usize,
-    pub(crate) node_restart_to_served_ms: Option<f64>,
+    pub(crate) reconnected: usize,
+    pub(crate) restart_to_served_ms: Option<f64>,
     /// Streams at the central once it is back, and what one per node proxy and resource is.
     pub(crate) central_streams_after: Option<f64>,
     pub(crate) central_streams_expected: usize,
     /// The next version: from the change until every subscriber has it.
-    pub(crate) after_node_to_all_ms: Option<f64>,
-    /// The rollout, step by step.
-    pub(crate) rollout: Vec<RolloutStep>,
-    pub(crate) rollout_streams_ended: usize,
-    pub(crate) problems: Vec<String>,
+    pub(crate) next_to_all_ms: Option<f64>,
+}
+
+/// Fault 3: the central rolled over to a second replica and back.
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub(crate) struct Rollout {
+    pub(crate) steps: Vec<RolloutStep>,
+    /// Subscriber streams that ended over both steps.
+    pub(crate) streams_ended: usize,
 }
 
 #[derive(Debug, Default, Clone, serde::Serialize)]
@@ -67,106 +85,107 @@ pub(crate) struct RolloutStep {
 
 /// The three faults, one after the other; `last` is the newest version.
 pub(crate) async fn run(t: &mut Topology<'_>, crowd: &mut Crowd, last: u64) -> FaultResult {
-    let mut faults = FaultResult {
-        central_streams_expected: t.shape.nodes * t.shape.per_node.min(t.shape.resources),
-        ..FaultResult::default()
-    };
+    let mut faults = FaultResult::default();
+    faults.node.central_streams_expected = t.shape.nodes * t.shape.per_node.min(t.shape.resources);
     let outcome = async {
-        let seq = kill_central(t, crowd, last, &mut faults).await?;
-        let seq = kill_node(t, crowd, seq, &mut faults).await?;
-        rollout(t, crowd, seq, &mut faults).await
+        let seq = kill_central(t, crowd, last, &mut faults.outage).await?;
+        let seq = kill_node(t, crowd, seq, &mut faults.node).await?;
+        rollout(t, crowd, seq, &mut faults.rollout).await
     }
     .await;
     if let Err(error) = outcome {
         faults.problems.push(format!("faults: {error:#}"));
     }
-    let judged = judge(&faults);
-    faults.problems.extend(judged);
+    let mut checks = faults.outage.checks();
+    checks.extend(faults.node.checks());
+    checks.extend(faults.rollout.checks());
+    let judged = checks.into_iter().filter(|(bad, _)| *bad);
     faults
-}
-
-/// What the faults broke, in words.
-fn judge(f: &FaultResult) -> Vec<String> {
-    let mut checks = central_checks(f);
-    checks.extend(node_checks(f));
-    checks.push((
-        f.rollout_streams_ended > 0,
-        format!(
-            "{} stream(s) ended during the rollout",
-            f.rollout_streams_ended
-        ),
-    ));
-    for step in &f.rollout {
-        checks.push((
-            step.to_all_ms.is_none() || step.stale > 0,
-            format!("rollout, {}: {} subscriber(s) stale", step.step, step.stale),
-        ));
-    }
-    checks
-        .into_iter()
-        .filter(|(bad, _)| *bad)
-        .map(|(_, what)| format!("faults: {what}"))
-        .collect()
+        .problems
+        .extend(judged.map(|(_, what)| format!("faults: {what}")));
+    faults
 }
 
 /// A check of a fault: whether it went wrong, and what then.
 type Check = (bool, String);
 
-/// The central killed: no stream ends, every subscriber keeps the last good version, a new one
-/// gets it, and the version written meanwhile reaches all.
-fn central_checks(f: &FaultResult) -> Vec<Check> {
-    vec![
-        (
-            f.outage_streams_ended > 0,
-            format!(
-                "{} stream(s) ended when the central was killed",
-                f.outage_streams_ended
+impl Outage {
+    /// No stream ends, every subscriber keeps the last good version, a new one gets it, and the
+    /// version written meanwhile reaches all.
+    fn checks(&self) -> Vec<Check> {
+        vec![
+            (
+                self.streams_ended > 0,
+                format!(
+                    "{} stream(s) ended when the central was killed",
+                    self.streams_ended
+                ),
             ),
-        ),
-        (
-            f.outage_not_on_last_good > 0,
-            format!(
-                "{} subscriber(s) not on the last good version while the central was down",
-                f.outage_not_on_last_good
+            (
+                self.not_on_last_good > 0,
+                format!(
+                    "{} subscriber(s) not on the last good version while the central was down",
+                    self.not_on_last_good
+                ),
             ),
-        ),
-        (
-            !f.outage_new_subscriber.starts_with("version"),
-            format!(
-                "a new subscriber while the central was down got {}",
-                f.outage_new_subscriber
+            (
+                !self.new_subscriber.starts_with("version"),
+                format!(
+                    "a new subscriber while the central was down got {}",
+                    self.new_subscriber
+                ),
             ),
-        ),
-        (
-            f.restart_to_all_ms.is_none(),
-            "the version written while the central was down did not reach every subscriber".into(),
-        ),
-    ]
+            (
+                self.restart_to_all_ms.is_none(),
+                "the version written while the central was down did not reach every subscriber"
+                    .into(),
+            ),
+        ]
+    }
 }
 
-/// A node proxy killed: the others' streams stay, its subscribers are served again, and the
-/// next version reaches all.
-fn node_checks(f: &FaultResult) -> Vec<Check> {
-    vec![
-        (
-            f.other_streams_ended > 0,
-            format!(
-                "{} stream(s) of other node proxies ended when one was killed",
-                f.other_streams_ended
+impl NodeKill {
+    /// The others' streams stay, its subscribers are served again, and the next version
+    /// reaches all.
+    fn checks(&self) -> Vec<Check> {
+        vec![
+            (
+                self.others_ended > 0,
+                format!(
+                    "{} stream(s) of other node proxies ended when one was killed",
+                    self.others_ended
+                ),
             ),
-        ),
-        (
-            f.node_reconnected < f.killed_node_subscribers,
-            format!(
-                "{} of {} subscribers of the killed node proxy were served again",
-                f.node_reconnected, f.killed_node_subscribers
+            (
+                self.reconnected < self.subscribers,
+                format!(
+                    "{} of {} subscribers of the killed node proxy were served again",
+                    self.reconnected, self.subscribers
+                ),
             ),
-        ),
-        (
-            f.after_node_to_all_ms.is_none(),
-            "the version after the node proxy came back did not reach every subscriber".into(),
-        ),
-    ]
+            (
+                self.next_to_all_ms.is_none(),
+                "the version after the node proxy came back did not reach every subscriber".into(),
+            ),
+        ]
+    }
+}
+
+impl Rollout {
+    /// No stream ends, and each step's version reaches every subscriber.
+    fn checks(&self) -> Vec<Check> {
+        let ended = (
+            self.streams_ended > 0,
+            format!("{} stream(s) ended during the rollout", self.streams_ended),
+        );
+        let steps = self.steps.iter().map(|step| {
+            (
+                step.to_all_ms.is_none() || step.stale > 0,
+                format!("rollout, {}: {} subscriber(s) stale", step.step, step.stale),
+            )
+        });
+        std::iter::once(ended).chain(steps).collect()
+    }
 }
 
 /// Writes version `seq` and waits until every subscriber has it: from the write, in ms.
@@ -183,7 +202,7 @@ async fn kill_central(
     t: &mut Topology<'_>,
     crowd: &Crowd,
     last: u64,
-    f: &mut FaultResult,
+    f: &mut Outage,
 ) -> anyhow::Result<u64> {
     let n = t.shape.subscribers();
     let ended_before = crowd.ended_in(0..n);
@@ -195,21 +214,21 @@ async fn kill_central(
     t.sources.write(seq, || written = tracker.now()).await?;
     let selector = t.sources.selectors[0].clone();
     let probe = tokio::time::timeout(Duration::from_secs(10), wait_once(&t.nodes[0], &selector));
-    f.outage_new_subscriber = match probe.await {
+    f.new_subscriber = match probe.await {
         Ok(Ok(version)) if version == last => format!("version {version} (the last good one)"),
         Ok(Ok(version)) => format!("version {version}, expected {last}"),
         Ok(Err(error)) => format!("an error: {error:#}"),
         Err(_) => "nothing within 10 s".to_owned(),
     };
     tokio::time::sleep(t.args.tier_outage.saturating_sub(down.elapsed())).await;
-    f.outage_not_on_last_good = tracker.not_on(last, n);
-    f.outage_seconds = down.elapsed().as_secs_f64();
+    f.not_on_last_good = tracker.not_on(last, n);
+    f.seconds = down.elapsed().as_secs_f64();
     let restarted = tracker.now();
     t.central.start()?;
     let at = tracker.wait_all(seq, FAULT_TIMEOUT).await;
     f.restart_to_all_ms = at.map(|at| ms(at.saturating_sub(restarted)));
     f.change_to_all_ms = at.map(|at| ms(at - written));
-    f.outage_streams_ended = crowd.ended_in(0..n) - ended_before;
+    f.streams_ended = crowd.ended_in(0..n) - ended_before;
     Ok(seq)
 }
 
@@ -238,16 +257,16 @@ async fn kill_node(
     t: &mut Topology<'_>,
     crowd: &mut Crowd,
     last: u64,
-    f: &mut FaultResult,
+    f: &mut NodeKill,
 ) -> anyhow::Result<u64> {
     let (k, per) = (t.nodes.len() - 1, t.shape.per_node);
     let (own, others) = (k * per..(k + 1) * per, 0..k * per);
     let others_before = crowd.ended_in(others.clone());
     eprintln!("  faults: node proxy {k} killed");
-    f.killed_node_subscribers = per;
+    f.subscribers = per;
     t.nodes[k].kill();
     until(|| crowd.ended_in(own.clone()) == per).await;
-    f.killed_node_streams_ended = crowd.ended_in(own.clone());
+    f.streams_ended = crowd.ended_in(own.clone());
     for slot in own.clone() {
         crowd.ended[slot].store(false, Ordering::Relaxed);
     }
@@ -257,9 +276,9 @@ async fn kill_node(
     let served = Arc::new(AtomicUsize::new(0));
     t.open(crowd, k..k + 1, Some(served.clone())).await;
     if until(|| served.load(Ordering::Relaxed) == per).await {
-        f.node_restart_to_served_ms = Some(restarted.elapsed().as_secs_f64() * 1e3);
+        f.restart_to_served_ms = Some(restarted.elapsed().as_secs_f64() * 1e3);
     }
-    f.node_reconnected = served.load(Ordering::Relaxed);
+    f.reconnected = served.load(Ordering::Relaxed);
     let expected = f.central_streams_expected as f64;
     let deadline = Instant::now() + FAULT_TIMEOUT;
     loop {
@@ -270,8 +289,8 @@ async fn kill_node(
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    f.after_node_to_all_ms = deliver(t, crowd, last + 1).await?;
-    f.other_streams_ended = crowd.ended_in(others) - others_before;
+    f.next_to_all_ms = deliver(t, crowd, last + 1).await?;
+    f.others_ended = crowd.ended_in(others) - others_before;
     Ok(last + 1)
 }
 
@@ -280,7 +299,7 @@ async fn rollout(
     t: &mut Topology<'_>,
     crowd: &Crowd,
     last: u64,
-    f: &mut FaultResult,
+    f: &mut Rollout,
 ) -> anyhow::Result<()> {
     let n = t.shape.subscribers();
     let ended_before = crowd.ended_in(0..n);
@@ -290,7 +309,7 @@ async fn rollout(
     wait_serving(&t.replica, &selector).await?;
     t.central.stop().await;
     let to_all_ms = deliver(t, crowd, last + 1).await?;
-    f.rollout.push(RolloutStep {
+    f.steps.push(RolloutStep {
         step: "second replica started, first stopped (SIGTERM)".to_owned(),
         to_all_ms,
         stale: crowd.tracker.not_on(last + 1, n),
@@ -299,11 +318,11 @@ async fn rollout(
     wait_serving(&t.central, &selector).await?;
     t.replica.stop().await;
     let to_all_ms = deliver(t, crowd, last + 2).await?;
-    f.rollout.push(RolloutStep {
+    f.steps.push(RolloutStep {
         step: "first started again, second stopped (SIGTERM)".to_owned(),
         to_all_ms,
         stale: crowd.tracker.not_on(last + 2, n),
     });
-    f.rollout_streams_ended = crowd.ended_in(0..n) - ended_before;
+    f.streams_ended = crowd.ended_in(0..n) - ended_before;
     Ok(())
 }

@@ -218,29 +218,30 @@ impl Summary<'_> {
 
 fn faults_table(f: &FaultResult) -> String {
     let opt = |v: Option<f64>| fmt_opt(v, 0);
+    let (outage, node) = (&f.outage, &f.node);
     let mut table = Table::new(["fault", "what happened"], "l");
     table.row([
-        format!("central killed (SIGKILL), down {:.1} s, a version written meanwhile", f.outage_seconds),
+        format!("central killed (SIGKILL), down {:.1} s, a version written meanwhile", outage.seconds),
         format!("streams ended: {}; subscribers off the last good version while down: {}; a new subscriber on a node proxy got {}; every subscriber on the new version {} ms after the central started again ({} ms after the change)",
-        f.outage_streams_ended,
-        f.outage_not_on_last_good,
-        f.outage_new_subscriber,
-        opt(f.restart_to_all_ms),
-        opt(f.change_to_all_ms)
+        outage.streams_ended,
+        outage.not_on_last_good,
+        outage.new_subscriber,
+        opt(outage.restart_to_all_ms),
+        opt(outage.change_to_all_ms)
     )]);
     table.row(["one node proxy killed (SIGKILL) and started again".to_owned(), format!(
         "its streams ended: {} of {}; other streams ended: {}; its subscribers served again: {} of {}, {} ms after its start; central streams after: {} (one per node proxy and resource: {}); the next version reached all in {} ms",
-        f.killed_node_streams_ended,
-        f.killed_node_subscribers,
-        f.other_streams_ended,
-        f.node_reconnected,
-        f.killed_node_subscribers,
-        opt(f.node_restart_to_served_ms),
-        fmt_opt(f.central_streams_after, 0),
-        f.central_streams_expected,
-        opt(f.after_node_to_all_ms)
+        node.streams_ended,
+        node.subscribers,
+        node.others_ended,
+        node.reconnected,
+        node.subscribers,
+        opt(node.restart_to_served_ms),
+        fmt_opt(node.central_streams_after, 0),
+        node.central_streams_expected,
+        opt(node.next_to_all_ms)
     )]);
-    for step in &f.rollout {
+    for step in &f.rollout.steps {
         table.row([
             format!("rollout of the central: {}", step.step),
             format!(
@@ -252,7 +253,7 @@ fn faults_table(f: &FaultResult) -> String {
     }
     table.row([
         "rollout, both steps".to_owned(),
-        format!("streams ended: {}", f.rollout_streams_ended),
+        format!("streams ended: {}", f.rollout.streams_ended),
     ]);
     table.markdown() + "\n"
 }
