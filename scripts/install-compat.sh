@@ -107,7 +107,7 @@ install_go() {
     local out="$BIN/interop-go/flagd-proxy-interop-go"
     local want
     local diff="$BIN/interop-go/flagd-proxy-interop-go-diff"
-    want="$(hash_of "$dir/main.go" "$dir/go.mod" "$dir/go.sum" $(find "$dir/diff" -name '*.go' | LC_ALL=C sort)) $(go env GOVERSION)"
+    want="$(hash_of "$dir/main.go" "$dir/go.mod" "$dir/go.sum" $(find "$dir/diff" -name '*.go' | LC_ALL=C sort) $(files_under "$dir/stdio")) $(go env GOVERSION)"
     if up_to_date "$out.stamp" "$want" "$out" "$diff"; then
         log "go: up to date"
     else
@@ -123,7 +123,7 @@ install_go() {
 
 install_go_legacy() {
     local out="$BIN/interop-go-legacy/flagd-proxy-interop-go-legacy"
-    go_step go-legacy "$out" . "" "$ROOT/interop/go/legacy"
+    go_step go-legacy "$out" . "" "$ROOT/interop/go/legacy" "$ROOT/interop/go/stdio"
     echo "old go client: $out"
 }
 

@@ -44,3 +44,7 @@ require (
 	google.golang.org/protobuf v1.36.9 // indirect
 	gopkg.in/yaml.v3 v3.0.1 // indirect
 )
+
+require flagd-proxy/interop/go/stdio v0.0.0
+
+replace flagd-proxy/interop/go/stdio => ./stdio

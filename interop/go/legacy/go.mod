@@ -58,3 +58,7 @@ require (
 	sigs.k8s.io/json v0.0.0-20221116044647-bc3834ca7abd // indirect
 	sigs.k8s.io/structured-merge-diff/v4 v4.4.1 // indirect
 )
+
+require flagd-proxy/interop/go/stdio v0.0.0
+
+replace flagd-proxy/interop/go/stdio => ../stdio

@@ -1,0 +1,3 @@
+module flagd-proxy/interop/go/stdio
+
+go 1.26
