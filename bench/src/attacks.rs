@@ -122,35 +122,56 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
     let builds = builds(args)?;
     let workdir = std::env::temp_dir().join(format!("flagd-proxy-attacks-{}", std::process::id()));
     std::fs::create_dir_all(&workdir)?;
-    if !args.attacks_tiers.is_empty() {
-        let status = in_tiers(args, &builds, &workdir).await;
-        if !args.keep_workdir {
-            let _ = std::fs::remove_dir_all(&workdir);
-        }
-        return status;
+    let status = if args.attacks_tiers.is_empty() {
+        side_by_side(args, &builds, &workdir).await
+    } else {
+        in_tiers(args, &builds, &workdir).await
+    };
+    if !args.keep_workdir {
+        let _ = std::fs::remove_dir_all(&workdir);
     }
+    status
+}
+
+/// The context of one run of `bin` in `dir`, with the proxy arguments `extra`.
+fn context(args: &Args, bin: &Path, dir: PathBuf, extra: &[String]) -> Ctx {
+    Ctx {
+        bin: bin.to_owned(),
+        dir,
+        sizes: Sizes::of(args),
+        quiet: args.attacks_quiet,
+        max_rss_mib: args.max_rss_mib,
+        extra: extra.to_vec(),
+        tier: None,
+    }
+}
+
+/// The exit status of a run: 1, and the runs named on stderr, when some have no figure.
+fn status(missing: &[String], what: &str) -> u8 {
+    if missing.is_empty() {
+        return 0;
+    }
+    eprintln!("flagd-proxy-bench: {what} without a figure: {missing:?}");
+    1
+}
+
+/// Every chosen attack on every build, one table with a column per build.
+async fn side_by_side(args: &Args, builds: &[Build], workdir: &Path) -> anyhow::Result<u8> {
     let started = Instant::now();
     let load_before = loadavg();
-    let sizes = Sizes::of(args);
     let chosen = chosen(args);
     let mut results: BTreeMap<(u8, &'static str), Measured> = BTreeMap::new();
-    for build in &builds {
+    for build in builds {
+        // `--proxy-arg`s are for the build under test only.
+        let extra: &[String] = if build.label == "now" {
+            &args.proxy_arg
+        } else {
+            &[]
+        };
         for &row in chosen.iter().filter(|&&n| n != 14) {
-            let ctx = Ctx {
-                bin: build.bin.clone(),
-                dir: workdir.join(format!("{}-{row}", build.label)),
-                sizes,
-                quiet: args.attacks_quiet,
-                max_rss_mib: args.max_rss_mib,
-                extra: if build.label == "now" {
-                    args.proxy_arg.clone()
-                } else {
-                    Vec::new()
-                },
-                tier: None,
-            };
+            let dir = workdir.join(format!("{}-{row}", build.label));
             eprintln!("{}: attack {row}", build.label);
-            let measured = run(row, ctx).await;
+            let measured = run(row, context(args, &build.bin, dir, extra)).await;
             eprintln!("  {}", measured.summary());
             results.insert((row, build.label), measured);
         }
@@ -160,7 +181,7 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
         }
     }
     let report = table::Report {
-        builds: &builds,
+        builds,
         rows: &chosen,
         results: &results,
         seconds: started.elapsed().as_secs_f64(),
@@ -168,20 +189,28 @@ pub(crate) async fn main(args: &Args) -> anyhow::Result<u8> {
         quiet: args.attacks_quiet,
     };
     publish(args, &report.markdown(), &report.json())?;
-    if !args.keep_workdir {
-        let _ = std::fs::remove_dir_all(&workdir);
-    }
-    let missing: Vec<u8> = chosen
+    let missing: Vec<String> = chosen
         .iter()
-        .copied()
-        .filter(|&n| results.get(&(n, "now")).is_none_or(|m| m.failed.is_some()))
+        .filter(|&&n| results.get(&(n, "now")).is_none_or(|m| m.failed.is_some()))
+        .map(u8::to_string)
         .collect();
-    if missing.is_empty() {
-        Ok(0)
-    } else {
-        eprintln!("flagd-proxy-bench: attacks without a figure for this build: {missing:?}");
-        Ok(1)
-    }
+    Ok(status(&missing, "attacks of this build"))
+}
+
+/// The runs of `--attacks-tiers`: each chosen attack (its row and name), then the honest
+/// subscribers, plaintext and TLS, unless `--attacks-no-honest`.
+fn tier_runs(args: &Args, chosen: &[u8]) -> Vec<(String, String)> {
+    let attacks = chosen
+        .iter()
+        .map(|&n| (n.to_string(), catalogue::name(n).to_owned()));
+    let honest = ["plaintext", "TLS"]
+        .into_iter()
+        .filter(|_| !args.attacks_no_honest)
+        .map(|kind| {
+            let what = format!("honest {kind} subscribers until the budget refuses");
+            ("–".to_owned(), what)
+        });
+    attacks.chain(honest).collect()
 }
 
 /// `--attacks-tiers`: every chosen attack, then honest subscribers (plaintext, TLS), each in a
@@ -191,24 +220,9 @@ async fn in_tiers(args: &Args, builds: &[Build], workdir: &Path) -> anyhow::Resu
     crate::sampling::raise_fd_limit(honest::FILES)?;
     let started = Instant::now();
     let load_before = loadavg();
-    let sizes = Sizes::of(args);
     // Row 14 reads RSS from the others; in cgroups, each attack has its own peak.
     let chosen: Vec<u8> = chosen(args).into_iter().filter(|&n| n != 14).collect();
-    let runs: Vec<(String, String)> = chosen
-        .iter()
-        .map(|&n| (n.to_string(), catalogue::name(n).to_owned()))
-        .chain(
-            ["plaintext", "TLS"]
-                .map(|kind| {
-                    (
-                        "–".to_owned(),
-                        format!("honest {kind} subscribers until the budget refuses"),
-                    )
-                })
-                .into_iter()
-                .filter(|_| !args.attacks_no_honest),
-        )
-        .collect();
+    let runs = tier_runs(args, &chosen);
     let mut markdown = format!(
         "# Attacks in memory cgroups\n\n- `{}`\n- machine: {}; load average {load_before} \
          before\n\n",
@@ -221,14 +235,10 @@ async fn in_tiers(args: &Args, builds: &[Build], workdir: &Path) -> anyhow::Resu
         let mut rows = Vec::new();
         for (i, (row, attack)) in runs.iter().enumerate() {
             let cgroup = kernel::cgroup(tier, &format!("run{i}"))?;
+            let dir = workdir.join(format!("{}-{i}", tier.label()));
             let ctx = Ctx {
-                bin: build.bin.clone(),
-                dir: workdir.join(format!("{}-{i}", tier.label())),
-                sizes,
-                quiet: args.attacks_quiet,
-                max_rss_mib: args.max_rss_mib,
-                extra: args.proxy_arg.clone(),
                 tier: Some((tier, cgroup.clone())),
+                ..context(args, &build.bin, dir, &args.proxy_arg)
             };
             eprintln!("{} tier: {attack}", tier.label());
             let mut measured = match chosen.get(i) {
@@ -252,12 +262,7 @@ async fn in_tiers(args: &Args, builds: &[Build], workdir: &Path) -> anyhow::Resu
         loadavg()
     ));
     publish(args, &markdown, &serde_json::Value::from(json))?;
-    if missing.is_empty() {
-        Ok(0)
-    } else {
-        eprintln!("flagd-proxy-bench: runs without a figure: {missing:?}");
-        Ok(1)
-    }
+    Ok(status(&missing, "runs"))
 }
 
 /// Honest subscribers in a task of their own, as [`run`] runs an attack.
