@@ -163,7 +163,7 @@ pub(crate) async fn subscriber(
 ) {
     let record = |seq, reopened| tracker.record_from(slot, seq, reopened);
     let error = follow(channel, &selector, slot, churn.as_deref(), record).await;
-    tracker.failed(&error);
+    tracker.failures.stream_failed(None, &error);
 }
 
 /// CPU of one process (or group of processes) in both windows.

@@ -186,6 +186,44 @@ pub(crate) async fn open_stream_as(
 // ---------------------------------------------------------------------------------------------
 // What the subscribers saw
 
+/// What went wrong on a crowd's streams: messages without a version, streams that ended in an
+/// error, and the last such error.
+#[derive(Debug, Default)]
+pub(crate) struct Failures {
+    unparsed: AtomicU64,
+    errors: AtomicU64,
+    last: std::sync::Mutex<Option<String>>,
+}
+
+impl Failures {
+    pub(crate) fn unparsed_message(&self) {
+        self.unparsed.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A stream ended with `error`; `who` names its subscriber in the last error, if need be.
+    pub(crate) fn stream_failed(&self, who: Option<&str>, error: &Status) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let text = format!("{:?}: {}", error.code(), error.message());
+        let text = match who {
+            Some(who) => format!("{who}: {text}"),
+            None => text,
+        };
+        *self.last.lock().unwrap_or_else(|p| p.into_inner()) = Some(text);
+    }
+
+    pub(crate) fn unparsed(&self) -> u64 {
+        self.unparsed.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn errors(&self) -> u64 {
+        self.errors.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn last(&self) -> Option<String> {
+        self.last.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
 /// Shared by all subscriber tasks: each one's newest version, and per version how many
 /// subscribers have it (or a newer one) and when the first and the last got it.
 pub(crate) struct Tracker {
@@ -199,9 +237,7 @@ pub(crate) struct Tracker {
     pub(crate) connected: AtomicUsize,
     pub(crate) messages: AtomicU64,
     pub(crate) duplicates: AtomicU64,
-    pub(crate) unparsed: AtomicU64,
-    pub(crate) errors: AtomicU64,
-    pub(crate) last_error: std::sync::Mutex<Option<String>>,
+    pub(crate) failures: Failures,
     /// Streams reopened after their deadline whose first snapshot was older than the version the
     /// subscriber already had (see `churn.rs`).
     pub(crate) behind: AtomicU64,
@@ -220,9 +256,7 @@ impl Tracker {
             connected: AtomicUsize::new(0),
             messages: AtomicU64::new(0),
             duplicates: AtomicU64::new(0),
-            unparsed: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            last_error: std::sync::Mutex::new(None),
+            failures: Failures::default(),
             behind: AtomicU64::new(0),
         }
     }
@@ -235,7 +269,7 @@ impl Tracker {
     pub(crate) fn record(&self, slot: usize, seq: u64) {
         self.messages.fetch_add(1, Ordering::Relaxed);
         if seq == NO_SEQ {
-            self.unparsed.fetch_add(1, Ordering::Relaxed);
+            self.failures.unparsed_message();
             return;
         }
         let previous = self.latest[slot].load(Ordering::Relaxed);
@@ -276,13 +310,6 @@ impl Tracker {
             return;
         }
         self.record(slot, seq);
-    }
-
-    pub(crate) fn failed(&self, error: &Status) {
-        self.errors.fetch_add(1, Ordering::Relaxed);
-        if let Ok(mut last) = self.last_error.lock() {
-            *last = Some(format!("{:?}: {}", error.code(), error.message()));
-        }
     }
 
     pub(crate) fn all_at(&self, version: u64) -> Option<u64> {

@@ -232,7 +232,7 @@ impl Live<'_> {
             result.subscribers_connected,
             result.connect_seconds,
             connect_errors,
-            tracker.errors.load(Ordering::Relaxed)
+            tracker.failures.errors()
         );
         Subscribers {
             tracker,
@@ -246,8 +246,7 @@ impl Live<'_> {
     /// Waits until each of the `spawned` subscribers is connected or has failed, the proxy
     /// exited, or `deadline`.
     async fn wait_connected(&mut self, tracker: &Tracker, spawned: usize, deadline: Instant) {
-        while tracker.connected.load(Ordering::Relaxed)
-            + (tracker.errors.load(Ordering::Relaxed) as usize)
+        while tracker.connected.load(Ordering::Relaxed) + (tracker.failures.errors() as usize)
             < spawned
             && Instant::now() < deadline
             && self.proxy.exited().is_none()
@@ -429,10 +428,9 @@ impl Live<'_> {
         result.rss_peak_mib = mib(end.hwm_kib);
         result.cpu_seconds_total = end.cpu_seconds;
         result.duplicate_messages = tracker.duplicates.load(Ordering::Relaxed);
-        result.stream_errors =
-            tracker.errors.load(Ordering::Relaxed) + subscribers.connect_errors as u64;
-        result.unparsed_messages = tracker.unparsed.load(Ordering::Relaxed);
-        result.last_error = tracker.last_error.lock().ok().and_then(|e| e.clone());
+        result.stream_errors = tracker.failures.errors() + subscribers.connect_errors as u64;
+        result.unparsed_messages = tracker.failures.unparsed();
+        result.last_error = tracker.failures.last();
         Ok(final_seq)
     }
 

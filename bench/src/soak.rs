@@ -195,7 +195,7 @@ async fn soak(args: &Args, workdir: &Path) -> anyhow::Result<SoakReport> {
         quantities,
         correctness,
         churn_errors,
-        last_steady_error: probe::lock(&tracker.last_error).clone(),
+        last_steady_error: tracker.failures.last(),
         problems,
         samples,
     })
@@ -245,9 +245,9 @@ fn correctness(
     Correctness {
         steady_subscribers: args.soak_subscribers,
         stale: ending.stale,
-        steady_stream_errors: get(&tracker.errors),
+        steady_stream_errors: tracker.failures.errors(),
         steady_backwards: get(&tracker.backwards),
-        steady_unparsed: get(&tracker.unparsed),
+        steady_unparsed: tracker.failures.unparsed(),
         connect_failures: get(&counts.connect_failures),
         lifecycle_failures: get(&counts.lifecycle_failures),
         not_done,

@@ -96,7 +96,7 @@ pub async fn run(
     result.retries = reconnects.retries.load(Ordering::Relaxed);
     result.gave_up = n - result.served_again;
     result.witness_update_ms = witness_wait.await.ok().flatten();
-    result.witness_stream_errors = witness_tracker.errors.load(Ordering::Relaxed);
+    result.witness_stream_errors = witness_tracker.failures.errors();
     probing.store(false, Ordering::Relaxed);
     let (samples, failures) = probes.join().unwrap_or_default();
     result.readyz_probes = samples.len() + failures;

@@ -14,7 +14,7 @@ use tonic::transport::{Channel, Endpoint, Uri};
 use super::files::{Steady, Template};
 use super::{files, probe};
 use crate::NO_SEQ;
-use crate::load::{Dial, open_channel, open_stream};
+use crate::load::{Dial, Failures, open_channel, open_stream};
 
 /// A connection to the sync port. One opened for an abrupt end keeps a duplicate of its socket,
 /// with zero linger, so it can be cut from under the HTTP/2 client.
@@ -75,9 +75,7 @@ pub(crate) struct SteadyTracker {
     pub(crate) backwards: AtomicU64,
     /// Messages with the version the subscriber already had.
     pub(crate) repeats: AtomicU64,
-    pub(crate) unparsed: AtomicU64,
-    pub(crate) errors: AtomicU64,
-    pub(crate) last_error: Mutex<Option<String>>,
+    pub(crate) failures: Failures,
 }
 
 impl SteadyTracker {
@@ -88,16 +86,14 @@ impl SteadyTracker {
             received: vec64(0),
             backwards: AtomicU64::new(0),
             repeats: AtomicU64::new(0),
-            unparsed: AtomicU64::new(0),
-            errors: AtomicU64::new(0),
-            last_error: Mutex::new(None),
+            failures: Failures::default(),
         }
     }
 
     fn record(&self, slot: usize, seq: u64) {
         self.received[slot].fetch_add(1, Ordering::Relaxed);
         if seq == NO_SEQ {
-            self.unparsed.fetch_add(1, Ordering::Relaxed);
+            self.failures.unparsed_message();
             return;
         }
         let previous = self.latest[slot].load(Ordering::Relaxed);
@@ -167,12 +163,8 @@ pub(crate) async fn connect_steady(
         tasks.spawn(async move {
             let error =
                 crate::load::follow(channel, &selector, |seq| tracker.record(slot, seq)).await;
-            tracker.errors.fetch_add(1, Ordering::Relaxed);
-            *probe::lock(&tracker.last_error) = Some(format!(
-                "steady subscriber {slot}: {:?}: {}",
-                error.code(),
-                error.message()
-            ));
+            let who = format!("steady subscriber {slot}");
+            tracker.failures.stream_failed(Some(&who), &error);
         });
     }
     Ok(tasks)

@@ -2,8 +2,6 @@
 //! connections at the central, API-server watches), paced updates (propagation through both
 //! tiers, CPU of each tier) and the burst.
 
-use std::sync::atomic::Ordering;
-
 use super::Tier;
 use super::topology::{Crowd, Topology};
 use crate::kit::latency::Stats;
@@ -126,7 +124,7 @@ impl Topology<'_> {
         let n = self.shape.subscribers();
         let result = &mut self.result;
         result.stale_after_burst = tracker.not_on(last, n).saturating_sub(n - result.connected);
-        result.stream_errors = tracker.errors.load(Ordering::Relaxed);
+        result.stream_errors = tracker.failures.errors();
         Ok(last)
     }
 }

@@ -399,7 +399,7 @@ pub(crate) async fn subscribe(
     };
     let error = crate::churn::follow(channel, &selector, slot, churn.as_deref(), record).await;
     ended[slot].store(true, Ordering::Relaxed);
-    tracker.failed(&error);
+    tracker.failures.stream_failed(None, &error);
 }
 
 impl Topology<'_> {
@@ -457,8 +457,7 @@ impl Topology<'_> {
         let tracker = &crowd.tracker;
         let deadline = started + self.args.connect_timeout;
         let spawned = crowd.tasks.len();
-        while tracker.connected.load(Ordering::Relaxed)
-            + (tracker.errors.load(Ordering::Relaxed) as usize)
+        while tracker.connected.load(Ordering::Relaxed) + (tracker.failures.errors() as usize)
             < spawned
             && Instant::now() < deadline
         {
