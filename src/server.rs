@@ -122,49 +122,61 @@ impl Default for ServerOptions {
     }
 }
 
+/// What the sync server serves on: its listeners (TCP ports and the unix socket), TLS for the
+/// TCP ones, and the transport settings.
+pub struct SyncPort {
+    pub listeners: Vec<SyncListener>,
+    pub tls: Option<Arc<ReloadingTls>>,
+    pub options: ServerOptions,
+}
+
+/// The sync server's end, in the order the app cancels them.
+#[derive(Clone, Debug, Default)]
+pub struct Phases {
+    /// The drain begins: the listeners close; the connections open go on as they were.
+    pub accepting_end: CancellationToken,
+    /// Every stream ends with `UNAVAILABLE` (the service holds this token too) and every
+    /// connection is sent GOAWAY.
+    pub streams_end: CancellationToken,
+    /// The connections still open are closed (the shutdown timeout has passed).
+    pub drain_end: CancellationToken,
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("the gRPC server failed: {0}")]
     Transport(#[from] tonic::transport::Error),
 }
 
-/// Serves the sync protocols on `listeners` until `shutdown` is cancelled and every stream has
-/// ended, charging connections and streams to `budget` and counting in `metrics`. When
-/// `stop_accepting` is cancelled (the drain begins) the listeners close; the connections open go
+/// Serves the sync protocols on `port` until `phases.streams_end` is cancelled and every stream
+/// has ended, charging connections and streams to `budget` and counting in `metrics`. When
+/// `accepting_end` is cancelled (the drain begins) the listeners close; the connections open go
 /// on as they were, new streams on them included, and see nothing of it (a client that watches
 /// its channel's state, as the Java provider does, would report a GOAWAY as an outage). When
-/// `shutdown` is cancelled every connection is sent GOAWAY, as the service ends the streams
-/// (with `UNAVAILABLE`, on the same token). Connections whose streams have not ended by the
-/// time `closed` is cancelled are closed then. The tasks that accept and admit connections run
-/// on `tasks`, and end with `stop_accepting`.
-#[allow(clippy::too_many_arguments)]
+/// `streams_end` is cancelled every connection is sent GOAWAY, as the service ends the streams.
+/// Connections whose streams have not ended by the time `drain_end` is cancelled are closed
+/// then. The tasks that accept and admit connections run on `tasks`, and end with
+/// `accepting_end`.
 pub async fn run(
-    listeners: Vec<SyncListener>,
-    tls: Option<Arc<ReloadingTls>>,
+    port: SyncPort,
     service: SyncService,
     health: tonic_health::pb::health_server::HealthServer<
         impl tonic_health::pb::health_server::Health,
     >,
-    options: ServerOptions,
     budget: Arc<MemoryBudget>,
     metrics: Arc<Metrics>,
-    stop_accepting: CancellationToken,
-    shutdown: CancellationToken,
-    closed: CancellationToken,
+    phases: Phases,
     tasks: TaskTracker,
 ) -> Result<(), ServerError> {
-    let accepted = accept_all(
+    let SyncPort {
         listeners,
         tls,
-        &options,
-        &budget,
-        &metrics,
-        &stop_accepting,
-        closed,
-        &tasks,
-    );
+        options,
+    } = port;
+    let accepted = accept_all(listeners, tls, &options, &budget, &metrics, &phases, &tasks);
     // The server sends GOAWAY to every connection as soon as its incoming connections end:
-    // they end only with `shutdown`, however long before the listeners closed.
+    // they end only with `streams_end`, however long before the listeners closed.
+    let shutdown = phases.streams_end;
     let incoming = accepted.chain(
         futures::stream::once(shutdown.clone().cancelled_owned()).filter_map(|()| async { None }),
     );

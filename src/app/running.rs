@@ -53,7 +53,7 @@ impl Bound {
             result = &mut running.sync_task => Some(result),
         };
         running.set_serving(false).await;
-        running.accepting_end.cancel();
+        running.phases.accepting_end.cancel();
         if early.is_none() {
             running.drain(drain_delay, &hurry).await;
         }
@@ -125,29 +125,28 @@ impl Bound {
             metrics.clone(),
             management_done.clone(),
         ));
-        let accepting_end = CancellationToken::new();
-        let streams_end = CancellationToken::new();
-        let drain_end = CancellationToken::new();
-        let service = SyncService::new(hub.clone(), metrics.clone(), streams_end.clone())
+        let phases = server::Phases::default();
+        let service = SyncService::new(hub.clone(), metrics.clone(), phases.streams_end.clone())
             .with_authorizer(authz)
             .with_context_values(&context_values)
             .with_compression(compression)
             .with_max_resources_per_address(server_options.max_resources_per_address);
         if let Some(tls) = &tls {
-            tls.spawn_reloader(&tasks, accepting_end.clone());
+            tls.spawn_reloader(&tasks, phases.accepting_end.clone());
         }
         let listeners = sync.map(SyncListener::Tcp).into_iter();
-        let sync_task = tasks.spawn(server::run(
-            listeners.chain(socket.map(SyncListener::Unix)).collect(),
+        let port = server::SyncPort {
+            listeners: listeners.chain(socket.map(SyncListener::Unix)).collect(),
             tls,
+            options: server_options,
+        };
+        let sync_task = tasks.spawn(server::run(
+            port,
             service,
             health_service,
-            server_options,
             budget,
             metrics.clone(),
-            accepting_end.clone(),
-            streams_end.clone(),
-            drain_end.clone(),
+            phases.clone(),
             tasks.clone(),
         ));
         Running {
@@ -156,9 +155,7 @@ impl Bound {
             readiness,
             health,
             metrics,
-            accepting_end,
-            streams_end,
-            drain_end,
+            phases,
             sync_task,
             management_task,
             management_done,
@@ -210,12 +207,8 @@ struct Running {
     readiness: Readiness,
     health: HealthReporter,
     metrics: Arc<Metrics>,
-    /// Closes the listeners (the drain begins).
-    accepting_end: CancellationToken,
-    /// Ends every sync stream with `UNAVAILABLE` and sends GOAWAY on every sync connection.
-    streams_end: CancellationToken,
-    /// Closes every sync connection still open (the shutdown timeout has passed).
-    drain_end: CancellationToken,
+    /// The sync server's end, phase by phase.
+    phases: server::Phases,
     sync_task: JoinHandle<Result<(), server::ServerError>>,
     management_task: JoinHandle<std::io::Result<()>>,
     management_done: CancellationToken,
@@ -325,7 +318,7 @@ impl Running {
         timeout: Duration,
     ) -> Result<(), RunError> {
         let deadline = Instant::now() + timeout;
-        self.streams_end.cancel();
+        self.phases.streams_end.cancel();
         let result = match early {
             Some(result) => server_result(result),
             None => {
@@ -334,7 +327,7 @@ impl Running {
                     Ok(result) => server_result(result),
                     Err(_) => {
                         tracing::warn!("shutdown timeout reached; closing remaining connections");
-                        self.drain_end.cancel();
+                        self.phases.drain_end.cancel();
                         // The connections end as they are next polled, which is at once.
                         match tokio::time::timeout(CLOSE_GRACE, &mut self.sync_task).await {
                             Ok(result) => server_result(result),

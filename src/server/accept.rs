@@ -10,8 +10,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::ServerOptions;
 use super::admission::{Admission, TLS_CONNECTION_BYTES, UNIX_CONNECTION_BYTES};
+use super::{Phases, ServerOptions};
 use crate::budget::{self, MemoryBudget};
 use crate::metrics::Metrics;
 use crate::net::connection::{Connection, Stream};
@@ -23,18 +23,18 @@ use crate::net::tls::{self, ReloadingTls};
 
 /// Starts accepting on every listener; the accepted connections, admitted and with their TLS
 /// handshakes done, come out of the returned stream.
-#[allow(clippy::too_many_arguments)]
 pub(super) fn accept_all(
     listeners: Vec<SyncListener>,
     tls: Option<Arc<ReloadingTls>>,
     options: &ServerOptions,
     budget: &Arc<MemoryBudget>,
     metrics: &Arc<Metrics>,
-    shutdown: &CancellationToken,
-    closed: CancellationToken,
+    phases: &Phases,
     tasks: &TaskTracker,
 ) -> ReceiverStream<io::Result<Connection>> {
     let (tx, rx) = mpsc::channel(128);
+    let closed = phases.drain_end.clone();
+    let shutdown = &phases.accepting_end;
     let admission = Arc::new(Admission::new(options, budget, metrics, closed));
     tasks.spawn(
         admission
