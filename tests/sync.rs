@@ -440,15 +440,12 @@ async fn unix_socket_serves_both_protocols_and_health_and_is_removed_on_shutdown
 /// gRPC clients over a unix socket name the socket in `:authority`, which is no URI authority:
 /// C-core (grpcio and the languages built on it) its percent-encoded path, grpc-java the path
 /// itself. Requests with both are served, the C-core one also when a later request refers to
-/// it in the HPACK dynamic table, and in a block split over HEADERS and CONTINUATION.
+/// it in the HPACK dynamic table, and in a block split over HEADERS and CONTINUATION (row 10 of
+/// docs/security.md, `attacks::socket_authority`).
 #[tokio::test]
 async fn unix_socket_accepts_the_authorities_grpc_clients_send() {
     use prost::Message as _;
-    use support::raw_h2::{
-        self, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADERS, PREFACE, RST_STREAM,
-        SETTINGS,
-    };
-    use tokio::io::AsyncWriteExt;
+    use support::attacks::socket_authority::{self, Outcome, STREAMS};
 
     let dir = tempfile::tempdir().expect("tempdir");
     write_demo(dir.path(), "red");
@@ -460,91 +457,19 @@ async fn unix_socket_accepts_the_authorities_grpc_clients_send() {
         socket.to_str().expect("utf-8"),
     ])
     .await;
-    let c_core = socket
-        .to_str()
-        .expect("utf-8")
-        .trim_start_matches('/')
-        .replace('/', "%2F");
-    let java = socket.to_str().expect("utf-8").to_owned();
-    // HPACK by hand (RFC 7541 6): a literal inserted in the dynamic table (0x40 | name index,
-    // 0 for a literal name), a literal not inserted, and an index.
-    let string = |s: &[u8]| [vec![u8::try_from(s.len()).expect("short")], s.to_vec()].concat();
-    let literal = |first: u8, value: &str| [vec![first], string(value.as_bytes())].concat();
-    let path = literal(0x04, "/flagd.sync.v1.FlagSyncService/SyncFlags");
-    let head = [vec![0x83, 0x86], path].concat(); // :method POST, :scheme http
-    let rest = [
-        literal(0x40 | 31, "application/grpc"),
-        [vec![0x40], string(b"te"), string(b"trailers")].concat(),
-    ]
-    .concat();
-    // Stream 1 inserts C-core's authority, then content-type and te; stream 3 refers to all
-    // three (dynamic indexes 64, 63, 62); stream 5 is grpc-java's.
-    let first = [head.clone(), literal(0x40 | 1, &c_core), rest.clone()].concat();
-    let again = [head.clone(), vec![0x80 | 64, 0x80 | 63, 0x80 | 62]].concat();
-    let java_block = [head, literal(0x01, &java), rest].concat();
-    let request = v1::SyncFlagsRequest {
-        provider_id: "unix".into(),
-        selector: SELECTOR.into(),
-    }
-    .encode_to_vec();
-    let message = [
-        &[0][..],
-        &u32::try_from(request.len()).expect("small").to_be_bytes(),
-        &request,
-    ]
-    .concat();
-    let (split_a, split_b) = first.split_at(first.len() / 2);
-    let mut bytes = [PREFACE, &raw_h2::frame(SETTINGS, 0, 0, &[])].concat();
-    bytes.extend(raw_h2::frame(HEADERS, 0, 1, split_a));
-    bytes.extend(raw_h2::frame(CONTINUATION, END_HEADERS, 1, split_b));
-    bytes.extend(raw_h2::frame(DATA, 0, 1, &message));
-    bytes.extend(raw_h2::frame(HEADERS, END_HEADERS, 3, &again));
-    bytes.extend(raw_h2::frame(DATA, 0, 3, &message));
-    bytes.extend(raw_h2::frame(HEADERS, END_HEADERS, 5, &java_block));
-    bytes.extend(raw_h2::frame(DATA, 0, 5, &message));
-    let (mut read, mut write) = tokio::net::UnixStream::connect(&socket)
+    let outcome = socket_authority::attempt(&socket, SELECTOR, EVENT_TIMEOUT)
         .await
-        .expect("connect to the socket")
-        .into_split();
-    write.write_all(&bytes).await.expect("send the requests");
-
+        .expect("connect to the socket");
+    let Outcome::Served(messages) = outcome else {
+        panic!("not served: {outcome:?}");
+    };
+    assert_eq!(messages.keys().copied().collect::<Vec<_>>(), STREAMS);
     // Each stream's first message: the demo flags.
-    let mut received: std::collections::BTreeMap<u32, Vec<u8>> = Default::default();
-    let mut served = std::collections::BTreeSet::new();
-    while served.len() < 3 {
-        let frame = tokio::time::timeout(EVENT_TIMEOUT, raw_h2::read_frame(&mut read))
-            .await
-            .expect("the proxy answers")
-            .expect("the connection stays open");
-        match frame.kind {
-            SETTINGS if frame.flags == 0 => write
-                .write_all(&raw_h2::frame(SETTINGS, raw_h2::ACK, 0, &[]))
-                .await
-                .expect("settings ack"),
-            RST_STREAM | GOAWAY => panic!("refused: {frame:?}"),
-            HEADERS if frame.flags & END_STREAM != 0 && !served.contains(&frame.stream) => {
-                panic!("stream {} ended without a message", frame.stream)
-            }
-            DATA => {
-                let data = received.entry(frame.stream).or_default();
-                data.extend(&frame.payload);
-                if data.len() >= 5 {
-                    let len = u32::from_be_bytes([data[1], data[2], data[3], data[4]]) as usize;
-                    if data.len() >= 5 + len {
-                        let response = v1::SyncFlagsResponse::decode(&data[5..5 + len])
-                            .expect("a SyncFlagsResponse");
-                        assert_eq!(
-                            default_variant(&response.flag_configuration, "color"),
-                            "red"
-                        );
-                        served.insert(frame.stream);
-                    }
-                }
-            }
-            _ => {}
-        }
+    for (stream, message) in messages {
+        let response = v1::SyncFlagsResponse::decode(&message[..]).expect("a SyncFlagsResponse");
+        let color = default_variant(&response.flag_configuration, "color");
+        assert_eq!(color, "red", "stream {stream}");
     }
-    assert_eq!(served, [1, 3, 5].into());
 }
 
 #[tokio::test]

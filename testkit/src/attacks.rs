@@ -8,6 +8,7 @@
 //! - [`unfinished`]: row 4, streams whose request never comes, from many addresses.
 //! - [`management`]: row 5, idle HTTP/2 connections filling the management port, and probes.
 //! - [`yaml`]: rows 7 and 8, the YAML files and the bounds on what reading them may cost.
+//! - [`socket_authority`]: row 10, the `:authority` gRPC clients send on a unix socket.
 //! - [`late_tls`]: row 11, the TLS handshake and the preface each late by most of the deadline.
 //! - [`context`]: row 13, `--context-value` entries that must be refused at start.
 //! - [`streams`]: the raw HTTP/2 streams rows 2 to 4 open, and reading until they end.
@@ -17,6 +18,7 @@ pub mod late_tls;
 pub mod management;
 pub mod metadata;
 pub mod pinned;
+pub mod socket_authority;
 pub mod streams;
 pub mod unfinished;
 pub mod yaml;

@@ -1,5 +1,5 @@
 //! Attacks on connections: idle HTTP/2 connections filling the management port (5) and the
-//! sync port (6), a gRPC C-core client on the unix socket (10), and a TLS client that spends
+//! sync port (6), the `:authority` gRPC clients send on the unix socket (10), and a TLS client that spends
 //! the handshake deadline twice (11).
 
 use std::net::IpAddr;
@@ -9,12 +9,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use flagd_proxy_testkit::attacks;
+use flagd_proxy_testkit::attacks::socket_authority::{self, Outcome};
 use flagd_proxy_testkit::client::v1;
-use flagd_proxy_testkit::raw_h2::{self, ACK, DATA, END_STREAM, GOAWAY, RST_STREAM, SETTINGS};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use flagd_proxy_testkit::raw_h2;
+use tokio::io::{AsyncRead, AsyncReadExt};
 
 use super::scene::{self, Ctx, Measured, Scene, next_within, subscribe};
-use crate::SYNC_PATH;
 
 /// Health probes sent while the management port is full.
 const PROBES: usize = 20;
@@ -105,69 +105,20 @@ async fn until_closed(stream: &mut (impl AsyncRead + Unpin)) {
     while matches!(stream.read(&mut buf).await, Ok(n) if n > 0) {}
 }
 
-/// Row 10: a SyncFlags call on the unix socket with the `:authority` gRPC C-core sends there
-/// (the socket's path, percent-encoded).
+/// Row 10: SyncFlags calls on the unix socket with the `:authority` values gRPC C-core and
+/// grpc-java send there (`attacks::socket_authority`).
 pub(crate) async fn c_core_authority(ctx: &Ctx) -> anyhow::Result<Measured> {
     let socket = ctx.dir.join("sync.sock");
     let path = socket.to_str().context("a UTF-8 socket path")?.to_owned();
     let scene = Scene::start(ctx, &["--sync-socket-path", &path]).await?;
-    let authority = path.trim_start_matches('/').replace('/', "%2F");
-    let request = prost::Message::encode_to_vec(&v1::SyncFlagsRequest {
-        provider_id: String::new(),
-        selector: scene::SELECTOR.into(),
-    });
-    let mut bytes = [raw_h2::PREFACE, &raw_h2::frame(SETTINGS, 0, 0, &[])].concat();
-    bytes.extend(raw_h2::grpc_headers_for(
-        1,
-        SYNC_PATH,
-        &authority,
-        false,
-        &[],
-    ));
-    bytes.extend(raw_h2::frame(
-        DATA,
-        END_STREAM,
-        1,
-        &raw_h2::grpc_message(&request),
-    ));
-    let (mut read, mut write) = tokio::net::UnixStream::connect(&socket).await?.into_split();
-    write.write_all(&bytes).await?;
-    let answer = async {
-        while let Some(frame) = raw_h2::read_frame(&mut read).await {
-            match frame.kind {
-                SETTINGS if frame.flags & ACK == 0 => {
-                    let ack = raw_h2::frame(SETTINGS, ACK, 0, &[]);
-                    write.write_all(&ack).await.ok()?;
-                }
-                DATA if frame.stream == 1 => return Some("served".to_owned()),
-                RST_STREAM => return Some(format!("RST_STREAM {}", error_code(&frame.payload))),
-                GOAWAY => return Some("GOAWAY".to_owned()),
-                _ => {}
-            }
-        }
-        Some("the connection closed".to_owned())
+    let within = Duration::from_secs(10);
+    let outcome = match socket_authority::attempt(&socket, scene::SELECTOR, within).await? {
+        Outcome::Served(streams) => format!("served ({} streams)", streams.len()),
+        Outcome::Refused(what) => format!("refused: {what}"),
+        Outcome::Ended(what) => format!("not served: {what}"),
+        Outcome::Undecided => "no answer within 10 s".to_owned(),
     };
-    let outcome = tokio::time::timeout(Duration::from_secs(10), answer)
-        .await
-        .ok()
-        .flatten()
-        .unwrap_or_else(|| "no answer within 10 s".to_owned());
     Ok(scene.measure(ctx, outcome).await)
-}
-
-/// The name of an HTTP/2 error code (RFC 9113 7) at the start of `payload`.
-fn error_code(payload: &[u8]) -> String {
-    let code = payload
-        .get(..4)
-        .map_or(u32::MAX, |b| u32::from_be_bytes([b[0], b[1], b[2], b[3]]));
-    match code {
-        0x1 => "PROTOCOL_ERROR".to_owned(),
-        0x2 => "INTERNAL_ERROR".to_owned(),
-        0x7 => "REFUSED_STREAM".to_owned(),
-        0x8 => "CANCEL".to_owned(),
-        0x9 => "COMPRESSION_ERROR".to_owned(),
-        other => format!("error code {other}"),
-    }
 }
 
 /// Row 11: with `--handshake-timeout 2s`, a client that finishes TLS 1.5 s after connecting
