@@ -9,7 +9,8 @@ use crate::introspection::SourceStatus;
 use crate::text::escaped;
 
 impl Memory {
-    /// "12.0 MiB of 384.0 MiB budget (versions 4.0 MiB, ...)".
+    /// "12.0 MiB charged of 384.0 MiB budget (versions 4.0 MiB, ...)"; without the list when
+    /// nothing is charged.
     pub(super) fn summary(&self) -> String {
         let mib = |bytes: u64| format!("{:.1} MiB", bytes as f64 / 1_048_576.0);
         let used: u64 = self.charged.values().sum();
@@ -22,6 +23,9 @@ impl Memory {
             .iter()
             .map(|(kind, bytes)| format!("{} {}", escaped(kind), mib(*bytes)))
             .collect();
+        if parts.is_empty() {
+            return format!("{} charged {budget}", mib(used));
+        }
         format!("{} charged {budget} ({})", mib(used), parts.join(", "))
     }
 }

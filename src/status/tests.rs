@@ -52,6 +52,11 @@ fn the_memory_budget_and_its_charges_are_summed_up() {
         memory.summary(),
         "2.0 MiB charged of 8.0 MiB budget (streams 1.0 MiB, versions 1.0 MiB)"
     );
+    let idle = Memory {
+        charged: BTreeMap::new(),
+        ..memory
+    };
+    assert_eq!(idle.summary(), "0.0 MiB charged of 8.0 MiB budget");
 }
 
 #[test]
