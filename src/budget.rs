@@ -281,6 +281,26 @@ fn machine_memory() -> Option<usize> {
 
 /// Parses a byte count: digits with an optional binary suffix (`Ki`, `Mi`, `Gi`, `Ti`), as in
 /// Kubernetes quantities.
+/// The smallest memory budget but 0 (no limit): less cannot hold one client (a connection, its
+/// stream and a version), and is most likely a size written without its unit.
+pub const MIN_BUDGET: usize = 1 << 20;
+
+/// `--memory-budget`: a byte count ([`parse_bytes`]), 0 or at least [`MIN_BUDGET`].
+pub fn parse_budget(text: &str) -> Result<usize, String> {
+    let bytes = parse_bytes(text)?;
+    if bytes != 0 && bytes < MIN_BUDGET {
+        return Err(format!(
+            "{bytes} bytes cannot hold one client (a connection is charged {} KiB, a stream {} \
+             KiB, a version its size); the least is 1Mi, 0 means no limit. A size takes its \
+             unit: {}Mi, for example",
+            CONNECTION_BYTES >> 10,
+            (STREAM_BYTES + RETAINED_STREAM_BYTES) >> 10,
+            text.trim()
+        ));
+    }
+    Ok(bytes)
+}
+
 pub fn parse_bytes(text: &str) -> Result<usize, String> {
     let text = text.trim();
     let split = text
@@ -390,6 +410,11 @@ mod tests {
         assert_eq!(parse_bytes("1048576"), Ok(1 << 20));
         assert!(parse_bytes("12MB").is_err());
         assert!(parse_bytes("lots").is_err());
+        assert_eq!(parse_budget("0"), Ok(0));
+        assert_eq!(parse_budget("1Mi"), Ok(MIN_BUDGET));
+        let error = parse_budget("36").expect_err("36 bytes");
+        assert!(error.contains("cannot hold one client"), "{error}");
+        assert!(error.contains("36Mi"), "{error}");
         assert_eq!(parse_cgroup_limit("536870912\n"), Some(512 << 20));
         assert_eq!(parse_cgroup_limit("max\n"), None);
         assert_eq!(parse_cgroup_limit("9223372036854771712\n"), None);

@@ -277,6 +277,22 @@ fn oversized_context_values_exit_64() {
     assert!(stderr.contains("over the limit of 2048"), "{stderr}");
 }
 
+/// A memory budget too small to hold one client, most likely a size written without its unit,
+/// is refused before anything listens, with exit status 64 and the unit suggested (0, no limit,
+/// is taken: `budget::parse_budget`'s unit test).
+#[test]
+fn a_memory_budget_written_without_its_unit_exits_64() {
+    let manifests = tempfile::tempdir().expect("a manifests folder");
+    let output = start_on_manifests(
+        manifests.path(),
+        &["--memory-budget".as_ref(), "36".as_ref()],
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("cannot hold one client"), "{stderr}");
+    assert!(stderr.contains("36Mi"), "{stderr}");
+}
+
 /// Row 13 of docs/security.md: the `--context-value` entries of the attack (a 100 KB value,
 /// keys naming the message's own fields, a look-alike of the proxy's own) are refused at start;
 /// `rev`, an ordinary label, is served.
