@@ -17,11 +17,11 @@ pub struct MemoryArgs {
     /// new watch get RESOURCE_EXHAUSTED, and a burst of new streams that would not fit closes
     /// its connection; sync connections that keep many stream places they do not use are
     /// closed, then (while the budget is full) those with no stream open; established streams
-    /// keep being served. Bytes, or with a unit (512Mi, 2Gi); at least 1Mi. Default: three
-    /// quarters of what the container's memory limit (cgroup) leaves above the process's 16 MiB
-    /// base, else half the machine's memory. 0 means no limit. Under 192Mi (a memory limit
-    /// under about 272Mi) the allocator also gives freed memory back to the system at once
-    /// instead of keeping it 10 s for reuse.
+    /// keep being served. Bytes, or with a unit (512Mi, 2Gi): 0 means no limit, otherwise at
+    /// least 1Mi. Default: three quarters of what the container's memory limit (cgroup) leaves
+    /// above the process's 16 MiB base, else half the machine's memory. Under 192Mi (a memory
+    /// limit under about 272Mi) the allocator also gives freed memory back to the system at
+    /// once instead of keeping it 10 s for reuse.
     #[arg(long, value_name = "BYTES", env = "FLAGD_PROXY_MEMORY_BUDGET", value_parser = budget::parse_budget)]
     pub memory_budget: Option<usize>,
 }
