@@ -198,9 +198,13 @@ fn init_logging(format: LogFormat, debug: bool) {
     // Colours only for a person at a terminal, never in files or log collectors.
     let ansi = std::io::IsTerminal::is_terminal(&std::io::stderr())
         && std::env::var_os("NO_COLOR").is_none();
+    // A line that cannot be written (the log pipe's reader went away) is dropped. Reporting it
+    // on that same stderr would panic (`eprintln!`), and a panic in the signal task would leave
+    // a proxy that no stop signal ends.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_ansi(ansi);
     match format {
         LogFormat::Console => builder.init(),

@@ -201,6 +201,41 @@ fn reload_signals_during_start_up_are_ignored() {
     assert!(status.success(), "{status}");
 }
 
+/// A proxy whose log pipe has lost its reader (a log collector that went away) drops the lines
+/// it cannot write and goes on: SIGTERM still stops it cleanly. (A logger that reports its own
+/// write errors on that same stderr panics there, and a panic in the signal task would leave a
+/// proxy that no stop signal ends.)
+#[test]
+fn a_log_pipe_without_a_reader_does_not_keep_the_proxy_from_stopping() {
+    use std::io::BufRead as _;
+    let (_manifests, mut child) = spawn_serving("default", "demo", &[]);
+    let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let mut line = String::new();
+    while !line.contains("flagd-proxy is serving") {
+        line.clear();
+        if log.read_line(&mut line).expect("a log line") == 0 {
+            panic!(
+                "flagd-proxy ended during start-up: {}",
+                child.wait().expect("status")
+            );
+        }
+    }
+    drop(log);
+    send_signal(child.id(), "TERM");
+    let deadline = std::time::Instant::now() + flagd_proxy_testkit::EVENT_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("poll flagd-proxy") {
+            break status;
+        }
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("flagd-proxy did not stop on SIGTERM once its log pipe had no reader");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
+}
+
 /// A socket path that cannot be served (a regular file is in the way) is a configuration error:
 /// exit status 64 before anything listens, the reason said once, the file untouched.
 #[test]
