@@ -68,15 +68,14 @@ fn main() -> ExitCode {
             return ExitCode::SUCCESS;
         }
         Err(error) => {
-            eprintln!("flagd-proxy: {error}");
+            complain(format_args!("{error}"));
             return ExitCode::from(EXIT_CONFIG);
         }
     };
     match cli.command {
         Command::GenerateCliDocs => {
             signals.restore_defaults();
-            print!("{}", flagd_proxy::cli::markdown());
-            ExitCode::SUCCESS
+            print_out(&flagd_proxy::cli::markdown())
         }
         Command::Start(args) => start(*args, signals),
         Command::Status(args) => {
@@ -94,22 +93,19 @@ fn status(args: &StatusArgs) -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("flagd-proxy: cannot start the async runtime: {error}");
+            complain(format_args!("cannot start the async runtime: {error}"));
             return ExitCode::FAILURE;
         }
     };
     match runtime.block_on(flagd_proxy::status::fetch(&args.address)) {
-        Ok(report) => {
-            match args.output {
-                StatusOutput::Table => print!("{}", report.to_table(std::time::SystemTime::now())),
-                StatusOutput::Json => print!("{}", report.to_json()),
-            }
-            ExitCode::SUCCESS
-        }
+        Ok(report) => print_out(&match args.output {
+            StatusOutput::Table => report.to_table(std::time::SystemTime::now()),
+            StatusOutput::Json => report.to_json(),
+        }),
         Err(error) => {
             // The error may quote what the peer sent.
             let message = flagd_proxy::text::escaped(&error.to_string()).into_owned();
-            eprintln!("flagd-proxy: {message}");
+            complain(format_args!("{message}"));
             ExitCode::FAILURE
         }
     }
@@ -132,7 +128,7 @@ fn start(args: StartArgs, signals: EarlySignals) -> ExitCode {
     {
         Ok(runtime) => runtime,
         Err(error) => {
-            eprintln!("flagd-proxy: cannot start the async runtime: {error}");
+            complain(format_args!("cannot start the async runtime: {error}"));
             return ExitCode::FAILURE;
         }
     };
@@ -143,7 +139,7 @@ fn start(args: StartArgs, signals: EarlySignals) -> ExitCode {
         let prepared = match app::prepare(settings).await {
             Ok(prepared) => prepared,
             Err(error) => {
-                eprintln!("flagd-proxy: invalid configuration: {error}");
+                complain(format_args!("invalid configuration: {error}"));
                 return ExitCode::from(EXIT_CONFIG);
             }
         };
@@ -151,14 +147,14 @@ fn start(args: StartArgs, signals: EarlySignals) -> ExitCode {
         let bound = match prepared.bind().await {
             Ok(bound) => bound,
             Err(error) => {
-                eprintln!("flagd-proxy: {error}");
+                complain(format_args!("{error}"));
                 return ExitCode::from(EXIT_CONFIG);
             }
         };
         match serve(bound, stop).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(error) => {
-                eprintln!("flagd-proxy: {error:#}");
+                complain(format_args!("{error:#}"));
                 ExitCode::FAILURE
             }
         }
@@ -167,6 +163,33 @@ fn start(args: StartArgs, signals: EarlySignals) -> ExitCode {
     // for past this: dropping the runtime would wait for it however long it takes.
     runtime.shutdown_timeout(EXIT_GRACE);
     code
+}
+
+/// Says what went wrong on stderr, prefixed with the command's name. A message that cannot be
+/// written (stderr's reader went away) is dropped: `eprintln!` would panic and turn the exit
+/// status into 101.
+fn complain(message: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "flagd-proxy: {message}");
+}
+
+/// Writes a command's output to stdout. A reader that stops early (`| head`) is not an error:
+/// the command ends with status 0, as when everything was read. Any other write error (a full
+/// disk) loses output: it is said on stderr, with status 1. (`print!` panics on both.)
+fn print_out(text: &str) -> ExitCode {
+    use std::io::Write as _;
+    let mut stdout = std::io::stdout().lock();
+    match stdout
+        .write_all(text.as_bytes())
+        .and_then(|()| stdout.flush())
+    {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) if error.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(error) => {
+            complain(format_args!("cannot write the output: {error}"));
+            ExitCode::FAILURE
+        }
+    }
 }
 
 /// How long an idle blocking thread of the runtime stays.

@@ -233,6 +233,57 @@ fn a_log_pipe_without_a_reader_does_not_keep_the_proxy_from_stopping() {
     assert!(status.success(), "{status}");
 }
 
+/// A command whose output or message has no reader any more (`| head`, a log collector gone)
+/// ends with the status it would have had, not with a panic (101): `generate-cli-docs` into a
+/// pipe without a reader ends with 0, `status` of an address nothing serves still says 1 with
+/// its stderr such a pipe. Output that cannot be written for another reason (a full disk) is lost
+/// output: said on stderr, with status 1.
+#[test]
+fn output_without_a_reader_ends_with_the_commands_status() {
+    use std::process::Stdio;
+    let closed_pipe = || {
+        let (reader, writer) = std::io::pipe().expect("a pipe");
+        drop(reader);
+        Stdio::from(writer)
+    };
+    let command = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_flagd-proxy"));
+        command.args(args).env_remove("FLAGD_PROXY_CONFIG");
+        command
+    };
+    let docs = command(&["generate-cli-docs"])
+        .stdout(closed_pipe())
+        .output()
+        .expect("run flagd-proxy");
+    assert_eq!(docs.status.code(), Some(0), "{docs:?}");
+    assert!(
+        docs.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&docs.stderr)
+    );
+
+    // Port 1 of loopback: nothing serves it, and the command cannot say so.
+    let status = command(&["status", "--address", "127.0.0.1:1"])
+        .stderr(closed_pipe())
+        .output()
+        .expect("run flagd-proxy");
+    assert_eq!(status.status.code(), Some(1), "{status:?}");
+
+    let full =
+        std::fs::File::create("/dev/full").expect("/dev/full, the device that is always full");
+    let docs = command(&["generate-cli-docs"])
+        .stdout(full)
+        .output()
+        .expect("run flagd-proxy");
+    assert_eq!(docs.status.code(), Some(1), "{docs:?}");
+    let said = String::from_utf8_lossy(&docs.stderr);
+    assert!(
+        said.starts_with("flagd-proxy: cannot write the output: "),
+        "{said}"
+    );
+    assert_eq!(said.lines().count(), 1, "{said}");
+}
+
 /// A socket path that cannot be served (a regular file is in the way) is a configuration error:
 /// exit status 64 before anything listens, the reason said once, the file untouched.
 #[test]
