@@ -568,6 +568,52 @@ async fn malformed_manifests_do_not_hurt_good_ones_and_keep_the_last_good_versio
     assert_eq!(next_color(&mut late).await, "blue");
 }
 
+/// A directory under --manifests that the proxy may no longer read (its permissions changed)
+/// keeps the last good resources of its files, as a file that stops parsing does, and
+/// `/status` says why; once it can be read again, its files are followed again.
+#[tokio::test]
+#[ignore = "needs setpriv (util-linux) when run as root: scripts/test runs it"]
+async fn an_unreadable_manifests_directory_keeps_its_files_resources_and_says_why() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let team = dir.path().join("team");
+    std::fs::create_dir(&team).expect("a directory");
+    write_demo(&team, "red");
+    let manifests = dir.path().to_str().expect("utf-8");
+    let proxy =
+        support::or_return!(Proxy::start_bound_by_permissions(&["--manifests", manifests]).await);
+    let mut client = client(&proxy).await;
+    let mut stream = open(&mut client, SELECTOR).await.expect("stream");
+    assert_eq!(next_color(&mut stream).await, "red");
+
+    let mode = |mode| std::fs::set_permissions(&team, std::fs::Permissions::from_mode(mode));
+    mode(0o000).expect("chmod 000");
+    proxy
+        .wait_for_log("cannot read a manifests directory")
+        .await;
+    let status = proxy.status_page().await;
+    let problem = status
+        .source_status
+        .problems()
+        .iter()
+        .find(|p| p.path.ends_with("team"))
+        .unwrap_or_else(|| panic!("no problem reported for team/: {status:?}"));
+    assert!(
+        problem.error.contains("Permission denied") && problem.error.contains("last good"),
+        "{problem:?}"
+    );
+    // A new subscriber still gets the resource.
+    let mut late = open(&mut client, SELECTOR).await.expect("stream");
+    assert_eq!(next_color(&mut late).await, "red");
+
+    mode(0o755).expect("chmod 755");
+    write_demo(&team, "blue");
+    assert_eq!(next_color(&mut stream).await, "blue");
+    assert_eq!(next_color(&mut late).await, "blue");
+    let status = proxy.status_page().await;
+    assert!(status.source_status.problems().is_empty(), "{status:?}");
+}
+
 #[tokio::test]
 async fn streams_share_one_watch_and_are_counted() {
     let (_dir, proxy) = manifests_proxy().await;

@@ -8,7 +8,7 @@
 //! Updates are followed when files are written in place, renamed into place, published
 //! ConfigMap-style (a `..data` symlink swapped), or when a configured directory is itself a
 //! symlink that is swapped (git-sync) or is deleted and created again (while it is missing, the
-//! last good objects stay). Only regular files are read, at most 16 MiB each, and YAML's
+//! last good objects stay; so do those of a directory below it that cannot be read). Only regular files are read, at most 16 MiB each, and YAML's
 //! nesting ([`crate::document::MAX_DEPTH`]) and alias expansion are bounded by a tokenizer before
 //! it is deserialized, which keeps parsing linear in the file's size. Symlink loops, FIFOs and devices are skipped.
 //!
@@ -189,7 +189,7 @@ impl ManifestSource {
             metrics,
             watcher: watcher.clone(),
             parses: Parses::new(parses, parser, parsed_tx),
-            missing: Vec::new(),
+            unreadable: Vec::new(),
         };
         let (tx, rx) = watch::channel(Arc::new(scanner.first_catalog()));
         tokio::spawn(scanner.run(events_rx, parsed_rx, tx));

@@ -234,7 +234,51 @@ impl Proxy {
         args: &[&str],
         env: &[(&str, &str)],
     ) -> Proxy {
-        let mut command = in_memory_cgroup(proxy_bin());
+        Self::launch(
+            in_memory_cgroup(proxy_bin()),
+            port,
+            management_port,
+            args,
+            env,
+        )
+        .await
+    }
+
+    /// [`Proxy::start`], with file permissions applying to the proxy as they do to an ordinary
+    /// user also when the tests run as root: the proxy then runs without the capabilities that
+    /// pass over them (`CAP_DAC_OVERRIDE`, `CAP_DAC_READ_SEARCH`), through util-linux's
+    /// `setpriv`. `None` (the skip recorded) when that is needed and `setpriv` is missing.
+    pub async fn start_bound_by_permissions(args: &[&str]) -> Option<Proxy> {
+        let command = if crate::skip::running_as_root() {
+            let Some(setpriv) = which("setpriv") else {
+                crate::skip::skip("setpriv is missing (Debian: apt-get install util-linux)");
+                return None;
+            };
+            let caps = "-dac_override,-dac_read_search";
+            let mut command = in_memory_cgroup(setpriv);
+            command
+                .args([
+                    format!("--inh-caps={caps}"),
+                    format!("--bounding-set={caps}"),
+                ])
+                .arg("--")
+                .arg(proxy_bin());
+            command
+        } else {
+            in_memory_cgroup(proxy_bin())
+        };
+        Some(Self::launch(command, free_port(), free_port(), args, &[]).await)
+    }
+
+    /// Runs `command` (the proxy, maybe through a wrapper) with `start` and the ports, and
+    /// waits until it is ready.
+    async fn launch(
+        mut command: Command,
+        port: u16,
+        management_port: u16,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> Proxy {
         command
             .args([
                 "start",
@@ -464,6 +508,13 @@ pub(crate) async fn wait_answering(
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// The path of `program` on `PATH`, if it is there.
+fn which(program: &str) -> Option<PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
 }
 
 /// A command that runs `program`. With `FLAGD_PROXY_TEST_MEMORY_CGROUP` set to a memory cgroup's

@@ -2,13 +2,14 @@
 //! parsing the `FeatureFlag` objects out of them (YAML or JSON, `List`s included).
 use std::collections::HashSet;
 use std::io::Read;
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 use serde_json::Value;
 
+use super::Object;
 use super::parsing::Cancel;
-use super::{Object, identity};
 use crate::document;
 use crate::selector::{self, GROUP, ResourceKey};
 
@@ -48,24 +49,52 @@ pub(super) fn read_limited(path: &Path) -> Result<Vec<u8>, String> {
     Ok(content)
 }
 
-/// Manifest files under `dir`: `.yaml`, `.yml` and `.json`, skipping hidden entries, each
-/// directory once (symlink loops end), at most [`MAX_DIRECTORY_DEPTH`] levels down. False if
-/// `dir` itself cannot be read.
+/// What a walk of the configured directories found.
+#[derive(Default)]
+pub(super) struct Found {
+    /// The manifest files.
+    pub(super) files: Vec<PathBuf>,
+    /// The directories whose entries could not be listed: their files' last good resources stay.
+    pub(super) unreadable: Vec<Unreadable>,
+}
+
+/// A directory that could not be read, and why.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(super) struct Unreadable {
+    pub(super) dir: PathBuf,
+    pub(super) error: String,
+}
+
+/// Adds the manifest files under `dir` to `found`: `.yaml`, `.yml` and `.json`, skipping hidden
+/// entries, each directory once (symlink loops end), at most [`MAX_DIRECTORY_DEPTH`] levels down.
+/// A directory that cannot be read (no permission, an I/O error) is added to
+/// `found.unreadable` with why: `dir` itself whatever the reason, a directory below it unless it
+/// is gone (deleted since its parent was listed: its files are gone too).
 pub(super) fn collect_files(
     dir: &Path,
     depth: usize,
     visited: &mut HashSet<(u64, u64)>,
-    out: &mut Vec<PathBuf>,
-) -> bool {
-    let Some(id) = identity(dir) else {
-        return false;
+    found: &mut Found,
+) {
+    let unreadable = |found: &mut Found, error: std::io::Error| {
+        if depth == 0 || error.kind() != std::io::ErrorKind::NotFound {
+            found.unreadable.push(Unreadable {
+                dir: dir.to_owned(),
+                error: error.to_string(),
+            });
+        }
     };
-    if !visited.insert(id) {
+    let meta = match std::fs::metadata(dir) {
+        Ok(meta) => meta,
+        Err(error) => return unreadable(found, error),
+    };
+    if !visited.insert((meta.dev(), meta.ino())) {
         tracing::debug!(dir = %dir.display(), "directory already read (a symlink loop?); skipped");
-        return true;
+        return;
     }
-    let Ok(entries) = std::fs::read_dir(dir) else {
-        return false;
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(error) => return unreadable(found, error),
     };
     for entry in entries.flatten() {
         let path = entry.path();
@@ -79,16 +108,15 @@ pub(super) fn collect_files(
         };
         if meta.is_dir() {
             if depth < MAX_DIRECTORY_DEPTH {
-                collect_files(&path, depth + 1, visited, out);
+                collect_files(&path, depth + 1, visited, found);
             }
         } else if matches!(
             path.extension().and_then(|e| e.to_str()),
             Some("yaml" | "yml" | "json")
         ) {
-            out.push(path);
+            found.files.push(path);
         }
     }
-    true
 }
 
 /// The most a YAML file may expand to through its aliases: what its nodes add up to once every

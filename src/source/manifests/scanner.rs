@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{mpsc, watch};
 
-use super::files::{collect_files, read_limited};
+use super::files::{Found, Unreadable, collect_files, read_limited};
 use super::parsing::Parses;
 use super::{Catalog, FileProblem, Object, RESCAN, SharedWatcher, identity};
 use crate::locks::lock;
@@ -44,8 +44,9 @@ pub(super) struct Scanner {
     pub(super) watcher: SharedWatcher,
     /// The parses of files whose content changed.
     pub(super) parses: Parses,
-    /// Configured directories that could not be read at the last scan.
-    pub(super) missing: Vec<PathBuf>,
+    /// Directories that could not be read at the last scan (a configured one missing, one below
+    /// it without permission), and why.
+    pub(super) unreadable: Vec<Unreadable>,
 }
 
 /// What the scanner is woken by.
@@ -131,14 +132,15 @@ impl Scanner {
     /// anew, off this thread (see [`Scanner::apply_parsed`]).
     fn scan(&mut self, noticed: Instant) {
         self.follow_roots();
-        let mut paths = Vec::new();
-        let mut missing = Vec::new();
+        let mut found = Found::default();
         for root in &self.roots {
             let mut visited = HashSet::new();
-            if !collect_files(&root.path, 0, &mut visited, &mut paths) {
-                missing.push(root.path.clone());
-            }
+            collect_files(&root.path, 0, &mut visited, &mut found);
         }
+        let Found {
+            files: mut paths,
+            unreadable,
+        } = found;
         paths.sort();
         paths.dedup();
         let mut next = BTreeMap::new();
@@ -147,21 +149,29 @@ impl Scanner {
             let state = self.read(&path, previous, noticed);
             next.insert(path, state);
         }
-        // A directory that cannot be read right now (deleted, about to be created again) keeps
-        // the objects of its files.
+        // A directory that cannot be read right now (deleted, about to be created again; its
+        // permissions being changed) keeps the objects of its files.
         let (kept, gone): (BTreeMap<_, _>, BTreeMap<_, _>) = std::mem::take(&mut self.files)
             .into_iter()
-            .partition(|(path, _)| missing.iter().any(|dir| path.starts_with(dir)));
+            .partition(|(path, _)| unreadable.iter().any(|u| path.starts_with(&u.dir)));
         for gone in gone.keys() {
             tracing::info!(path = %gone.display(), "manifest file removed");
             self.parses.forget(gone);
         }
         next.extend(kept);
         self.files = next;
-        for dir in &missing {
-            tracing::error!(dir = %dir.display(), "cannot read the manifests directory; keeping its last good resources");
+        for now in &unreadable {
+            if !self.unreadable.contains(now) {
+                tracing::error!(dir = %now.dir.display(), error = %now.error, "cannot read a manifests directory; keeping the last good resources of its files");
+            }
         }
-        self.missing = missing;
+        for before in &self.unreadable {
+            // (One that is gone took its files with it: each is logged removed.)
+            if !unreadable.iter().any(|now| now.dir == before.dir) && before.dir.is_dir() {
+                tracing::info!(dir = %before.dir.display(), "the manifests directory can be read again");
+            }
+        }
+        self.unreadable = unreadable;
         self.apply_parsed();
     }
 
@@ -196,11 +206,13 @@ impl Scanner {
             changed_at,
             ..Catalog::default()
         };
-        for dir in &self.missing {
+        for unreadable in &self.unreadable {
             catalog.problems.push(FileProblem {
-                path: dir.clone(),
-                error: "the directory cannot be read; its last good resources are served"
-                    .to_owned(),
+                path: unreadable.dir.clone(),
+                error: format!(
+                    "the directory cannot be read ({}); the last good resources of its files are served",
+                    unreadable.error
+                ),
             });
         }
         let mut origin: HashMap<ResourceKey, &Path> = HashMap::new();

@@ -143,3 +143,34 @@ fn notifications_of_the_directories_neighbours_are_not_changes() {
     // The watcher lost events: read again.
     assert!(roots.concern(&Event::new(EventKind::Other)));
 }
+
+#[test]
+fn a_configured_directory_that_is_missing_is_unreadable_with_the_reason() {
+    use std::collections::HashSet;
+
+    use super::files::{Found, collect_files};
+    let dir = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(dir.path().join("team")).expect("a directory");
+    std::fs::write(dir.path().join("team/a.yaml"), "").expect("a file");
+    std::fs::write(dir.path().join("notes.txt"), "").expect("a file");
+    let mut found = Found::default();
+    collect_files(dir.path(), 0, &mut HashSet::new(), &mut found);
+    assert_eq!(found.files, [dir.path().join("team/a.yaml")]);
+    assert!(found.unreadable.is_empty());
+
+    let gone = dir.path().join("gone");
+    let mut found = Found::default();
+    collect_files(&gone, 0, &mut HashSet::new(), &mut found);
+    assert!(found.files.is_empty());
+    assert_eq!(found.unreadable.len(), 1);
+    assert_eq!(found.unreadable[0].dir, gone);
+    assert!(
+        found.unreadable[0].error.contains("No such file"),
+        "{:?}",
+        found.unreadable[0]
+    );
+    // Below a configured directory, one that is gone took its files with it: not unreadable.
+    let mut found = Found::default();
+    collect_files(&gone, 1, &mut HashSet::new(), &mut found);
+    assert!(found.unreadable.is_empty());
+}
