@@ -602,6 +602,12 @@ async fn an_unreadable_manifests_directory_keeps_its_files_resources_and_says_wh
         problem.error.contains("Permission denied") && problem.error.contains("last good"),
         "{problem:?}"
     );
+    assert!(
+        proxy
+            .metric("flagd_proxy_source_errors_total{source=\"manifests\",kind=\"read\"}")
+            .await
+            >= 1.0
+    );
     // A new subscriber still gets the resource.
     let mut late = open(&mut client, SELECTOR).await.expect("stream");
     assert_eq!(next_color(&mut late).await, "red");

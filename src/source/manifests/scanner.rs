@@ -161,6 +161,9 @@ impl Scanner {
         next.extend(kept);
         self.files = next;
         for now in &unreadable {
+            // Counted at every scan, as a file that cannot be read is: an error that lasts keeps
+            // the count rising (FlagdProxyWatchesFailing).
+            self.metrics.source_error("manifests", "read");
             if !self.unreadable.contains(now) {
                 tracing::error!(dir = %now.dir.display(), error = %now.error, "cannot read a manifests directory; keeping the last good resources of its files");
             }
