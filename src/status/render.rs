@@ -123,7 +123,12 @@ impl Report {
 fn source_summary(status: &SourceStatus) -> String {
     let part = match status {
         SourceStatus::Manifests(manifests) => {
-            format!("{} resources in the files", manifests.resources)
+            let noun = if manifests.resources == 1 {
+                "resource"
+            } else {
+                "resources"
+            };
+            format!("{} {noun} in the files", manifests.resources)
         }
         SourceStatus::Kubernetes(kubernetes) => escaped(&kubernetes.api_server).into_owned(),
         SourceStatus::Upstream(upstream) => escaped(&upstream.upstream).into_owned(),
@@ -132,7 +137,8 @@ fn source_summary(status: &SourceStatus) -> String {
     format!(" ({part})")
 }
 
-/// The source's problems (files that do not parse), one line each.
+/// The source's problems (files or directories that cannot be read, files that do not parse),
+/// one line each.
 fn source_problems(status: &SourceStatus) -> Vec<String> {
     status
         .problems()

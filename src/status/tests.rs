@@ -91,6 +91,13 @@ fn the_table_shows_each_resource_and_what_went_wrong() {
         lines[0],
         "flagd-proxy at 127.0.0.1:8016: ready, source manifests (2 resources in the files)"
     );
+    let mut one = report();
+    if let crate::introspection::SourceStatus::Manifests(manifests) = &mut one.source_status {
+        manifests.resources = 1;
+    }
+    assert!(one.to_table(now).starts_with(
+        "flagd-proxy at 127.0.0.1:8016: ready, source manifests (1 resource in the files)\n"
+    ));
     assert!(lines[2].starts_with("RESOURCE "), "{table}");
     assert!(lines[2].ends_with("SUBSCRIBERS  LAST ERROR"), "{table}");
     let demo = lines[3].split_whitespace().collect::<Vec<_>>();
