@@ -620,6 +620,42 @@ async fn an_unreadable_manifests_directory_keeps_its_files_resources_and_says_wh
     assert!(status.source_status.problems().is_empty(), "{status:?}");
 }
 
+/// A resource defined in two files is reported (log and `/status`) when it starts to be, and
+/// not again at each rescan or edit of another file while it lasts.
+#[tokio::test]
+async fn a_resource_defined_twice_is_logged_once_while_it_lasts() {
+    let (first, second) = (
+        tempfile::tempdir().expect("tempdir"),
+        tempfile::tempdir().expect("tempdir"),
+    );
+    write_demo(first.path(), "red");
+    write_demo(second.path(), "blue");
+    write_color(first.path(), "default", "other", "red", COLORS);
+    let dirs = [first.path(), second.path()].map(|dir| dir.to_str().expect("utf-8"));
+    let proxy = Proxy::start(&["--manifests", dirs[0], "--manifests", dirs[1]]).await;
+    let mut client = client(&proxy).await;
+    let other = "core.openfeature.dev/default/other";
+    let mut stream = open(&mut client, other).await.expect("stream");
+    assert_eq!(next_color(&mut stream).await, "red");
+    for color in ["blue", "green"] {
+        write_color(first.path(), "default", "other", color, COLORS);
+        assert_eq!(next_color(&mut stream).await, color);
+    }
+    // Logged after the catalog of the last edit was built: every line before it is in.
+    proxy
+        .wait_for_log(&format!("resource={other} version=3"))
+        .await;
+    let log = proxy.log_text();
+    assert_eq!(log.matches("duplicate resource").count(), 1, "{log}");
+    let status = proxy.status_page().await;
+    let problems = status.source_status.problems();
+    assert_eq!(problems.len(), 1, "{status:?}");
+    assert!(
+        problems[0].error.contains("is also defined in"),
+        "{status:?}"
+    );
+}
+
 #[tokio::test]
 async fn streams_share_one_watch_and_are_counted() {
     let (_dir, proxy) = manifests_proxy().await;

@@ -190,6 +190,7 @@ impl ManifestSource {
             watcher: watcher.clone(),
             parses: Parses::new(parses, parser, parsed_tx),
             unreadable: Vec::new(),
+            duplicates: Default::default(),
         };
         let (tx, rx) = watch::channel(Arc::new(scanner.first_catalog()));
         tokio::spawn(scanner.run(events_rx, parsed_rx, tx));

@@ -47,6 +47,9 @@ pub(super) struct Scanner {
     /// Directories that could not be read at the last scan (a configured one missing, one below
     /// it without permission), and why.
     pub(super) unreadable: Vec<Unreadable>,
+    /// The resources defined again in another file at the last catalog: the file, and what it
+    /// was told.
+    pub(super) duplicates: HashSet<(PathBuf, String)>,
 }
 
 /// What the scanner is woken by.
@@ -203,8 +206,10 @@ impl Scanner {
         }
     }
 
-    /// The catalog of what the files hold now; `changed_at` is when the change was noticed.
-    fn catalog(&self, changed_at: Option<Instant>) -> Catalog {
+    /// The catalog of what the files hold now; `changed_at` is when the change was noticed. A
+    /// resource defined twice is logged when it starts to be, as other file problems are; it
+    /// stays among the catalog's problems while it lasts.
+    fn catalog(&mut self, changed_at: Option<Instant>) -> Catalog {
         let mut catalog = Catalog {
             changed_at,
             ..Catalog::default()
@@ -219,6 +224,7 @@ impl Scanner {
             });
         }
         let mut origin: HashMap<ResourceKey, &Path> = HashMap::new();
+        let mut duplicates = HashSet::new();
         for (path, state) in &self.files {
             if let Some(error) = &state.error {
                 catalog.problems.push(FileProblem {
@@ -232,7 +238,10 @@ impl Scanner {
                         "{key} is also defined in {}; that one is served",
                         first.display()
                     );
-                    tracing::error!(path = %path.display(), %error, "duplicate resource");
+                    if !self.duplicates.contains(&(path.clone(), error.clone())) {
+                        tracing::error!(path = %path.display(), %error, "duplicate resource");
+                    }
+                    duplicates.insert((path.clone(), error.clone()));
                     catalog.problems.push(FileProblem {
                         path: path.clone(),
                         error,
@@ -243,6 +252,7 @@ impl Scanner {
                 catalog.resources.insert(key.clone(), object.clone());
             }
         }
+        self.duplicates = duplicates;
         catalog
     }
 
