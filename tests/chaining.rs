@@ -185,6 +185,35 @@ async fn a_refused_first_version_is_passed_on_by_the_node_tier() {
     assert_eq!(served, "blue");
 }
 
+/// A node proxy whose `--upstream` is wrong says how, where its operator looks (log and
+/// `/status`): nothing listening there is a connection refused, not something "the upstream
+/// answered"; another proxy's management port is named as the likely mistake.
+#[tokio::test]
+async fn a_wrong_upstream_is_explained() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    write_manifest(dir.path(), "default", "demo", colors("red"));
+    let central = Proxy::start(&["--manifests", dir.path().to_str().expect("utf-8")]).await;
+    let management = format!("127.0.0.1:{}", central.management_port);
+    // Port 1 of loopback: nothing listens there.
+    for (upstream, why) in [
+        ("127.0.0.1:1", "cannot reach the upstream: "),
+        (management.as_str(), "not its management port"),
+    ] {
+        let node = Proxy::start(&["--upstream", upstream]).await;
+        let _stream = open_demo(node.port).await;
+        node.wait_for_log("source unreachable").await;
+        let status = node.status_page().await;
+        let reason = status
+            .resource(SELECTOR)
+            .and_then(|r| r.reason.clone())
+            .unwrap_or_default();
+        assert!(reason.contains(why), "{upstream}: {reason:?}");
+        if upstream.ends_with(":1") {
+            assert!(reason.contains("Connection refused"), "{reason:?}");
+        }
+    }
+}
+
 /// The node tier asks its central proxy for gzip, and compresses again (once per version) for
 /// its own clients that accept it; both tiers serve the exact document.
 #[tokio::test]

@@ -233,13 +233,36 @@ async fn follow(
     }
 }
 
-/// What the upstream answered, for logs and spans.
+/// What the upstream answered, for logs and spans. A status with a cause was made here, from
+/// an error of the connection (refused, TLS, not HTTP/2): the upstream answered nothing, and
+/// the causes say why.
 fn failure(status: &tonic::Status) -> String {
-    format!(
-        "upstream answered {:?}: {}",
-        status.code(),
-        status.message()
-    )
+    let Some(cause) = std::error::Error::source(status) else {
+        let answer = format!(
+            "upstream answered {:?}: {}",
+            status.code(),
+            status.message()
+        );
+        if status.code() == Code::Unimplemented {
+            // An HTTP server that is not a sync port: a management port answers 404, which gRPC
+            // reads as Unimplemented.
+            return format!(
+                "{}; it serves no flagd sync service (--upstream takes a flagd-proxy's sync port, not its management port)",
+                answer.trim_end_matches([':', ' '])
+            );
+        }
+        return answer;
+    };
+    let mut why = cause.to_string();
+    let mut next = cause.source();
+    while let Some(cause) = next {
+        let text = cause.to_string();
+        if !why.contains(&text) {
+            why = format!("{why}: {text}");
+        }
+        next = cause.source();
+    }
+    format!("cannot reach the upstream: {why}")
 }
 
 fn report(status: tonic::Status, publisher: &Publisher, metrics: &Metrics) {

@@ -36,7 +36,7 @@ fn report() -> Report {
              "reason": "flag \"size\": defaultVariant \"m\" is not one of the variants",
              "version": 1, "bytes": 80, "subscribers": 0},
             {"selector": "core.openfeature.dev/shop/cart", "availability": "unreachable",
-             "stale": true, "reason": "upstream answered Unavailable: connection refused",
+             "stale": true, "reason": "cannot reach the upstream: tcp connect error: Connection refused",
              "version": 1, "bytes": 50, "subscribers": 2, "versionAgeSeconds": 2.0}
         ]
     }))
@@ -136,7 +136,7 @@ fn the_table_shows_each_resource_and_what_went_wrong() {
             "1",
             "2s",
             "2",
-            "upstream"
+            "cannot"
         ]
     );
     assert!(
