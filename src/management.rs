@@ -67,7 +67,27 @@ pub fn router(
             source,
             readiness,
         });
-    grpc.into_axum_router().merge(http)
+    grpc.into_axum_router().merge(http).fallback(no_route)
+}
+
+/// What the management routes say of a path they do not serve, to a person, a probe or a
+/// scraper.
+pub const NO_ROUTE: &str =
+    "not found: the management port serves /healthz, /readyz, /metrics and /status\n";
+
+/// A request for nothing served here. A gRPC call (of a service other than health) gets
+/// UNIMPLEMENTED, as gRPC says; any other request 404 (the Go flagd-proxy's answer too): a
+/// probe or scrape of a mistyped path fails rather than passing with an empty 200.
+async fn no_route(request: axum::extract::Request) -> axum::response::Response {
+    let grpc = request
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .is_some_and(|value| value.starts_with("application/grpc"));
+    if grpc {
+        return tonic::Status::unimplemented("no such service on the management port").into_http();
+    }
+    (StatusCode::NOT_FOUND, NO_ROUTE).into_response()
 }
 
 /// Default of [`ManagementOptions::max_connections`] (and of `--max-management-connections`).

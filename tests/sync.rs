@@ -816,6 +816,24 @@ async fn grpc_health_on_both_ports() {
         .await
         .expect("healthz");
     assert_eq!((code, body.trim()), (200, "ok"));
+    // A path it does not serve is not found (a probe with a mistyped path fails), and says
+    // which are; a gRPC call of another service is UNIMPLEMENTED.
+    for path in ["/health", "/", "/metrics/"] {
+        let (code, body) = support::http_get(proxy.management_port, path)
+            .await
+            .expect("an answer");
+        assert_eq!(
+            (code, body.as_str()),
+            (404, flagd_proxy::management::NO_ROUTE),
+            "{path}"
+        );
+    }
+    let mut wrong_port = Client::new(support::client::channel(proxy.management_port).await);
+    let status = wrong_port
+        .get_metadata(v1::GetMetadataRequest {})
+        .await
+        .expect_err("no sync service on the management port");
+    assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
 }
 
 #[tokio::test]
