@@ -8,9 +8,11 @@
 //! Updates are followed when files are written in place, renamed into place, published
 //! ConfigMap-style (a `..data` symlink swapped), or when a configured directory is itself a
 //! symlink that is swapped (git-sync) or is deleted and created again (while it is missing, the
-//! last good objects stay; so do those of a directory below it that cannot be read). Only regular files are read, at most 16 MiB each, and YAML's
-//! nesting ([`crate::document::MAX_DEPTH`]) and alias expansion are bounded by a tokenizer before
-//! it is deserialized, which keeps parsing linear in the file's size. Symlink loops, FIFOs and devices are skipped.
+//! last good objects stay; so do those of a directory below it that cannot be read). Only
+//! regular files are read, at most 16 MiB each, and YAML's nesting
+//! ([`crate::document::MAX_DEPTH`]) and alias expansion are bounded by a tokenizer before it is
+//! deserialized, which keeps parsing linear in the file's size. Symlink loops, FIFOs and devices
+//! are skipped.
 //!
 //! A changed file is parsed off the scanner (see [`parsing`]): a few parses at once, the newest
 //! content of each file superseding older content, small files never waiting for large ones.
