@@ -244,10 +244,10 @@ fn failure(status: &tonic::Status) -> String {
             status.message()
         );
         if status.code() == Code::Unimplemented {
-            // An HTTP server that is not a sync port: a management port answers 404, which gRPC
-            // reads as Unimplemented.
+            // Not a flagd.sync.v1 server: most likely a management port, whose 404 gRPC reads as
+            // Unimplemented.
             return format!(
-                "{}; it serves no flagd sync service (--upstream takes a flagd-proxy's sync port, not its management port)",
+                "{}; it does not serve flagd.sync.v1 (--upstream takes a flagd-proxy's sync port, not its management port)",
                 answer.trim_end_matches([':', ' '])
             );
         }
