@@ -165,6 +165,21 @@ fn send_signal(pid: u32, signal: &str) {
     assert!(status.success(), "kill -{signal} {pid}");
 }
 
+/// Reads the proxy's log up to the first line that contains `needle`: `Ok` with every line read
+/// (that one last), `Err` with them when the log ends first (the proxy exited).
+fn read_log_until(log: &mut impl std::io::BufRead, needle: &str) -> Result<String, String> {
+    let mut read = String::new();
+    loop {
+        let start = read.len();
+        if log.read_line(&mut read).expect("a log line") == 0 {
+            return Err(read);
+        }
+        if read[start..].contains(needle) {
+            return Ok(read);
+        }
+    }
+}
+
 /// SIGHUP, SIGUSR1 and SIGUSR2 are ignored from the very start: the proxy listens for signals
 /// before it does anything else (its first log line says so), and the signals, sent as soon as
 /// that line appears (while it is still starting), do not end it; it goes on to serve, and
@@ -184,14 +199,9 @@ fn reload_signals_during_start_up_are_ignored() {
     for signal in ["HUP", "USR1", "USR2"] {
         send_signal(pid, signal);
     }
-    let mut seen = line.clone();
-    while !line.contains("flagd-proxy is serving") {
-        line.clear();
-        if log.read_line(&mut line).expect("a log line") == 0 {
-            let status = child.wait().expect("the exit status");
-            panic!("flagd-proxy ended during start-up ({status}) after a reload signal:\n{seen}");
-        }
-        seen.push_str(&line);
+    if let Err(rest) = read_log_until(&mut log, "flagd-proxy is serving") {
+        let status = child.wait().expect("the exit status");
+        panic!("flagd-proxy ended during start-up ({status}) after a reload signal:\n{line}{rest}");
     }
     send_signal(pid, "HUP");
     send_signal(pid, "TERM");
@@ -207,18 +217,13 @@ fn reload_signals_during_start_up_are_ignored() {
 /// proxy that no stop signal ends.)
 #[test]
 fn a_log_pipe_without_a_reader_does_not_keep_the_proxy_from_stopping() {
-    use std::io::BufRead as _;
     let (_manifests, mut child) = spawn_serving("default", "demo", &[]);
     let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-    let mut line = String::new();
-    while !line.contains("flagd-proxy is serving") {
-        line.clear();
-        if log.read_line(&mut line).expect("a log line") == 0 {
-            panic!(
-                "flagd-proxy ended during start-up: {}",
-                child.wait().expect("status")
-            );
-        }
+    if read_log_until(&mut log, "flagd-proxy is serving").is_err() {
+        panic!(
+            "flagd-proxy ended during start-up: {}",
+            child.wait().expect("status")
+        );
     }
     drop(log);
     let pid = child.id();
@@ -312,21 +317,12 @@ fn a_socket_path_that_cannot_be_served_exits_64_with_one_message() {
 /// and with the manifests source which selectors it serves and how to try one.
 #[test]
 fn the_start_up_log_says_what_is_served() {
-    use std::io::BufRead as _;
     let (_manifests, mut child) = spawn_serving("team-a", "checkout", &[]);
     let mut log = std::io::BufReader::new(child.stderr.take().expect("stderr"));
-    let mut lines = Vec::new();
-    let mut line = String::new();
-    while !line.contains("FeatureFlags served") {
-        line.clear();
-        if log.read_line(&mut line).expect("a log line") == 0 {
-            panic!(
-                "the log ended before naming what is served:\n{}",
-                lines.join("")
-            );
-        }
-        lines.push(line.clone());
-    }
+    let read = read_log_until(&mut log, "FeatureFlags served")
+        .unwrap_or_else(|read| panic!("the log ended before naming what is served:\n{read}"));
+    let lines: Vec<&str> = read.lines().collect();
+    let line = lines.last().copied().unwrap_or_default();
     let _ = child.kill();
     let _ = child.wait();
     let serving = lines
